@@ -1,0 +1,3 @@
+from eagleforensics.cli import main
+
+main()

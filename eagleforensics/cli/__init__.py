@@ -1,0 +1,27 @@
+"""Command line: ``eagleforensics <command>``. Thin: each command parses options and calls the library.
+
+Commands live one per module in this package and are registered here; heavy imports
+(torch, pandas, plotly) happen inside the command bodies so ``--help`` stays fast.
+"""
+from __future__ import annotations
+
+import click
+
+from .common import run_guarded
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="eagleforensics")
+def main() -> None:
+    """Find which residual-stream position each EAGLE-3 training slot holds, and the ids each engine needs."""
+
+
+def _register() -> None:
+    from . import align as _align
+
+    main.add_command(_align.align)
+
+
+_register()
+
+__all__ = ["main", "run_guarded"]
