@@ -18,8 +18,10 @@ def main() -> None:
 
 def _register() -> None:
     from . import align as _align
+    from . import capture as _capture
 
     main.add_command(_align.align)
+    main.add_command(_capture.capture)
 
 
 _register()

@@ -1,0 +1,322 @@
+"""Align one training record with one capture sweep: the pipeline and its frozen result record.
+
+``align`` loads both sides (or takes loaded ones), pairs tokens, scores every slot against
+every position reading each position once, chooses with dtype-aware confidence, checks
+the token pairing by content when the ids cannot vouch for it, derives findings and the
+id list each engine needs. ``AlignmentResult`` renders to a dict/JSON, text and plots.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import conventions
+from .capture import Capture, load_capture
+from .errors import ForensicsError
+from .findings import Finding, slot_findings
+from .match import MIN_TOKENS, Choice, ScoreMatrix, choose, score_slots, thresholds
+from .norms import looks_post_norm, norm_cv, token_norms
+from .positions import Position
+from .tokens import TokenAlignment, align_tokens, detect_shift, trailing_padding
+from .training import Slot, TrainingRecord, load_training
+
+SHIFT_MIN_CORR = 0.9
+SHIFT_MIN_GAIN = 0.05
+
+
+@dataclass(frozen=True)
+class SlotMatch:
+    """Where one training slot sits in the residual stream, and how sure we are."""
+
+    key: str
+    index: int | None
+    role: str
+    dtype: str
+    best: Position | None
+    score: float
+    runner_up: Position | None
+    margin: float
+    confident: bool
+    reason: str
+    rel_diff: float
+    max_abs_err: float
+    norm_ratio: float
+    tokens: int
+    norm_cv: float
+    looks_post_norm: bool
+    nonfinite_rows: int
+
+    @property
+    def name(self) -> str:
+        return self.key if self.index is None else f"{self.key}[{self.index}]"
+
+    @property
+    def position(self) -> Position | None:
+        """The placed position, or None when the match is not confident."""
+        return self.best if self.confident else None
+
+    def to_dict(self, num_layers: int) -> dict[str, Any]:
+        pos = self.position
+        return {
+            "key": self.key, "index": self.index, "name": self.name, "role": self.role, "dtype": self.dtype,
+            "position": None if pos is None else pos.p,
+            "post_norm": None if pos is None else pos.normed,
+            "holds": None if pos is None else pos.describe(num_layers),
+            "score": _num(self.score), "margin": _num(self.margin), "confident": self.confident,
+            "reason": self.reason or None,
+            "best_candidate": None if self.best is None else {"position": self.best.p, "post_norm": self.best.normed},
+            "runner_up": None if self.runner_up is None else {"position": self.runner_up.p, "post_norm": self.runner_up.normed},
+            "rel_diff": _num(self.rel_diff), "max_abs_err": _num(self.max_abs_err), "norm_ratio": _num(self.norm_ratio),
+            "tokens": self.tokens, "norm_cv": _num(self.norm_cv), "looks_post_norm": self.looks_post_norm,
+            "nonfinite_rows": self.nonfinite_rows,
+        }
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+@dataclass(frozen=True)
+class AlignmentResult:
+    """Everything one alignment found; render with ``to_dict``, ``to_json``, ``to_text``."""
+
+    train_path: str
+    train_format: str
+    capture_path: str
+    capture_convention: str
+    num_layers: int
+    num_layers_source: str
+    hidden_size: int
+    tokens: TokenAlignment
+    matches: list[SlotMatch]
+    scores: ScoreMatrix
+    slot_norms: list[np.ndarray]
+    engine_ids: dict[str, list[int] | None]
+    engine_notes: dict[str, list[str]]
+    findings: list[Finding]
+    thresholds: tuple[float, float]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[Position]:
+        return self.scores.columns
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every slot is placed and nothing is miswired beyond repair, else 1."""
+        bad = any(not m.confident for m in self.matches) or any(f.severity == "error" for f in self.findings)
+        return 1 if bad else 0
+
+    @property
+    def verdict(self) -> str:
+        """One sentence a tired engineer can act on."""
+        n_bad = sum(not m.confident for m in self.matches)
+        errors = [f for f in self.findings if f.severity == "error"]
+        if self.tokens.length < MIN_TOKENS:
+            return f"No confident match: only {self.tokens.length} tokens could be paired ({self.tokens.note})."
+        if n_bad == len(self.matches):
+            return ("No confident match for any slot: this record and this capture do not come from the same "
+                    "model and prompt, or the capture misses the layers the record holds.")
+        placed = "; ".join(f"{m.name} = {m.position.label}" for m in self.matches if m.position is not None)
+        if errors:
+            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}."
+        if n_bad:
+            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}."
+        ids = ", ".join(f"{k} {v}" for k, v in self.engine_ids.items() if v is not None and k in ("sglang", "vllm"))
+        warn = " Note: not the engines' default layers, so set the ids explicitly." if any(
+            f.code == "off-by-default" for f in self.findings) else ""
+        return f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "training": {"path": self.train_path, "format": self.train_format, "metadata": _jsonable(self.metadata)},
+            "capture": {"path": self.capture_path, "convention": self.capture_convention,
+                        "num_layers": self.num_layers, "num_layers_source": self.num_layers_source,
+                        "hidden_size": self.hidden_size, "positions": [c.label for c in self.columns]},
+            "tokens": self.tokens.to_dict(),
+            "thresholds": {"min_score": self.thresholds[0], "min_margin": self.thresholds[1], "min_tokens": MIN_TOKENS},
+            "mapping": [m.to_dict(self.num_layers) for m in self.matches],
+            "engine_ids": self.engine_ids,
+            "engine_notes": self.engine_notes,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self) -> "Any":
+        """The mapping as a pandas DataFrame (one row per slot)."""
+        import pandas as pd
+
+        rows = [m.to_dict(self.num_layers) for m in self.matches]
+        cols = ["name", "role", "position", "post_norm", "holds", "score", "margin", "confident", "tokens", "reason"]
+        return pd.DataFrame(rows)[cols]
+
+    def to_text(self) -> str:
+        from .render import render_text
+
+        return render_text(self)
+
+
+def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
+    return {str(k): (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in meta.items()}
+
+
+def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c0: float) -> TokenAlignment:
+    """A pairing where training row t meets capture row t+d."""
+    ts, cs = (0, d) if d >= 0 else (-d, 0)
+    length = max(0, min(usable - ts, cap_len - cs))
+    note = (f"content says training row t pairs with capture row t{d:+d} (norm-profile correlation {c:.3f} "
+            f"vs {c0:.3f} unshifted)")
+    return replace(tok, train_start=ts, capture_start=cs, length=length, method="content-shift", note=note)
+
+
+def _choices(sm: ScoreMatrix, n_slots: int, thr: tuple[float, float]) -> list[Choice]:
+    return [choose(sm.score[i], sm.columns, float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), *thr)
+            for i in range(n_slots)]
+
+
+def align(
+    train: str | Path | TrainingRecord, capture: str | Path | Capture, *, fmt: str | None = None,
+    convention: str = "hf", num_layers: int | None = None, max_tokens: int | None = None,
+    allow_unsafe: bool = False, progress: Callable[[Position], None] | None = None,
+) -> AlignmentResult:
+    """Place every slot of a training record in the residual stream of a capture sweep."""
+    record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
+    cap = capture if isinstance(capture, Capture) else load_capture(
+        capture, convention=convention, num_layers=num_layers, allow_unsafe=allow_unsafe)
+    if num_layers is not None:
+        cap.num_layers, cap.num_layers_source = num_layers, "given"
+    if max_tokens is not None and max_tokens < 1:
+        raise ForensicsError(f"max_tokens must be at least 1, got {max_tokens}")
+    slots = record.slots(cap.hidden_size)
+    padding = trailing_padding(record.input_ids, record.loss_mask)
+    tok = align_tokens(record.input_ids, record.num_tokens, padding, cap.input_ids, cap.num_tokens)
+    usable = record.num_tokens - padding
+    if usable <= 0:
+        raise ForensicsError("zero tokens left after dropping trailing padding", path=record.path)
+    if max_tokens is not None and tok.length > max_tokens:
+        tok = replace(tok, length=max_tokens, note=tok.note + f"; limited to the first {max_tokens}")
+    slot_rows = [s.data[:usable] for s in slots]
+    norms = [token_norms(r) for r in slot_rows]
+    fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]
+    thr = thresholds(cap.dtype, *(s.data.dtype for s in slots))
+
+    def run(t: TokenAlignment) -> ScoreMatrix:
+        return score_slots([s.data for s in slots], fit, cap.positions, cap.read,
+                           t.train_start, t.capture_start, t.length, progress)
+
+    sm = run(tok)
+    picks = _choices(sm, len(slots), thr)
+    if not any(c.confident for c in picks) and (tok.method == "position" or tok.length >= 2 * MIN_TOKENS):
+        tok, sm, picks = _try_shift(tok, sm, picks, slots, norms, usable, cap, thr, run)
+    matches = [_slot_match(s, c, sm, i, n, fit[i] and looks_post_norm(n))
+               for i, (s, c, n) in enumerate(zip(slots, picks, norms))]
+    matches = [_resolve_role(m, cap.num_layers) for m in matches]
+    findings = _token_findings(tok, record, sm, slots) + slot_findings(matches, cap.num_layers)
+    engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers)
+    findings += more
+    return AlignmentResult(
+        record.path, record.format, cap.path, cap.convention, cap.num_layers, cap.num_layers_source,
+        cap.hidden_size, tok, matches, sm, [n.numpy() for n in norms], engine_ids, engine_notes, findings, thr,
+        dict(record.metadata),
+    )
+
+
+def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], slots: list[Slot], norms: list[torch.Tensor],
+               usable: int, cap: Capture, thr: tuple[float, float], run: Callable[[TokenAlignment], ScoreMatrix]
+               ) -> tuple[TokenAlignment, ScoreMatrix, list[Choice]]:
+    """When nothing matched, test whether the rows are offset by a few tokens; rescore if so."""
+    raw = [(norm_cv(n), i) for i, n in enumerate(norms) if not looks_post_norm(n)]
+    if not raw:
+        return tok, sm, picks
+    _, probe = max(raw)
+    cols = [torch.from_numpy(v) for p, v in sm.column_norms.items() if not p.normed]
+    d, c, c0 = detect_shift(norms[probe], cols)
+    if d == 0 or not c >= SHIFT_MIN_CORR or (c0 == c0 and c - c0 < SHIFT_MIN_GAIN):
+        return tok, sm, picks
+    shifted = _shifted(tok, d, usable, cap.num_tokens, c, c0)
+    sm2 = run(shifted)
+    picks2 = _choices(sm2, len(slots), thr)
+    if sum(p.confident for p in picks2) > 0:
+        return shifted, sm2, picks2
+    return tok, sm, picks
+
+
+def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: torch.Tensor, post: bool) -> SlotMatch:
+    j = sm.columns.index(c.best) if c.best is not None else None
+    get = (lambda a: float(a[i, j])) if j is not None else (lambda a: float("nan"))
+    bad = int((~torch.isfinite(s.data).all(-1)).sum())
+    return SlotMatch(s.key, s.index, s.role, str(s.data.dtype).replace("torch.", ""), c.best, c.score, c.runner_up,
+                     c.margin, c.confident, c.reason, get(sm.rel_diff), get(sm.max_abs), get(sm.norm_ratio),
+                     int(get(sm.tokens_used)) if j is not None else 0, norm_cv(norms), post, bad)
+
+
+def _resolve_role(m: SlotMatch, n: int) -> SlotMatch:
+    """A slot of unknown role is the final state if it sits at p=N or post-norm, else an aux slot."""
+    if m.role != "unknown":
+        return m
+    if m.confident and m.best is not None and (m.best.normed or m.best.p == n):
+        return replace(m, role="final")
+    return replace(m, role="aux")
+
+
+def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:
+    out = [Finding("tokens-compared", "info",
+                   f"compared {tok.length} tokens (training has {tok.train_tokens}, capture {tok.capture_tokens}"
+                   f"{f', {tok.padding_dropped} trailing padding rows dropped' if tok.padding_dropped else ''}): {tok.note}")]
+    if tok.method == "ids-prefix" and tok.length < MIN_TOKENS:
+        out.append(Finding("token-mismatch", "error",
+                           f"training and capture token ids share only {tok.length} leading tokens: they are "
+                           "not the same prompt, so no slot can be placed. Capture the record's own prompt."))
+    if tok.method == "content-shift":
+        both = record.input_ids is not None
+        out.append(Finding("token-misalignment", "error" if both else "warning",
+                           f"hidden-state rows are offset from the capture: {tok.note}. "
+                           + ("The token ids agree, so the record's hidden states are misaligned with its own "
+                              "input_ids: the drafter learned each token from a neighbour's state."
+                              if both else "Check the dumper's token handling (BOS, chat template).")))
+    bad_slots = {s.key if s.index is None else f"{s.key}[{s.index}]": int((~torch.isfinite(s.data).all(-1)).sum())
+                 for s in slots}
+    bad_slots = {k: v for k, v in bad_slots.items() if v}
+    if bad_slots:
+        out.append(Finding("nonfinite-training", "warning",
+                           "NaN/Inf in training rows (skipped in matching): "
+                           + ", ".join(f"{k}: {v} rows" for k, v in bad_slots.items())))
+    bad_cols = {p.label: v for p, v in sm.nonfinite_capture.items() if v}
+    if bad_cols:
+        out.append(Finding("nonfinite-capture", "warning",
+                           "NaN/Inf in capture rows (skipped in matching): "
+                           + ", ".join(f"{k}: {v} rows" for k, v in bad_cols.items())))
+    return out
+
+
+def _engine_ids(matches: list[SlotMatch], n: int) -> tuple[dict[str, list[int] | None], dict[str, list[str]], list[Finding]]:
+    """The id list each engine target needs to capture exactly the aux positions, or why none works."""
+    aux = [m for m in matches if m.role == "aux"]
+    ids: dict[str, list[int] | None] = {}
+    notes: dict[str, list[str]] = {}
+    findings: list[Finding] = []
+    if not aux:
+        return ids, notes, findings
+    if any(m.position is None or m.position.normed for m in aux):
+        reason = "not every aux slot has a confident raw-position match"
+        for t in conventions.ENGINE_TARGETS:
+            ids[t.label], notes[t.label] = None, [reason]
+        return ids, notes, findings
+    wanted = [m.position.p for m in aux if m.position is not None]
+    for t in conventions.ENGINE_TARGETS:
+        plan = conventions.ids_for_positions(t, wanted, n)
+        ids[t.label], notes[t.label] = plan.ids, list(plan.reasons)
+        if plan.ids is None:
+            findings.append(Finding("engine-cannot-serve", "warning",
+                                    f"{t.label}: no id list captures p={wanted}: {'; '.join(plan.reasons)}"))
+    return ids, notes, findings

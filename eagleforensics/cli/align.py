@@ -1,0 +1,38 @@
+"""``eagleforensics align TRAIN CAPTURE``: place each training slot, print a table or JSON."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import run_guarded
+
+TRAIN_FORMATS = ("specforge", "speculators", "modelopt", "eagle", "list", "generic")
+CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
+
+
+@click.command()
+@click.argument("train", type=click.Path(dir_okay=False))
+@click.argument("capture", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(TRAIN_FORMATS), default=None,
+              help="Training layout; detected from content when omitted.")
+@click.option("--capture-convention", type=click.Choice(CAPTURE_CONVENTIONS), default="hf", show_default=True,
+              help="What the integers in the capture mean (hf: output_hidden_states index).")
+@click.option("--num-layers", type=click.IntRange(min=1), default=None, help="N, when the capture cannot tell.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Compare at most this many tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--allow-unsafe-pickle", is_flag=True,
+              help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
+def align(train: str, capture: str, fmt: str | None, capture_convention: str, num_layers: int | None,
+          max_tokens: int | None, as_json: bool, allow_unsafe_pickle: bool) -> None:
+    """Say which residual-stream position each slot of TRAIN holds, judged against the CAPTURE sweep.
+
+    Exit 0: every slot placed confidently. 1: a slot unplaced or a miswiring found. 2: bad input.
+    """
+    from ..align import align as run_align
+
+    result = run_guarded(lambda: run_align(
+        train, capture, fmt=fmt, convention=capture_convention, num_layers=num_layers,
+        max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle))
+    click.echo(result.to_json() if as_json else result.to_text())
+    sys.exit(result.exit_code)

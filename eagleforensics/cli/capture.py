@@ -1,0 +1,50 @@
+"""``eagleforensics capture MODEL_DIR``: run a local HF model and save the full residual-stream sweep."""
+from __future__ import annotations
+
+import click
+
+from .common import run_guarded
+
+
+@click.command()
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.option("--prompt", default=None, help="Text to tokenize with the model directory's tokenizer.")
+@click.option("--input-ids", "input_ids", default=None,
+              help="Token ids instead of a prompt: comma-separated, or a .pt/.npy/.safetensors file holding them.")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the capture (.safetensors).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+def capture(model_dir: str, prompt: str | None, input_ids: str | None, output: str, dtype: str) -> None:
+    """Capture positions p=0..N (raw) and the post-norm final of MODEL_DIR on one prompt."""
+
+    def run() -> str:
+        from ..errors import ForensicsError
+        from ..sweep import load_local_model, sweep, tokenize, write_capture
+
+        if (prompt is None) == (input_ids is None):
+            raise ForensicsError("give exactly one of --prompt or --input-ids")
+        ids = tokenize(model_dir, prompt) if prompt is not None else _parse_ids(input_ids or "")
+        model = load_local_model(model_dir)
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ForensicsError(f"token ids must lie in [0, {vocab}) for this model")
+        path = write_capture(output, sweep(model, ids), model, dtype)
+        return f"wrote {path} ({int(ids.numel())} tokens, {model.config.num_hidden_layers + 2} states)"
+
+    click.echo(run_guarded(run))
+
+
+def _parse_ids(text: str) -> "object":
+    import torch
+
+    from ..errors import ForensicsError
+    from ..safeload import load_object
+
+    if text.replace(",", "").replace(" ", "").isdigit():
+        return torch.tensor([int(t) for t in text.split(",") if t.strip()], dtype=torch.int64)
+    obj = load_object(text)
+    if isinstance(obj, dict):
+        obj = obj.get("input_ids", obj.get("token_ids"))
+    if not isinstance(obj, torch.Tensor) or obj.is_floating_point():
+        raise ForensicsError("holds no integer input_ids tensor", path=text)
+    return obj.reshape(-1).to(torch.int64)
