@@ -1,0 +1,66 @@
+"""``eagleforensics config DRAFT --engine E``: which ids an engine reads from a drafter config, and the traps."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from .common import run_guarded
+
+if TYPE_CHECKING:
+    from ..draftconfig import ConfigAudit
+
+ENGINE_CHOICES = ("sglang", "vllm", "trtllm")
+
+
+def render_audit(audit: "ConfigAudit") -> str:
+    """Readable text: where the ids came from, an id -> position table, then the findings."""
+    source = audit.key_read or "none found: engine default"
+    version = f" {audit.version}" if audit.version else ""
+    lines = [
+        f"draft:  {audit.path}",
+        f"engine: {audit.engine}{version} -> rule {audit.target}; model_type "
+        f"{audit.model_type or 'unknown'}; N={audit.num_layers}",
+        f"ids:    {audit.ids_used}  (read from: {source})",
+        "",
+        f"  {'id':>5}  {'position':<16} what it holds",
+    ]
+    for k, pos, note in zip(audit.ids_used, audit.positions, audit.notes):
+        label = pos.label if pos is not None else "-- nothing --"
+        what = pos.describe(audit.num_layers) if pos is not None else (note or "")
+        lines.append(f"  {k:>5}  {label:<16} {what}")
+    warnings = [f for f in audit.findings if f.severity == "warning"]
+    infos = [f for f in audit.findings if f.severity != "warning"]
+    for title, group in (("warnings", warnings), ("notes", infos)):
+        if group:
+            lines += ["", f"{title}:"] + [f"  [{f.code}] {f.message}" for f in group]
+    if not warnings:
+        lines += ["", "ok: no warnings"]
+    return "\n".join(lines)
+
+
+@click.command(name="config")
+@click.argument("draft", type=click.Path())
+@click.option("--engine", type=click.Choice(ENGINE_CHOICES), required=True,
+              help="Serving engine whose reading of the config to audit.")
+@click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12 (SGLang DeepSeek rules depend on it).")
+@click.option("--model-type", default=None, help="Target model_type (llama, qwen3, deepseek_v3, kimi_k2, gpt_oss, ...).")
+@click.option("--num-layers", type=click.IntRange(min=1), default=None, help="N, the target's num_hidden_layers.")
+@click.option("--target", "target_dir", type=click.Path(), default=None,
+              help="Target model directory (or its config.json) for N and model_type.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def config(draft: str, engine: str, engine_version: str | None, model_type: str | None,
+           num_layers: int | None, target_dir: str | None, as_json: bool) -> None:
+    """Say which ids ENGINE reads from the DRAFT config (file or directory) and what they capture.
+
+    Exit 0: no warning. 1: at least one warning-level finding. 2: bad input.
+    """
+    from ..draftconfig import audit_config
+
+    audit = run_guarded(lambda: audit_config(
+        draft, engine, engine_version=engine_version, model_type=model_type,
+        num_layers=num_layers, target_path=target_dir))
+    click.echo(json.dumps(audit.to_dict(), indent=2) if as_json else render_audit(audit))
+    sys.exit(1 if audit.has_warnings else 0)
