@@ -19,9 +19,11 @@ def main() -> None:
 def _register() -> None:
     from . import align as _align
     from . import capture as _capture
+    from . import config as _config
+    from . import logs as _logs
 
-    main.add_command(_align.align)
-    main.add_command(_capture.capture)
+    for command in (_align.align, _capture.capture, _config.config, _logs.logs):
+        main.add_command(command)
 
 
 _register()
