@@ -20,7 +20,8 @@ from . import conventions
 from .capture import Capture, load_capture
 from .errors import ForensicsError
 from .findings import Finding, slot_findings
-from .match import MIN_TOKENS, Choice, ScoreMatrix, choose, score_slots, thresholds
+from .confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
+from .match import ScoreMatrix, score_slots
 from .norms import looks_post_norm, norm_cv, token_norms
 from .positions import Position
 from .tokens import TokenAlignment, align_tokens, detect_shift, trailing_padding
@@ -100,7 +101,7 @@ class AlignmentResult:
     engine_ids: dict[str, list[int] | None]
     engine_notes: dict[str, list[str]]
     findings: list[Finding]
-    thresholds: tuple[float, float]
+    thresholds: Thresholds
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -142,7 +143,7 @@ class AlignmentResult:
                         "num_layers": self.num_layers, "num_layers_source": self.num_layers_source,
                         "hidden_size": self.hidden_size, "positions": [c.label for c in self.columns]},
             "tokens": self.tokens.to_dict(),
-            "thresholds": {"min_score": self.thresholds[0], "min_margin": self.thresholds[1], "min_tokens": MIN_TOKENS},
+            "thresholds": self.thresholds.to_dict(),
             "mapping": [m.to_dict(self.num_layers) for m in self.matches],
             "engine_ids": self.engine_ids,
             "engine_notes": self.engine_notes,
@@ -179,8 +180,9 @@ def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c
     return replace(tok, train_start=ts, capture_start=cs, length=length, method="content-shift", note=note)
 
 
-def _choices(sm: ScoreMatrix, n_slots: int, thr: tuple[float, float]) -> list[Choice]:
-    return [choose(sm.score[i], sm.columns, float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), *thr)
+def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds) -> list[Choice]:
+    return [choose(sm.score[i], sm.norm_ratio[i], sm.columns,
+                   float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
             for i in range(n_slots)]
 
 
@@ -188,6 +190,7 @@ def align(
     train: str | Path | TrainingRecord, capture: str | Path | Capture, *, fmt: str | None = None,
     convention: str = "hf", num_layers: int | None = None, max_tokens: int | None = None,
     allow_unsafe: bool = False, progress: Callable[[Position], None] | None = None,
+    min_score: float | None = None, min_margin: float | None = None,
 ) -> AlignmentResult:
     """Place every slot of a training record in the residual stream of a capture sweep."""
     record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
@@ -208,7 +211,7 @@ def align(
     slot_rows = [s.data[:usable] for s in slots]
     norms = [token_norms(r) for r in slot_rows]
     fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]
-    thr = thresholds(cap.dtype, *(s.data.dtype for s in slots))
+    thr = thresholds(cap.dtype, *(s.data.dtype for s in slots), min_score=min_score, min_margin=min_margin)
 
     def run(t: TokenAlignment) -> ScoreMatrix:
         return score_slots([s.data for s in slots], fit, cap.positions, cap.read,
@@ -232,15 +235,12 @@ def align(
 
 
 def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], slots: list[Slot], norms: list[torch.Tensor],
-               usable: int, cap: Capture, thr: tuple[float, float], run: Callable[[TokenAlignment], ScoreMatrix]
+               usable: int, cap: Capture, thr: Thresholds, run: Callable[[TokenAlignment], ScoreMatrix]
                ) -> tuple[TokenAlignment, ScoreMatrix, list[Choice]]:
     """When nothing matched, test whether the rows are offset by a few tokens; rescore if so."""
-    raw = [(norm_cv(n), i) for i, n in enumerate(norms) if not looks_post_norm(n)]
-    if not raw:
-        return tok, sm, picks
-    _, probe = max(raw)
     cols = [torch.from_numpy(v) for p, v in sm.column_norms.items() if not p.normed]
-    d, c, c0 = detect_shift(norms[probe], cols)
+    # every slot votes; a post-norm slot's flat norm profile simply correlates poorly
+    d, c, c0 = max((detect_shift(n, cols) for n in norms), key=lambda t: t[1] if t[1] == t[1] else -2.0)
     if d == 0 or not c >= SHIFT_MIN_CORR or (c0 == c0 and c - c0 < SHIFT_MIN_GAIN):
         return tok, sm, picks
     shifted = _shifted(tok, d, usable, cap.num_tokens, c, c0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from . import conventions
 from .positions import Position, default_aux_positions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,15 +86,15 @@ def slot_findings(matches: list[SlotMatch], num_layers: int) -> list[Finding]:
             out.append(Finding("final-wrong-layer", "warning",
                                f"{m.name} is the final state but holds p={m.position.p}, not the last layer "
                                f"(p={n}): an off-by-one in the dumper (cf. TorchSpec #87)."))
+        # which trainer expects which kind: conventions.trainer_final_expectation holds the sources
         if m.position.normed:
             out.append(Finding("final-post-norm", "info",
-                               f"{m.name} is post-norm. {conventions.trainer_final_expectation('specforge')} "
-                               f"{conventions.trainer_final_expectation('speculators')} A speculators-style "
-                               "trainer would normalise it twice."))
+                               f"{m.name} is the post-norm final state. Right for a SpecForge-style trainer "
+                               "(it applies only the lm_head); wrong for speculators, which applies the "
+                               "verifier norm first and would normalise it twice."))
         else:
             out.append(Finding("final-raw", "info",
-                               f"{m.name} is the raw last-layer output (before the norm). "
-                               f"{conventions.trainer_final_expectation('speculators')} "
-                               f"{conventions.trainer_final_expectation('specforge')} A SpecForge-style "
-                               "trainer would feed the lm_head an un-normalised state."))
+                               f"{m.name} is the raw last-layer output (before the final norm). Right for "
+                               "speculators (it applies the verifier norm, then the head); wrong for a "
+                               "SpecForge-style trainer, which would feed the lm_head an un-normalised state."))
     return out

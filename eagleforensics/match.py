@@ -9,11 +9,13 @@ mean per-token norm ratio (training / capture) are kept for every cell.
 Slots that may be post-norm (the final state) are also scored against a *virtual*
 post-norm version of each raw position: an RMSNorm whose per-dimension gain is fitted by
 least squares, so a post-norm final can be placed even when the capture has no post-norm
-state, and a final taken one layer early shows up as such.
+state, and a final taken one layer early shows up as such. Those fitted cells are scored
+with the per-token ``2xy / (|x|^2 + |y|^2)`` instead of the cosine: with H free gains and a
+scale-blind cosine, any raw state would fit its own normed version perfectly; requiring the
+per-token norms to match too keeps raw and post-norm apart.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -24,22 +26,6 @@ from .norms import fit_gain, token_norms, unit_rms
 from .positions import Position
 
 CHUNK_TOKENS = 256
-# (min score, min margin) by the lower precision of the two sides
-THRESHOLDS: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (0.999, 0.002),
-    torch.float32: (0.999, 0.002),
-    torch.float16: (0.995, 0.003),
-    torch.bfloat16: (0.99, 0.005),
-}
-MIN_TOKENS = 4
-
-
-def thresholds(*dtypes: torch.dtype) -> tuple[float, float]:
-    """Confidence thresholds for the least precise of ``dtypes`` (unknown floats count as bf16)."""
-    worst = min(dtypes, key=lambda d: torch.finfo(d).bits if d.is_floating_point else 0)
-    return THRESHOLDS.get(worst, THRESHOLDS[torch.bfloat16])
-
-
 @dataclass
 class ScoreMatrix:
     """Scores and side metrics, slots x columns; NaN where a cell was not computed."""
@@ -58,7 +44,8 @@ class ScoreMatrix:
 class _Cell:
     """Running sums for a group of slots against one column."""
 
-    def __init__(self, k: int, length: int) -> None:
+    def __init__(self, k: int, length: int, scale_aware: bool = False) -> None:
+        self.scale_aware = scale_aware
         self.dot = torch.zeros(k, dtype=torch.float64)
         self.xx = torch.zeros(k, dtype=torch.float64)
         self.yy = torch.zeros(k, dtype=torch.float64)
@@ -73,7 +60,9 @@ class _Cell:
         dot = (y * xb).sum(-1)
         ny = torch.linalg.vector_norm(y, dim=-1)
         nx = torch.linalg.vector_norm(xb, dim=-1)
-        self.cos[:, start:start + y.shape[1]] = torch.where(valid, dot / (ny * nx).clamp_min(1e-30), float("nan"))
+        # a fitted column must also reproduce each token's norm: 2xy/(|x|^2+|y|^2) instead of the cosine
+        sim = 2 * dot / (ny * ny + nx * nx).clamp_min(1e-30) if self.scale_aware else dot / (ny * nx).clamp_min(1e-30)
+        self.cos[:, start:start + y.shape[1]] = torch.where(valid, sim, float("nan"))
         zero = torch.zeros((), dtype=y.dtype)
         self.dot += torch.where(valid, dot, zero).sum(1).double()
         self.xx += torch.where(valid, nx * nx, zero).sum(1).double()
@@ -164,49 +153,9 @@ def _score_fitted(pos: Position, x_all: torch.Tensor, x_ok: torch.Tensor, y: tor
     x = torch.where(x_ok.unsqueeze(-1), x_all.float(), 0.0)
     ok = y_ok & x_ok
     gains = fit_gain(torch.where(ok.unsqueeze(-1), y, 0.0), torch.where(x_ok.unsqueeze(-1), x, 0.0))
-    cell = _Cell(len(fit_idx), length)
+    cell = _Cell(len(fit_idx), length, scale_aware=True)
     u = unit_rms(x)
     for a in range(0, length, CHUNK_TOKENS):
         pred = gains[:, None, :] * u[a:a + CHUNK_TOKENS][None]
         cell.add(a, y[:, a:a + CHUNK_TOKENS], pred, ok[:, a:a + CHUNK_TOKENS])
     store(col_index[target], fit_idx, cell.finish())
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The best column for one slot, the runner-up at a different position, and the verdict."""
-
-    best: Position | None
-    score: float
-    runner_up: Position | None
-    runner_score: float
-    margin: float
-    confident: bool
-    reason: str
-
-
-def choose(scores: np.ndarray, columns: list[Position], tokens: float, min_score: float, min_margin: float,
-           min_tokens: int = MIN_TOKENS) -> Choice:
-    """Pick the best column; call it confident only if score, margin and token count clear the bar.
-
-    The runner-up is the best column at a *different* p (raw and post-norm of one p are the
-    same layer). The margin must exceed ``min_margin`` and also ``1 - score``: the
-    runner-up must be at least twice as far from a perfect match as the winner.
-    """
-    finite = [(float(s), c) for s, c in zip(scores, columns) if s == s]
-    if not finite:
-        return Choice(None, float("nan"), None, float("nan"), float("nan"), False, "nothing to compare")
-    finite.sort(key=lambda t: -t[0])
-    best_s, best = finite[0]
-    rival = next(((s, c) for s, c in finite[1:] if c.p != best.p), (float("nan"), None))
-    margin = best_s - rival[0] if rival[1] is not None else float("inf")
-    need = max(min_margin, 1 - best_s)
-    if tokens < min_tokens:
-        reason = f"only {int(tokens)} tokens compared (need {min_tokens})"
-    elif best_s < min_score:
-        reason = f"best score {best_s:.4f} is below {min_score}"
-    elif not margin >= need:
-        reason = f"margin {margin:.4f} to {rival[1].label if rival[1] else '-'} is below {need:.4f}"
-    else:
-        reason = ""
-    return Choice(best, best_s, rival[1], rival[0], margin if math.isfinite(margin) else float("nan"), reason == "", reason)

@@ -1,0 +1,129 @@
+"""Every capture layout loads lazily, and each convention maps integers to the right positions."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eagleforensics.capture import load_capture
+from eagleforensics.errors import ForensicsError
+from eagleforensics.positions import Position
+
+from .realdata import H, N, forward
+
+
+@pytest.fixture(scope="module")
+def run():
+    return forward("qwen3", length=20)
+
+
+def test_torch_save_of_hf_hidden_states_tuple(tmp_path, run):
+    """torch.save(out.hidden_states): N+1 tensors [1,T,H]; HF's last entry is the post-norm final."""
+    path = tmp_path / "capture.pt"
+    torch.save(tuple(h[None] for h in run.hs), path)
+    cap = load_capture(path)
+    assert cap.num_layers == N and cap.hidden_size == H and cap.num_tokens == 20
+    assert cap.positions == [Position(p) for p in range(N)] + [Position(N, True)]
+    assert torch.equal(cap.read(Position(N, True)), run.hs[N])
+    assert cap.input_ids is None
+
+
+def test_list_of_2d_tensors(tmp_path, run):
+    path = tmp_path / "capture.pt"
+    torch.save(list(run.hs), path)
+    assert torch.equal(load_capture(path).read(Position(3)), run.hs[3])
+
+
+def test_dict_with_hidden_states_list_and_input_ids(tmp_path, run):
+    path = tmp_path / "capture.pt"
+    torch.save({"hidden_states": list(run.hs), "input_ids": run.ids[None].clone(), "model": "tiny-qwen3"}, path)
+    cap = load_capture(path)
+    assert torch.equal(cap.input_ids, run.ids)
+    assert cap.metadata["model"] == "tiny-qwen3"
+
+
+@pytest.mark.parametrize("convention,shift", [("vllm", 0), ("sglang", 1), ("hf", 0)])
+def test_named_int_keys_follow_the_convention(tmp_path, run, convention, shift):
+    """safetensors keys <name>.<int>: vllm k->p=k, sglang k->p=k+1, hf i->p=i (highest post-norm)."""
+    keys = {f"layers.{k}": run.p(k + shift).contiguous() for k in (1, 3, 5)}
+    save_file({**keys, "input_ids": run.ids.clone()}, str(tmp_path / "cap.safetensors"))
+    cap = load_capture(tmp_path / "cap.safetensors", convention=convention, num_layers=N)
+    raw = [p for p in cap.positions if not p.normed]
+    if convention == "hf":  # the highest index is HF's post-norm slot by convention
+        assert cap.positions == [Position(1), Position(3), Position(5, True)]
+    else:
+        assert raw == [Position(k + shift) for k in (1, 3, 5)]
+        assert torch.equal(cap.read(Position(3 + shift)), run.p(3 + shift))
+
+
+def test_trtllm_minus_one_is_the_post_norm_final(tmp_path, run):
+    """TensorRT-LLM: k captured at the end of layer k (p=k+1); -1 is the post-norm final."""
+    obj = {"hs.1": run.p(2), "hs.3": run.p(4), "hs.-1": run.hs[N]}
+    torch.save(obj, tmp_path / "trt.pt")
+    cap = load_capture(tmp_path / "trt.pt", convention="trtllm", num_layers=N)
+    assert cap.positions == [Position(2), Position(4), Position(N, True)]
+    assert torch.equal(cap.read(Position(N, True)), run.hs[N])
+
+
+def test_directory_of_per_position_files(tmp_path, run):
+    d = tmp_path / "dump"
+    d.mkdir()
+    for p in range(N + 1):
+        torch.save(run.p(p)[None].clone(), d / f"layer_{p}.pt")
+    torch.save(run.ids.clone(), d / "input_ids.pt")
+    cap = load_capture(d, convention="vllm")
+    assert cap.num_layers == N
+    assert cap.positions == [Position(p) for p in range(N + 1)]
+    assert torch.equal(cap.read(Position(N)), run.raw_last)
+    assert torch.equal(cap.input_ids, run.ids)
+
+
+def test_capture_helper_format_has_raw_and_post_norm_final(tmp_path, run):
+    from eagleforensics.sweep import write_capture
+    from .realdata import _model
+
+    path = write_capture(tmp_path / "sweep.safetensors", run.sweep, _model("qwen3", 0))
+    cap = load_capture(path)
+    assert cap.convention == "eagleforensics" and cap.num_layers == N
+    assert cap.positions == [Position(p) for p in range(N + 1)] + [Position(N, True)]
+    assert torch.equal(cap.read(Position(N)), run.raw_last)
+    assert torch.equal(cap.read(Position(N, True)), run.hs[N])
+    assert not torch.allclose(cap.read(Position(N)), cap.read(Position(N, True)))
+
+
+def test_ragged_capture_is_refused(tmp_path, run):
+    torch.save([run.hs[0], run.hs[1][:10]], tmp_path / "ragged.pt")
+    with pytest.raises(ForensicsError, match="ragged"):
+        load_capture(tmp_path / "ragged.pt")
+
+
+def test_batch_of_several_sequences_is_refused(tmp_path, run):
+    torch.save([torch.stack([run.hs[0], run.hs[0]])], tmp_path / "batch.pt")
+    with pytest.raises(ForensicsError, match="batch of 2"):
+        load_capture(tmp_path / "batch.pt")
+
+
+def test_safetensors_capture_is_read_lazily(tmp_path, run, monkeypatch):
+    """Opening a safetensors capture reads only its header; a tensor is read when asked for."""
+    save_file({f"h.{p}": run.p(p).contiguous() for p in range(N + 1)}, str(tmp_path / "c.safetensors"))
+    from safetensors import safe_open
+
+    reads: list[str] = []
+    real = safe_open
+
+    class Spy:
+        def __init__(self, *a, **k):
+            self._h = real(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self._h, name)
+
+        def get_tensor(self, name):
+            reads.append(name)
+            return self._h.get_tensor(name)
+
+    monkeypatch.setattr("safetensors.safe_open", Spy)
+    cap = load_capture(tmp_path / "c.safetensors", convention="vllm")
+    assert reads == []
+    cap.read(Position(4))
+    assert reads == ["h.4"]
