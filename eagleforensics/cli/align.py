@@ -20,11 +20,15 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
               help="What the integers in the capture mean (hf: output_hidden_states index).")
 @click.option("--num-layers", type=click.IntRange(min=1), default=None, help="N, when the capture cannot tell.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Compare at most this many tokens.")
+@click.option("--min-score", type=click.FloatRange(0, 1), default=None,
+              help="Lower (or raise) the score a match needs, e.g. for engine-vs-HF drift in deep layers.")
+@click.option("--min-margin", type=click.FloatRange(0, 1), default=None, help="Override the margin a match needs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--allow-unsafe-pickle", is_flag=True,
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def align(train: str, capture: str, fmt: str | None, capture_convention: str, num_layers: int | None,
-          max_tokens: int | None, as_json: bool, allow_unsafe_pickle: bool) -> None:
+          max_tokens: int | None, min_score: float | None, min_margin: float | None, as_json: bool,
+          allow_unsafe_pickle: bool) -> None:
     """Say which residual-stream position each slot of TRAIN holds, judged against the CAPTURE sweep.
 
     Exit 0: every slot placed confidently. 1: a slot unplaced or a miswiring found. 2: bad input.
@@ -33,6 +37,6 @@ def align(train: str, capture: str, fmt: str | None, capture_convention: str, nu
 
     result = run_guarded(lambda: run_align(
         train, capture, fmt=fmt, convention=capture_convention, num_layers=num_layers,
-        max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle))
+        max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle, min_score=min_score, min_margin=min_margin))
     click.echo(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)
