@@ -21,6 +21,7 @@ from .capture import Capture, load_capture
 from .errors import ForensicsError
 from .findings import Finding, slot_findings
 from .confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
+from .crosscheck import CrossCheck, check_request, crosscheck, serving_audit
 from .match import ScoreMatrix, score_slots
 from .norms import looks_post_norm, norm_cv, token_norms
 from .positions import Position
@@ -103,6 +104,7 @@ class AlignmentResult:
     findings: list[Finding]
     thresholds: Thresholds
     metadata: dict[str, Any] = field(default_factory=dict)
+    serving: CrossCheck | None = None  # engine config vs training, when an engine was given
 
     @property
     def columns(self) -> list[Position]:
@@ -112,6 +114,7 @@ class AlignmentResult:
     def exit_code(self) -> int:
         """0 when every slot is placed and nothing is miswired beyond repair, else 1."""
         bad = any(not m.confident for m in self.matches) or any(f.severity == "error" for f in self.findings)
+        bad = bad or (self.serving is not None and not self.serving.match)
         return 1 if bad else 0
 
     @property
@@ -148,6 +151,7 @@ class AlignmentResult:
             "engine_ids": self.engine_ids,
             "engine_notes": self.engine_notes,
             "findings": [f.to_dict() for f in self.findings],
+            "serving": None if self.serving is None else self.serving.to_dict(),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -164,7 +168,8 @@ class AlignmentResult:
     def to_text(self) -> str:
         from .render import render_text
 
-        return render_text(self)
+        text = render_text(self)
+        return text if self.serving is None else text + "\n\n" + self.serving.to_text()
 
 
 def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
@@ -191,8 +196,15 @@ def align(
     convention: str = "hf", num_layers: int | None = None, max_tokens: int | None = None,
     allow_unsafe: bool = False, progress: Callable[[Position], None] | None = None,
     min_score: float | None = None, min_margin: float | None = None,
+    draft_config: str | Path | None = None, engine: str | None = None, engine_version: str | None = None,
+    model_type: str | None = None,
 ) -> AlignmentResult:
-    """Place every slot of a training record in the residual stream of a capture sweep."""
+    """Place every slot of a training record in the residual stream of a capture sweep.
+
+    With ``engine`` (and optionally ``draft_config``), also check what that engine will capture
+    for the drafter against what the record holds (``crosscheck``; no config = engine default).
+    """
+    check_request(draft_config, engine, engine_version, model_type)
     record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
     cap = capture if isinstance(capture, Capture) else load_capture(
         capture, convention=convention, num_layers=num_layers, allow_unsafe=allow_unsafe)
@@ -200,6 +212,8 @@ def align(
         cap.num_layers, cap.num_layers_source = num_layers, "given"
     if max_tokens is not None and max_tokens < 1:
         raise ForensicsError(f"max_tokens must be at least 1, got {max_tokens}")
+    audit = None if engine is None else serving_audit(
+        draft_config, engine, cap.num_layers, engine_version=engine_version, model_type=model_type)
     slots = record.slots(cap.hidden_size)
     padding = trailing_padding(record.input_ids, record.loss_mask)
     tok = align_tokens(record.input_ids, record.num_tokens, padding, cap.input_ids, cap.num_tokens)
@@ -227,11 +241,15 @@ def align(
     findings = _token_findings(tok, record, sm, slots) + slot_findings(matches, cap.num_layers)
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers)
     findings += more
-    return AlignmentResult(
+    result = AlignmentResult(
         record.path, record.format, cap.path, cap.convention, cap.num_layers, cap.num_layers_source,
         cap.hidden_size, tok, matches, sm, [n.numpy() for n in norms], engine_ids, engine_notes, findings, thr,
         dict(record.metadata),
     )
+    if audit is None:
+        return result
+    check = crosscheck(result, audit)
+    return replace(result, serving=check, findings=findings + check.findings)
 
 
 def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], slots: list[Slot], norms: list[torch.Tensor],

@@ -9,6 +9,7 @@ from .common import run_guarded
 
 TRAIN_FORMATS = ("specforge", "speculators", "modelopt", "eagle", "list", "generic")
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
+ENGINES = ("sglang", "vllm", "trtllm")
 
 
 @click.command()
@@ -23,20 +24,32 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
 @click.option("--min-score", type=click.FloatRange(0, 1), default=None,
               help="Lower (or raise) the score a match needs, e.g. for engine-vs-HF drift in deep layers.")
 @click.option("--min-margin", type=click.FloatRange(0, 1), default=None, help="Override the margin a match needs.")
+@click.option("--draft-config", type=click.Path(), default=None,
+              help="Draft config.json (or its directory), or a TensorRT-LLM YAML; needs --engine.")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="Check what this engine will capture against the training data (engine default if no --draft-config).")
+@click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12 (SGLang DeepSeek rules depend on it).")
+@click.option("--model-type", default=None, help="Target model_type for the engine rule (llama, qwen3, deepseek_v3, ...).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--allow-unsafe-pickle", is_flag=True,
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def align(train: str, capture: str, fmt: str | None, capture_convention: str, num_layers: int | None,
-          max_tokens: int | None, min_score: float | None, min_margin: float | None, as_json: bool,
+          max_tokens: int | None, min_score: float | None, min_margin: float | None, draft_config: str | None,
+          engine: str | None, engine_version: str | None, model_type: str | None, as_json: bool,
           allow_unsafe_pickle: bool) -> None:
     """Say which residual-stream position each slot of TRAIN holds, judged against the CAPTURE sweep.
 
-    Exit 0: every slot placed confidently. 1: a slot unplaced or a miswiring found. 2: bad input.
+    With --engine, also say whether the states that engine will capture for the drafter (per
+    --draft-config, or its default when none is given) equal what TRAIN holds, and the ids to write.
+
+    Exit 0: every slot placed confidently (and served as trained). 1: a slot unplaced, a miswiring
+    found, or the engine will not serve what was trained. 2: bad input.
     """
     from ..align import align as run_align
 
     result = run_guarded(lambda: run_align(
         train, capture, fmt=fmt, convention=capture_convention, num_layers=num_layers,
-        max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle, min_score=min_score, min_margin=min_margin))
+        max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle, min_score=min_score, min_margin=min_margin,
+        draft_config=draft_config, engine=engine, engine_version=engine_version, model_type=model_type))
     click.echo(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)
