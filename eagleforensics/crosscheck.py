@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import conventions
 from .draftconfig import INFO, NESTED_KEY, TOP_KEY, YAML_KEY, ConfigAudit, audit_config
-from .draftconfig import Finding as AuditFinding
 from .errors import ForensicsError
 from .findings import Finding
 from .positions import Position
@@ -207,11 +206,11 @@ def default_audit(engine: str, num_layers: int, *, engine_version: str | None = 
         eng, model_type if eng == "sglang" or model_type in conventions.MODEL_TYPES else None, engine_version)
     ids = conventions.default_ids(target, num_layers)
     outcomes = conventions.positions_for_ids(target, ids, num_layers)
-    findings = [AuditFinding("no-draft-config", INFO, (
+    findings = [Finding("no-draft-config", INFO, (
         f"no draft config given: judged {target.label}'s default ids {ids}, which is what it serves a draft "
         "whose config carries none (a silent fallback)"))]
     if eng == "sglang" and model_type is None:
-        findings.append(AuditFinding("model-type-assumed", INFO, "model type unknown: assumed the SGLang "
+        findings.append(Finding("model-type-assumed", INFO, "model type unknown: assumed the SGLang "
                                      "Llama/Qwen rule (pass --model-type)"))
     return ConfigAudit(engine=eng, version=engine_version, model_type=model_type, num_layers=num_layers,
                        ids_read=None, key_read=None, positions=[o.position for o in outcomes],

@@ -22,25 +22,13 @@ from .conventions import (
     default_ids, positions_for_ids, resolve_target,
 )
 from .errors import ForensicsError
+from .findings import Finding
 from .positions import Position, default_aux_positions
 
 TOP_KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 YAML_KEY = "speculative_config.eagle3_layers_to_capture"
 WARNING, INFO = "warning", "info"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One audit result: a stable ``code``, ``warning`` or ``info``, and a one-line message."""
-
-    code: str
-    severity: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        """Plain dict for JSON output."""
-        return {"code": self.code, "severity": self.severity, "message": self.message}
 
 
 @dataclass(frozen=True)
