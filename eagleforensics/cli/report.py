@@ -1,0 +1,42 @@
+"""``eagleforensics report SHARD CAPTURE -o report.html``: run the align notebook, write one self-contained HTML file."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import run_guarded
+
+CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
+
+
+@click.command()
+@click.argument("shard", type=click.Path())
+@click.argument("capture", type=click.Path())
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
+              help="HTML file to write. Default: reports/align-<shard>.html under the current directory.")
+@click.option("--capture-convention", type=click.Choice(CAPTURE_CONVENTIONS), default="hf", show_default=True,
+              help="What the integers in the capture mean (hf: output_hidden_states index).")
+@click.option("--engine", default=None, help="Engine to advise on (vllm, sglang, trtllm, ...); default: all.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Compare at most this many tokens.")
+@click.option("--device", default="auto", show_default=True, help="auto or cpu (scoring runs on the CPU).")
+@click.option("--title", default=None, help="Report title; default '<shard> vs <capture>'.")
+@click.option("--with-input", is_flag=True, help="Keep the notebook's code cells in the HTML (default: outputs only).")
+@click.option("--keep-notebook", is_flag=True, help="Also write the executed notebook beside the HTML (.ipynb).")
+def report(shard: str, capture: str, output: str | None, capture_convention: str, engine: str | None,
+           max_tokens: int | None, device: str, title: str | None, with_input: bool, keep_notebook: bool) -> None:
+    """Execute notebooks/align.ipynb on SHARD and CAPTURE (papermill) and write one offline HTML report.
+
+    The page embeds plotly.js and loads nothing from the network. Exit 0: every slot placed
+    confidently. 1: a slot unplaced or a miswiring found. 2: bad input. 3: the notebook crashed.
+    """
+    from ..report import build_report
+
+    outcome = run_guarded(lambda: build_report(
+        shard, capture, output, capture_convention=capture_convention, engine=engine, max_tokens=max_tokens,
+        device=device, title=title, with_input=with_input, keep_notebook=keep_notebook))
+    click.echo(f"VERDICT: {outcome.verdict}")
+    click.echo(f"report: {outcome.html}")
+    if outcome.notebook is not None:
+        click.echo(f"notebook: {outcome.notebook}")
+    sys.exit(outcome.exit_code)
