@@ -11,7 +11,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
     import plotly.graph_objects as go
 
     from .scan import ScanResult
@@ -23,7 +22,7 @@ PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 def signature_histograms(result: ScanResult, bins: int = 60) -> go.Figure:
-    """One histogram per slot (columns) and signature statistic (rows); outlier records marked in red."""
+    """One histogram per slot (columns) and signature statistic (rows); records with a reason naming the slot in red."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -31,9 +30,9 @@ def signature_histograms(result: ScanResult, bins: int = 60) -> go.Figure:
     names = list(dict.fromkeys(slots["slot"]))
     fig = make_subplots(rows=len(PANELS), cols=max(1, len(names)), column_titles=[html.escape(n) for n in names],
                         row_titles=[label for _, label in PANELS], vertical_spacing=0.08, horizontal_spacing=0.04)
-    outlier_paths = set(result.outliers)
     for c, name in enumerate(names, 1):
         g = slots[slots["slot"] == name]
+        outlier_paths = {p for p, reasons in result.outliers.items() if any(name in r for r in reasons)}
         for r, (feat, label) in enumerate(PANELS, 1):
             vals = g[feat].dropna()
             fig.add_trace(go.Histogram(x=vals.tolist(), nbinsx=bins, marker_color="#4575b4", showlegend=False,
@@ -49,9 +48,18 @@ def signature_histograms(result: ScanResult, bins: int = 60) -> go.Figure:
     return fig
 
 
-def outlier_table(result: ScanResult) -> pd.DataFrame:
-    """The outlier records, one row each, reasons one per line (pandas escapes the HTML it renders)."""
-    return result.outlier_table()
+def outlier_table(result: ScanResult) -> None:
+    """Display the outlier records, one row each, every reason on its own line (all text escaped)."""
+    import pandas as pd
+
+    rows = [{"record": html.escape(p), "reasons": "<br>".join(html.escape(r) for r in reasons)}
+            for p, reasons in result.outliers.items()]
+    if not rows:
+        _display({"text/html": "<p>No outlier records.</p>", "text/plain": "No outlier records."})
+        return
+    table = pd.DataFrame(rows).to_html(index=False, escape=False, justify="left", border=0)
+    table = table.replace("<td>", '<td style="text-align:left; vertical-align:top">')
+    _display({"text/html": table, "text/plain": result.outlier_table().to_string(index=False)})
 
 
 def notebook_summary(result: ScanResult, params: dict[str, Any] | None = None) -> dict[str, Any]:

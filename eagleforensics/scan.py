@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from .errors import ForensicsError
+from .scan_summary import compact
 from .scan_results import ScanResult, build_result, check_output, load_results, make_header, natural_key, open_results
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def _collect(source: Iterable[Any], total: int, out_path: Path | None, header: d
                 failures.append(batch)
                 continue
             for line in batch:
-                new[line["path"]] = line
+                new[line["path"]] = compact(line)  # the file keeps the full line
             if out_path is not None and fh is None:
                 out_path.parent.mkdir(parents=True, exist_ok=True)
                 fh = out_path.open("w" if header is not None else "a", encoding="utf-8")
@@ -193,6 +194,10 @@ def scan(
         raise ForensicsError(f"workers must be at least 1, got {workers}")
     ref = reference if isinstance(reference, Reference) or reference is None else load_reference(
         reference, convention=convention, allow_unsafe=allow_unsafe)
+    if ref is not None:  # a reference kept inside the dataset directory is not a record
+        rels = [r for r in rels if (root / r).resolve() != Path(ref.path).resolve()]
+        if not rels:
+            raise ForensicsError("holds no training records besides the reference capture", path=root)
     header = make_header(root, None if ref is None else ref.path)
     done: dict[str, dict[str, Any]] = {}
     out_path = None if output is None else Path(output)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ForensicsError
+from .scan_summary import compact
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,7 +36,7 @@ def make_header(root: Path, reference: str | None) -> dict[str, Any]:
 
 
 def read_results(path: str | Path, *, repair: bool = False) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The header and the record lines of a results file (last line per path wins).
+    """The header and the record lines of a results file, compacted (last line per path wins).
 
     A last line without its newline is what an interrupted write leaves: it is dropped
     (and cut off the file when ``repair``). Any other unreadable line is an error.
@@ -61,7 +62,7 @@ def read_results(path: str | Path, *, repair: bool = False) -> tuple[dict[str, A
                 raise ForensicsError("not a scan results file (no header line)", path=p)
             header = obj
         elif isinstance(obj, dict) and "path" in obj:
-            records[obj["path"]] = obj
+            records[obj["path"]] = compact(obj)
     if header is None:
         raise ForensicsError("not a scan results file (empty)", path=p)
     return header, records
@@ -157,19 +158,26 @@ class ScanResult:
         return f"Scanned {o['records']} records of {self.dataset}: {tail}."
 
     def to_dict(self) -> dict[str, Any]:
-        return {"overview": self.overview(), "outliers": [{"path": p, "reasons": r} for p, r in self.outliers.items()]}
+        """Overview, per-slot summary and every outlier with its reasons, JSON-ready."""
+        table = self.summary()
+        slots = [{k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+                 for row in table.astype(object).to_dict(orient="records")]
+        return {"overview": self.overview(), "slots": slots,
+                "outliers": [{"path": p, "reasons": r} for p, r in self.outliers.items()]}
 
-    def to_text(self) -> str:
-        """Headline, per-slot summary and the outlier list, for the terminal."""
+    def to_text(self, max_outliers: int = 50) -> str:
+        """Headline, per-slot summary and the first ``max_outliers`` outliers with reasons, for the terminal."""
         lines = [self.headline(), ""]
         table = self.summary()
         if not table.empty:
             lines += [table.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.3f}"), ""]
         if self.outliers:
             lines.append("outliers:")
-            for path, reasons in self.outliers.items():
+            for path, reasons in list(self.outliers.items())[:max_outliers]:
                 lines.append(f"  {path}")
                 lines += [f"    - {r}" for r in reasons]
+            if len(self.outliers) > max_outliers:
+                lines.append(f"  ... and {len(self.outliers) - max_outliers} more (all of them with --json)")
         return "\n".join(lines).rstrip()
 
 
@@ -178,8 +186,8 @@ def build_result(dataset: str, reference: dict[str, Any] | None, output: str | N
     """Judge the lines (``scan_summary``) and wrap them in a ScanResult."""
     from .scan_summary import find_outliers
 
-    result = ScanResult(dataset, reference, output, lines, scanned, resumed)
-    result.outliers = find_outliers(lines, result.slots)
+    result = ScanResult(dataset, reference, output, [compact(line) for line in lines], scanned, resumed)
+    result.outliers = find_outliers(result.lines, result.slots)
     return result
 
 

@@ -83,10 +83,8 @@ def _layout(obj: Any) -> tuple[list[str], dict[str, list[int]], dict[str, str]]:
     return keys, {k: list(v.shape) for k, v in tensors.items()}, {k: str(v.dtype).replace("torch.", "") for k, v in tensors.items()}
 
 
-def hidden_size_of(record: TrainingRecord, reference_hidden: int | None) -> int:
-    """H: the reference's if given, else the width of the final-state entry, else the narrowest entry."""
-    if reference_hidden is not None:
-        return reference_hidden
+def hidden_size_of(record: TrainingRecord) -> int:
+    """H: the width of the final-state entry, else the narrowest entry (aux entries are k*H wide)."""
     finals = [int(e.data.shape[1]) for e in record.entries if e.role == "final"]
     return finals[0] if finals else min(record.widths())
 
@@ -120,7 +118,10 @@ def inspect_object(obj: Any, rel: str, path: str, reference: Any = None) -> dict
     """The results line of one loaded record (``reference`` is a ``scan_reference.Reference`` or None)."""
     keys, shapes, dtypes = _layout(obj)
     record = from_object(obj, path)
-    h = hidden_size_of(record, None if reference is None else reference.hidden_size)
+    h = hidden_size_of(record)
+    if reference is not None and reference.hidden_size != h:
+        raise ForensicsError(f"hidden size {h} differs from the reference capture's {reference.hidden_size}: "
+                             "the record and the reference come from different models", path=path)
     slots = record.slots(h)
     finite = torch.stack([torch.isfinite(s.data).all(-1) for s in slots])
     zero = torch.stack([(s.data == 0).all(-1) for s in slots]).all(0)

@@ -14,9 +14,11 @@ lines were produced (one run, several resumed runs, any worker order):
 """
 from __future__ import annotations
 
-import math
+import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,7 +32,7 @@ HINTS = {
     ("log_norm", -1): "per-token norms smaller than the dataset's: another layer, or raw where post-norm is expected",
     ("log_norm", 1): "per-token norms larger than the dataset's: another layer, or post-norm where raw is expected",
     ("first_excess", -1): "the first token lacks the massive activation the others have: an earlier layer or the embedding",
-    ("first_excess", 1): "the first token stands out more than in the other records: a later layer",
+    ("first_excess", 1): "the first token stands out more than in the other records: a later layer, or raw where post-norm is expected",
     ("log_cv", -1): "per-token norms more uniform than the dataset's: post-norm where raw is expected?",
     ("log_cv", 1): "per-token norms spread more than the dataset's: raw where post-norm is expected?",
 }
@@ -41,25 +43,57 @@ def _mode(values: list[Any]) -> Any:
     return counts.most_common(1)[0][0] if counts else None
 
 
+class SlotRow(NamedTuple):
+    """What the judgement needs of one slot of one record (a tuple: 100k records must fit in memory)."""
+
+    name: str
+    role: str | None
+    dtype: str | None
+    nonfinite_rows: int
+    log_norm: float | None
+    norm_cv: float | None
+    first_excess: float | None
+    post_norm: bool | None
+    resembles: str | None
+    prefix_position: str | None  # only a confident placement
+
+
+KEEP = ("path", "error", "format", "tokens", "padding", "hidden_size", "prefix_tokens")
+
+
+def _intern(text: str | None) -> str | None:
+    """One copy of each repeated name ('aux_hidden_state[0]', 'bfloat16', 'p4') however many records."""
+    return None if text is None else sys.intern(text)
+
+
+def compact(line: dict[str, Any]) -> dict[str, Any]:
+    """A results line cut to what the judgement needs (keys, shapes and the rest stay in the file)."""
+    if isinstance(line.get("slots"), tuple):
+        return line
+    out = {k: line.get(k) for k in KEEP}
+    out["format"] = _intern(out["format"])
+    out["issues"] = tuple(line.get("issues") or ())
+    rows = []
+    for s in line.get("slots") or []:
+        prefix = s.get("prefix") or {}
+        rows.append(SlotRow(
+            _intern(s["name"]), _intern(s.get("role")), _intern(s.get("dtype")), int(s.get("nonfinite_rows") or 0),
+            s.get("log_norm"), s.get("norm_cv"), s.get("first_excess"), s.get("post_norm"),
+            _intern(s.get("resembles")), _intern(prefix.get("position")) if prefix.get("confident") else None))
+    out["slots"] = tuple(rows)
+    return out
+
+
 def slot_table(lines: list[dict[str, Any]]) -> "pd.DataFrame":
-    """One row per (record, slot): the signature, with ``log_cv`` added, and the reference evidence."""
+    """One row per (record, slot) of compacted lines: the signature, ``log_cv`` added, the reference evidence."""
     import pandas as pd
 
-    rows = []
-    for line in lines:
-        for s in line.get("slots") or []:
-            prefix = s.get("prefix") or {}
-            cv = s.get("norm_cv")
-            rows.append({
-                "path": line["path"], "slot": s["name"], "role": s.get("role"), "dtype": s.get("dtype"),
-                "log_norm": s.get("log_norm"), "norm_cv": cv, "log_cv": math.log(cv) if cv else None,
-                "first_excess": s.get("first_excess"), "post_norm": s.get("post_norm"),
-                "nonfinite_rows": s.get("nonfinite_rows", 0), "resembles": s.get("resembles"),
-                "prefix_position": prefix.get("position") if prefix.get("confident") else None,
-            })
-    cols = ["path", "slot", "role", "dtype", "log_norm", "norm_cv", "log_cv", "first_excess", "post_norm",
-            "nonfinite_rows", "resembles", "prefix_position"]
-    return pd.DataFrame(rows, columns=cols)
+    cols = ["path", *SlotRow._fields]
+    df = pd.DataFrame([(line["path"], *s) for line in lines for s in line["slots"]], columns=cols)
+    df = df.rename(columns={"name": "slot"})
+    cv = pd.to_numeric(df["norm_cv"], errors="coerce").astype(float)
+    df.insert(cols.index("norm_cv") + 1, "log_cv", np.log(cv.where(cv > 0)))
+    return df
 
 
 def robust_center(values: "pd.Series", floor: float) -> tuple[float, float]:
@@ -75,9 +109,9 @@ def _layout_reasons(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
     reasons: dict[str, list[str]] = {}
     fields = {
         "format": lambda line: line.get("format"),
-        "slots": lambda line: ", ".join(s["name"] for s in line.get("slots") or []),
+        "slots": lambda line: ", ".join(s.name for s in line["slots"]),
         "hidden size": lambda line: line.get("hidden_size"),
-        "dtypes": lambda line: ", ".join(f"{s['name']} {s['dtype']}" for s in line.get("slots") or []),
+        "dtypes": lambda line: ", ".join(f"{s.name} {s.dtype}" for s in line["slots"]),
     }
     common = {label: _majority([get(line) for line in ok]) for label, get in fields.items()}
     for line in ok:

@@ -69,7 +69,8 @@ class TestPlantedFaults:
         """Layout is judged against the majority: one float32 record among bf16 ones is flagged; no majority, no flag."""
         from eagleforensics.scan_results import build_result
 
-        lines = [json.loads(json.dumps(line)) for line in full.lines[:20] if not line["error"]]
+        raw = [json.loads(line) for line in Path(full.output).read_text().splitlines()[1:]]
+        lines = [line for line in raw if not line["error"]][:20]
         lines[3]["slots"][0]["dtype"] = "float32"
         result = build_result("d", None, None, lines, len(lines), 0)
         assert list(result.outliers) == [lines[3]["path"]]
@@ -157,6 +158,15 @@ class TestRecords:
         for line in lines.values():
             assert line["error"] is None and line["issues"] == [] and line["hidden_size"] == H
             assert len(line["slots"]) == 4 and all(s["log_norm"] is not None for s in line["slots"])
+
+    def test_reference_of_another_model_is_named_and_a_reference_inside_the_dataset_is_no_record(self, dataset, tmp_path):
+        root = _records(forward("llama"), tmp_path)  # H = 64; the generated dataset's reference has H = 128
+        inside = root / "reference.safetensors"
+        inside.write_bytes(dataset.reference.read_bytes())
+        result = scan(root, reference=inside, workers=1, progress=False)
+        assert len(result.lines) == 3
+        assert all("differs from the reference capture's 128" in r[0] for r in result.outliers.values())
+        assert len(result.outliers) == 3
 
     def _specforge(self, tmp_path: Path, pad: int, **change) -> dict:
         run = forward("llama")
