@@ -93,12 +93,15 @@ def _run_local(root: str, rels: list[str], reference: "Reference | None", worker
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                             initargs=(reference,)) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(reference,))
+    try:
         futures = [pool.submit(_worker_batch, root, b, allow_unsafe) for b in _batches(rels, workers)]
         for fut in as_completed(futures):
             exc = fut.exception()
             yield exc if exc is not None else fut.result()
+    finally:  # on Ctrl-C, return now: queued batches are dropped, not run to the end unseen
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _run_dask(root: str, rels: list[str], reference: "Reference | None", scheduler: Any,
@@ -115,6 +118,7 @@ def _run_dask(root: str, rels: list[str], reference: "Reference | None", schedul
             raise ForensicsError(f"cannot reach the Dask scheduler at {scheduler}: {' '.join(str(exc).split())[:160]}") from None
     else:
         client = scheduler
+    futures: list[Any] = []
     try:
         workers = max(1, len(client.scheduler_info().get("workers", {})))
         ref = client.scatter(reference, broadcast=True) if reference is not None else None
@@ -123,6 +127,8 @@ def _run_dask(root: str, rels: list[str], reference: "Reference | None", schedul
             exc = fut.exception()
             yield exc if exc is not None else fut.result()
     finally:
+        if futures:
+            client.cancel([f for f in futures if not f.done()])
         if own:
             client.close()
 

@@ -119,6 +119,29 @@ class TestResume:
         again = half.read_text().splitlines()
         assert len(again) == 2001 and all(json.loads(line) for line in again)
 
+    def test_ctrl_c_mid_scan_keeps_what_was_done(self, dataset, full, tmp_path, monkeypatch):
+        """KeyboardInterrupt after a few batches: their lines stay in the file, --resume does only the rest."""
+        import eagleforensics.scan as scan_mod
+
+        real, calls = scan_mod.inspect_batch, []
+
+        def interrupted(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        out = tmp_path / "ctrl_c.jsonl"
+        monkeypatch.setattr(scan_mod, "inspect_batch", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            scan(dataset.root, reference=dataset.reference, output=out, workers=1, progress=False)
+        kept = len(out.read_text().splitlines()) - 1
+        assert 0 < kept < 2000
+        monkeypatch.setattr(scan_mod, "inspect_batch", real)
+        resumed = scan(dataset.root, reference=dataset.reference, output=out, resume=True, workers=1, progress=False)
+        assert (resumed.resumed, resumed.scanned) == (kept, 2000 - kept)
+        assert resumed.lines == full.lines and resumed.outliers == full.outliers
+
     def test_existing_results_need_resume_and_the_same_inputs(self, dataset, full):
         with pytest.raises(ForensicsError, match="pass --resume"):
             scan(dataset.root, reference=dataset.reference, output=full.output, progress=False)

@@ -48,14 +48,14 @@ def scan(dataset_dir: str, reference: str | None, reference_convention: str, wor
     def body():  # type: ignore[no-untyped-def]
         if scheduler is not None and "://" not in scheduler:
             raise ForensicsError(f"--scheduler takes a Dask address like tcp://HOST:PORT, got {scheduler!r}")
-        return run_scan(dataset_dir, reference=reference, output=out, resume=resume, workers=workers,
-                        scheduler=scheduler, allow_unsafe=allow_unsafe_pickle, convention=reference_convention)
+        try:
+            return run_scan(dataset_dir, reference=reference, output=out, resume=resume, workers=workers,
+                            scheduler=scheduler, allow_unsafe=allow_unsafe_pickle, convention=reference_convention)
+        except KeyboardInterrupt:
+            click.echo(f"eagleforensics: interrupted; the records scanned so far are in {out}: "
+                       "run the same command with --resume to continue", err=True)
+            sys.exit(130)
 
-    try:
-        result = run_guarded(body)
-    except KeyboardInterrupt:
-        click.echo(f"eagleforensics: interrupted; the records scanned so far are in {out}: "
-                   "run the same command with --resume to continue", err=True)
-        sys.exit(130)
+    result = run_guarded(body)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.to_text() + f"\n\nresults: {out}")
     sys.exit(result.exit_code)
