@@ -21,8 +21,9 @@ def _register() -> None:
     from . import capture as _capture
     from . import config as _config
     from . import logs as _logs
+    from . import report as _report
 
-    for command in (_align.align, _capture.capture, _config.config, _logs.logs):
+    for command in (_align.align, _capture.capture, _config.config, _logs.logs, _report.report):
         main.add_command(command)
 
 
