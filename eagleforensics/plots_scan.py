@@ -64,7 +64,7 @@ def outlier_table(result: ScanResult) -> None:
 
 def notebook_summary(result: ScanResult, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the notebook records in its output metadata: the overview, the outliers, the parameters."""
-    return {"schema": SUMMARY_SCHEMA, **result.to_dict(), "params": params or {}}
+    return {"schema": SUMMARY_SCHEMA, **result.to_dict(), "parameters": params or {}}
 
 
 def _display(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:

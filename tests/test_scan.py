@@ -286,7 +286,7 @@ def test_notebook_records_the_scan_it_rendered(dataset, full, tmp_path):
     summary = read_summary(nb)
     assert summary["overview"]["outliers"] == len(dataset.planted)
     assert {o["path"]: o["reasons"] for o in summary["outliers"]} == full.outliers
-    assert summary["params"]["reference"] == str(dataset.reference)
+    assert summary["parameters"]["reference"] == str(dataset.reference)
     html = "".join(o.get("data", {}).get("text/html", "") for c in nb.cells for o in c.get("outputs", []))
     assert "&lt;b&gt;scan&lt;/b&gt; &amp; test" in html and "<b>scan</b>" not in html
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
