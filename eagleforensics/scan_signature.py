@@ -89,8 +89,8 @@ def hidden_size_of(record: TrainingRecord) -> int:
     return finals[0] if finals else min(record.widths())
 
 
-def padding_issues(record: TrainingRecord, zero_rows: torch.Tensor) -> tuple[int, list[str]]:
-    """Trailing id padding and what is inconsistent about it (loss mask, zero hidden rows)."""
+def padding_issues(record: TrainingRecord, zero: torch.Tensor, names: list[str]) -> tuple[int, list[str]]:
+    """Trailing id padding and what is inconsistent about it; ``zero`` [slots, S] marks all-zero rows per slot."""
     issues: list[str] = []
     s = record.num_tokens
     pad = trailing_id_padding(record.input_ids) if record.input_ids is not None else 0
@@ -101,14 +101,19 @@ def padding_issues(record: TrainingRecord, zero_rows: torch.Tensor) -> tuple[int
         if masked.numel():
             issues.append(f"loss_mask is 1 on {masked.numel()} padding rows (input_ids 0): rows {_ranges(masked.tolist())}")
     if record.format in ZERO_PADDED_FORMATS:
-        live = (is_pad & ~zero_rows).nonzero().flatten().tolist()
+        live = (is_pad & ~zero.all(0)).nonzero().flatten().tolist()
         if live:
             issues.append(f"{len(live)} padding rows (input_ids 0) hold non-zero hidden states: rows {_ranges(live)}; "
                           "the zero padding is shifted against the ids")
-    dead = (~is_pad & zero_rows).nonzero().flatten().tolist()
-    if dead:
-        where = "padding not at the end, or shifted against the ids" if record.input_ids is not None else "zero rows"
-        issues.append(f"{len(dead)} real token rows have all-zero hidden states: rows {_ranges(dead)} ({where})")
+    where = "padding not at the end, or shifted against the ids" if record.input_ids is not None else "zero rows"
+    dead_all = ~is_pad & zero.all(0)
+    if dead_all.any():
+        rows = dead_all.nonzero().flatten().tolist()
+        issues.append(f"{len(rows)} real token rows have all-zero hidden states: rows {_ranges(rows)} ({where})")
+    for name, z in zip(names, zero):  # a slot zero where the others are not: that slot lost its rows
+        rows = (~is_pad & z & ~dead_all).nonzero().flatten().tolist()
+        if rows:
+            issues.append(f"{len(rows)} real token rows are all-zero in {name} only: rows {_ranges(rows)}")
     if pad == s:
         issues.append("every row is padding (input_ids all 0)")
     return pad, issues
@@ -124,9 +129,9 @@ def inspect_object(obj: Any, rel: str, path: str, reference: Any = None) -> dict
                              "the record and the reference come from different models", path=path)
     slots = record.slots(h)
     finite = torch.stack([torch.isfinite(s.data).all(-1) for s in slots])
-    zero = torch.stack([(s.data == 0).all(-1) for s in slots]).all(0)
-    pad, issues = padding_issues(record, zero)
-    real = ~zero
+    zero = torch.stack([(s.data == 0).all(-1) for s in slots])
+    pad, issues = padding_issues(record, zero, [s.name for s in slots])
+    real = ~zero.all(0)
     real[record.num_tokens - pad:] = False
     out_slots = []
     for s, fin in zip(slots, finite):

@@ -220,6 +220,15 @@ class TestRecords:
         assert "real token rows have all-zero hidden states: rows 0-5" in text
         assert "padding rows (input_ids 0) hold non-zero hidden states" in text
 
+    def test_one_slot_zeroed_under_real_tokens_is_named(self, tmp_path):
+        def zero_middle_block(t):
+            t = t.clone()
+            t[0, 3:5, H:2 * H] = 0
+            return t
+
+        line = self._specforge(tmp_path, 6, aux_hidden_state=zero_middle_block)
+        assert line["issues"] == ["2 real token rows are all-zero in aux_hidden_state[1] only: rows 3-4"]
+
     def test_refused_pickle_is_an_error_line_and_runs_no_code(self, tmp_path):
         torch.save({"hidden_state": torch.zeros(2, 2), "obj": Path("/x")}, tmp_path / "evil.pt")
         line = inspect_file(tmp_path, "evil.pt")
