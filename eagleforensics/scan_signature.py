@@ -61,7 +61,11 @@ def trailing_id_padding(input_ids: torch.Tensor) -> int:
 
 def slot_signature(data: torch.Tensor, real: torch.Tensor) -> dict[str, Any]:
     """Norm signature of one slot [S, H] over the rows flagged ``real`` (first real row left out of the means)."""
-    norms = torch.linalg.vector_norm(data.float(), dim=-1)
+    return norm_signature(torch.linalg.vector_norm(data.float(), dim=-1), real)
+
+
+def norm_signature(norms: torch.Tensor, real: torch.Tensor) -> dict[str, Any]:
+    """The signature from per-token norms alone (so a fingerprint's stored norms are enough)."""
     ok = real & torch.isfinite(norms) & (norms > 0)
     idx = ok.nonzero().flatten()
     sig: dict[str, Any] = {"rows": int(idx.numel())}
