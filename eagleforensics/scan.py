@@ -190,7 +190,9 @@ def scan(
     ``output``: the JSONL results file (``None`` keeps results in memory only); ``resume``
     continues it. ``workers``: local processes (default: CPU count); ``scheduler``: a Dask
     scheduler address or ``distributed.Client`` to run on instead. ``progress``: a tqdm bar
-    (``None``: only on a terminal).
+    (``None``: only on a terminal). The local pool starts fresh interpreters (``spawn``, safe
+    after torch has started threads), so a script that calls this with ``workers > 1`` needs
+    the usual ``if __name__ == "__main__":`` guard.
     """
     from .scan_reference import Reference, load_reference
 
