@@ -22,8 +22,9 @@ def _register() -> None:
     from . import config as _config
     from . import logs as _logs
     from . import report as _report
+    from . import scan as _scan
 
-    for command in (_align.align, _capture.capture, _config.config, _logs.logs, _report.report):
+    for command in (_align.align, _capture.capture, _config.config, _logs.logs, _report.report, _scan.scan):
         main.add_command(command)
 
 
