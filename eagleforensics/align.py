@@ -222,6 +222,9 @@ def align(
         raise ForensicsError("zero tokens left after dropping trailing padding", path=record.path)
     if max_tokens is not None and tok.length > max_tokens:
         tok = replace(tok, length=max_tokens, note=tok.note + f"; limited to the first {max_tokens}")
+    if tok.length == 0:
+        raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note} (if one side has an "
+                             "extra BOS or template token, drop it so both start at the same token)", path=record.path)
     slot_rows = [s.data[:usable] for s in slots]
     norms = [token_norms(r) for r in slot_rows]
     fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]
@@ -239,6 +242,7 @@ def align(
                for i, (s, c, n) in enumerate(zip(slots, picks, norms))]
     matches = [_resolve_role(m, cap.num_layers) for m in matches]
     findings = _token_findings(tok, record, sm, slots) + slot_findings(matches, cap.num_layers)
+    findings += _row_findings(matches, sm, tok, thr)
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers)
     findings += more
     result = AlignmentResult(
@@ -302,19 +306,48 @@ def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix
                            + ("The token ids agree, so the record's hidden states are misaligned with its own "
                               "input_ids: the drafter learned each token from a neighbour's state."
                               if both else "Check the dumper's token handling (BOS, chat template).")))
-    bad_slots = {s.key if s.index is None else f"{s.key}[{s.index}]": int((~torch.isfinite(s.data).all(-1)).sum())
-                 for s in slots}
+    bad_slots = {s.key if s.index is None else f"{s.key}[{s.index}]":
+                 (~torch.isfinite(s.data).all(-1)).nonzero().flatten().tolist() for s in slots}
     bad_slots = {k: v for k, v in bad_slots.items() if v}
     if bad_slots:
         out.append(Finding("nonfinite-training", "warning",
-                           "NaN/Inf in training rows (skipped in matching): "
-                           + ", ".join(f"{k}: {v} rows" for k, v in bad_slots.items())))
-    bad_cols = {p.label: v for p, v in sm.nonfinite_capture.items() if v}
+                           "NaN/Inf in training rows (those tokens are skipped in matching): "
+                           + "; ".join(f"{k}: {_rows_at(v)}" for k, v in bad_slots.items())))
+    bad_cols = {p: v for p, v in sm.nonfinite_capture.items() if v}
     if bad_cols:
+        where = {p: np.flatnonzero(~np.isfinite(sm.column_norms[p])).tolist() if p in sm.column_norms else []
+                 for p in bad_cols}
         out.append(Finding("nonfinite-capture", "warning",
-                           "NaN/Inf in capture rows (skipped in matching): "
-                           + ", ".join(f"{k}: {v} rows" for k, v in bad_cols.items())))
+                           "NaN/Inf in capture rows (those tokens are skipped in matching): "
+                           + "; ".join(f"{p.label}: {_rows_at(where[p]) if len(where[p]) == v else f'{v} rows'}"
+                                       for p, v in bad_cols.items())))
     return out
+
+
+def _row_findings(matches: list[SlotMatch], sm: ScoreMatrix, tok: TokenAlignment, bar: Thresholds) -> list[Finding]:
+    """Rows of a placed slot that do not match its position: the slot is right, those rows are damaged."""
+    out = []
+    for i, m in enumerate(matches):
+        if not m.confident or m.best not in sm.columns:
+            continue
+        per = sm.per_token[i, sm.columns.index(m.best)]
+        low = np.flatnonzero(np.isfinite(per) & (per < bar.min_score))
+        if low.size:
+            rows = [int(tok.train_start + j) for j in low]
+            out.append(Finding("rows-differ", "warning",
+                               f"{m.name} is placed at {m.best.label}, but {len(rows)} of its {m.tokens} compared rows "
+                               f"{'differs' if len(rows) == 1 else 'differ'} from it beyond {m.dtype} precision "
+                               f"({_rows_at(rows)}; per-token score down to {float(per[low].min()):.4f} < "
+                               f"{bar.min_score}): those rows are corrupted or were written from another state"))
+    return out
+
+
+def _rows_at(rows: list[int], show: int = 8) -> str:
+    """``row 5`` or ``3 rows: 5, 9, 12``: how many rows and which (the first few and the last)."""
+    if len(rows) == 1:
+        return f"row {rows[0]}"
+    more = f", ... {rows[-1]}" if len(rows) > show else ""
+    return f"{len(rows)} rows: {', '.join(map(str, rows[:show]))}{more}"
 
 
 def _engine_ids(matches: list[SlotMatch], n: int) -> tuple[dict[str, list[int] | None], dict[str, list[str]], list[Finding]]:

@@ -73,7 +73,7 @@ def _rows(t: Any, what: str, path: str) -> torch.Tensor:
         raise ForensicsError(f"{what} has a batch of {t.shape[0]} sequences; capture one sequence", path=path)
     if t.dim() != 2:
         raise ForensicsError(f"{what} has shape {list(t.shape)}; expected [T, H] or [1, T, H]", path=path)
-    return t
+    return t.detach()  # a file may carry requires_grad; the data is all we read
 
 
 def _ids(t: Any, path: str) -> torch.Tensor | None:
@@ -119,8 +119,7 @@ def _build(
         readers[Position(num_layers, normed=True)] = readers.pop(Position(-1))
     shape_set = {(s[-2], s[-1]) for s in shapes.values()}
     if len(shape_set) != 1:
-        detail = ", ".join(f"{n}: {list(s)}" for n, s in sorted(shapes.items())[:6])
-        raise ForensicsError(f"capture positions have different shapes ({detail}): ragged capture", path=path)
+        raise ForensicsError(_ragged(shapes), path=path)
     ((t, h),) = shape_set
     if t == 0 or h == 0:
         raise ForensicsError(f"capture positions are empty (shape [{t}, {h}])", path=path)
@@ -130,7 +129,24 @@ def _build(
     return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata)
 
 
+def _ragged(shapes: dict[int, tuple[int, ...]]) -> str:
+    """Name the shape most positions share and the positions that differ (T or H)."""
+    counts: dict[tuple[int, int], list[int]] = {}
+    for n, s in sorted(shapes.items()):
+        counts.setdefault((s[-2], s[-1]), []).append(n)
+    common = max(counts, key=lambda k: len(counts[k]))
+    odd = [f"entry {n} is {list(k)}" for k, ns in counts.items() if k != common for n in ns]
+    what = " and ".join(w for w, i in (("token count T", 0), ("hidden size H", 1))
+                        if any(k[i] != common[i] for k in counts))
+    return (f"ragged capture: positions differ in {what}; most are [T, H] = {list(common)} but "
+            f"{', '.join(odd[:6])}{' ...' if len(odd) > 6 else ''}; all positions must come from one forward pass")
+
+
 def _from_sequence(seq: list[Any], path: str, convention: str, ids: Any, num_layers: int | None, meta: dict[str, Any]) -> Capture:
+    if convention == "hf" and num_layers is not None and len(seq) != num_layers + 1:
+        raise ForensicsError(f"holds {len(seq)} hidden states but a model of {num_layers} layers gives "
+                             f"{num_layers + 1} (output_hidden_states): entries are missing or extra, so every "
+                             "position after the gap would be mislabelled", path=path)
     tensors = {i: _rows(t, f"entry {i}", path) for i, t in enumerate(seq)}
     return _build(
         path, convention, {i: (lambda t=t: t) for i, t in tensors.items()},
@@ -157,6 +173,8 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
         meta = {k: v for k, v in obj.items() if isinstance(v, (str, int, float, bool))}
         return _from_sequence(list(obj["hidden_states"]), path, convention, obj.get("input_ids"), num_layers, meta)
     floats = [k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    _refuse_integer_states({k: v.dtype for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() >= 2
+                            and not v.is_floating_point()}, path)
     numbered = _numbered_keys(floats, path)
     tensors = {n: _rows(obj[k], repr(k), path) for n, k in numbered.items()}
     meta = {str(k): v for k, v in (obj.get("__metadata__") or {}).items()}
@@ -186,6 +204,7 @@ def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Captu
     entries = {k: v for k, v in header.items() if k != "__metadata__"}
     floats = [k for k, v in entries.items() if v.get("dtype") in _ST_DTYPES]
     bad = [k for k, v in entries.items() if k != "input_ids" and v.get("dtype") not in _ST_DTYPES]
+    _refuse_integer_states({k: entries[k].get("dtype") for k in bad if len(entries[k].get("shape", [])) >= 2}, path)
     numbered = _numbered_keys(floats, path)
     if not numbered and bad:
         raise ForensicsError(f"tensor {bad[0]!r} holds {entries[bad[0]].get('dtype')} values; hidden states must be floating point", path=p)
@@ -194,6 +213,13 @@ def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Captu
         path, convention, {n: (lambda k=k: _rows(read_tensor(handle, k, p), repr(k), path)) for n, k in numbered.items()},
         shapes, {n: _ST_DTYPES[entries[k]["dtype"]] for n, k in numbered.items()}, _ids(ids, path), num_layers, meta,
     )
+
+
+def _refuse_integer_states(dtypes: dict[str, Any], path: str, numbered_only: bool = True) -> None:
+    """A numbered [T, H]-like tensor of integers or bools is a hidden state stored wrongly, not metadata."""
+    for key, dtype in dtypes.items():
+        if not numbered_only or _INT_SUFFIX.match(str(key)):
+            raise ForensicsError(f"{key!r} holds {dtype} values; hidden states must be floating point", path=path)
 
 
 def _own_metadata(meta: dict[str, Any], p: Path) -> dict[str, Any] | None:
@@ -225,6 +251,11 @@ def _from_own_format(p: Path, handle: Any, header: dict[str, Any], meta: dict[st
         m = re.fullmatch(r"hidden\.(\d+)", key)
         if m:
             readers[int(m.group(1))] = key
+    _refuse_integer_states({k: header[k].get("dtype") for k in [*readers.values(), "final_norm"]
+                            if k in header and header[k].get("dtype") not in _ST_DTYPES}, path, numbered_only=False)
+    if n < 1 or (readers and max(readers) != n):
+        raise ForensicsError(f"capture metadata says num_hidden_layers={n} but the file holds hidden.0.."
+                             f"hidden.{max(readers, default=-1)}: corrupt capture (the helper writes p=0..N)", path=p)
     if "final_norm" in header:
         readers[n + 1] = "final_norm"  # placeholder integer, relabelled below
     cap = _build(

@@ -79,23 +79,30 @@ class TrainingRecord:
         out: list[Slot] = []
         for e in self.entries:
             width = int(e.data.shape[1])
+            name = e.key if e.index is None else f"{e.key}[{e.index}]"
+            if width == 0:
+                raise ForensicsError(f"{name!r} has shape {list(e.data.shape)}: no hidden-state values", path=self.path)
             if width == hidden_size:
                 out.append(Slot(e.key, e.index, e.data, e.role))
             elif e.splittable and width % hidden_size == 0:
                 k = width // hidden_size
                 for i in range(k):
                     out.append(Slot(e.key, i, e.data[:, i * hidden_size:(i + 1) * hidden_size], e.role))
+            elif e.splittable:
+                raise ForensicsError(
+                    f"{name!r} has width {width}, which no split into k states of the capture's hidden size "
+                    f"{hidden_size} fits (k x {hidden_size}): the record and the capture come from models of "
+                    "different widths", path=self.path)
             else:
                 raise ForensicsError(
-                    f"{e.key!r} has width {width}, which the capture's hidden size {hidden_size} "
-                    "does not divide: the two files come from models of different widths",
-                    path=self.path,
-                )
+                    f"{name!r} has hidden size {width} but the capture has hidden size {hidden_size}: the record and the "
+                    "capture come from models of different widths", path=self.path)
         return out
 
 
 def _as_rows(t: torch.Tensor, key: str, path: str) -> torch.Tensor:
     """Bring a hidden-state tensor to [S, W]: drop a batch dim of 1; refuse anything else."""
+    t = t.detach()
     if t.dim() == 3 and t.shape[0] == 1:
         t = t[0]
     if t.dim() != 2:
@@ -110,7 +117,7 @@ def _float_check(t: Any, key: str, path: str) -> torch.Tensor:
         raise ForensicsError(f"{key!r} is {type(t).__name__}, expected a tensor", path=path)
     if not t.is_floating_point():
         raise ForensicsError(f"{key!r} holds {t.dtype} values; hidden states must be floating point", path=path)
-    return t
+    return t.detach()  # a file may carry requires_grad; the data is all we read
 
 
 def _ids(t: Any, key: str, path: str) -> torch.Tensor:
@@ -237,6 +244,7 @@ def _from_generic(obj: Any, path: str) -> TrainingRecord:
     for key, index, t in items:
         if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
             continue
+        t = t.detach()
         if t.dim() == 3 and t.shape[0] != 1:  # [S, L, H]: one slot per L
             entries += [Entry(key, i, t[:, i, :], "unknown", False) for i in range(t.shape[1])]
         else:

@@ -1,6 +1,12 @@
-"""Shared CLI plumbing: turn a ForensicsError into one line on stderr and exit code 2."""
+"""Shared CLI plumbing: turn a ForensicsError into one line on stderr and exit code 2.
+
+Anything else that escapes a command is a bug in eagleforensics, not bad input: it is
+printed as one ``internal error`` line with exit code 3 (set ``EAGLEFORENSICS_TRACEBACK=1``
+to see the traceback instead).
+"""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, TypeVar
 
@@ -9,12 +15,31 @@ import click
 from ..errors import ForensicsError
 
 T = TypeVar("T")
+TRACEBACK_ENV = "EAGLEFORENSICS_TRACEBACK"
+INTERNAL_EXIT = 3
 
 
 def run_guarded(fn: Callable[[], T]) -> T:
-    """Call ``fn``; on bad input print ``eagleforensics: error: <message>`` and exit 2."""
+    """Call ``fn``; on bad input print ``eagleforensics: error: <message>`` and exit 2 (3 on a bug)."""
     try:
         return fn()
-    except ForensicsError as exc:
-        click.echo(f"eagleforensics: error: {exc}", err=True)
+    except ForensicsError as exc:  # one line even when a file name holds a newline
+        click.echo(f"eagleforensics: error: {_one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
+    except (click.exceptions.Exit, click.Abort, click.ClickException):
+        raise
+    except KeyboardInterrupt:
+        click.echo("eagleforensics: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # last resort: a bug must not dump a traceback on the user
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            raise
+        text = " ".join(_one_line(str(exc)).split())[:300]
+        click.echo(f"eagleforensics: internal error: {type(exc).__name__}: {text} "
+                   f"(a bug; set {TRACEBACK_ENV}=1 for the traceback and report it)", err=True)
+        sys.exit(INTERNAL_EXIT)
+
+
+def _one_line(text: str) -> str:
+    """Escape line breaks so a message is always exactly one line on stderr."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")

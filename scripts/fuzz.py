@@ -1,0 +1,164 @@
+"""Fuzz the loaders and ``align`` with mutated copies of data_samples/ for a fixed time.
+
+    python scripts/fuzz.py [--minutes 5] [--out fuzz-out] [--timeout 30]
+
+Hypothesis generates the mutations (tests/mutations.py: bit flips, boundary bytes,
+truncations, dropped or inserted bytes, corrupted gzip members) with a long budget and no
+shrinking. Every input ends as one of:
+
+* ``result``      alignment ran (its placements are checked against the clean run);
+* ``clean-error`` a one-line ForensicsError, what the CLI turns into exit code 2;
+* ``failure``     any other exception (a traceback for the user);
+* ``wrong``       a slot placed confidently at a position the clean run does not give it;
+* ``relabelled``  the same, but the mutated capture is a valid sweep of another N (entries of an
+                  HF list dropped): right about the file as it is, so counted apart, not a failure;
+* ``hang``/``crash`` the worker stopped answering for ``--timeout`` s or died (SIGBUS, ...).
+
+Inputs run in a worker process so that hangs and crashes are counted, saved under
+``--out`` and the run goes on. Prints the inputs tried and the failures found, grouped by
+signature, and exits 1 if there was any failure.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BAD = ("failure", "wrong", "hang", "crash")
+
+
+def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int) -> None:
+    """Run cases until ``deadline``; append one JSON line per input to ``log``."""
+    import faulthandler
+
+    import torch
+    from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+
+    from tests.mutations import baseline, cases, relabelled, run_case, wrong_placements
+
+    torch.set_num_threads(1)
+    current = scratch / "current.json"
+
+    class Stop(Exception):
+        pass
+
+    @hseed(seed)
+    @settings(max_examples=10**9, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases(max_edits=4))
+    def one(case) -> None:  # type: ignore[no-untyped-def]
+        if time.time() > deadline:
+            raise Stop
+        current.write_text(json.dumps({"case": repr(case), "file": f"mutated_{case.target}"}))
+        faulthandler.dump_traceback_later(timeout, exit=True)
+        out = run_case(case, scratch / "in")
+        faulthandler.cancel_dump_traceback_later()
+        kind, detail, sig = out.kind, out.detail, out.signature
+        if kind == "result":
+            clean = baseline(case.train, case.capture, str(scratch / "clean"))
+            wrong = wrong_placements(out.result, clean)
+            if wrong and relabelled(out.result, clean):
+                kind, detail = "relabelled", f"N={out.result.num_layers}: " + "; ".join(wrong)
+            elif wrong:
+                kind, detail, sig = "wrong", "; ".join(wrong), f"confident wrong placement ({case.side} side)"
+        entry = {"kind": kind, "detail": detail, "signature": sig, "case": repr(case)}
+        if kind in BAD:
+            keep = scratch / "saved" / f"{int(time.time() * 1e6)}_{case.target}"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(scratch / "in" / f"mutated_{case.target}", keep)
+            entry["saved"] = str(keep)
+        with log.open("a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+        current.unlink()
+
+    try:
+        one()
+    except Stop:
+        pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--timeout", type=float, default=30.0, help="seconds one input may take before it counts as a hang")
+    ap.add_argument("--out", type=Path, default=Path("fuzz-out"), help="where failing inputs are saved")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--scratch", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.deadline, args.scratch / "log.jsonl", args.scratch, args.timeout, args.seed)
+        return 0
+
+    start = time.time()
+    deadline = start + 60 * args.minutes
+    args.out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="eagleforensics-fuzz-"))
+    log = scratch / "log.jsonl"
+    restarts, seed = 0, args.seed
+    while time.time() < deadline - 1:
+        cmd = [sys.executable, __file__, "--worker", "--deadline", str(deadline), "--scratch", str(scratch),
+               "--timeout", str(args.timeout), "--seed", str(seed)]
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": "0"})
+        current = scratch / "current.json"
+        if current.exists():  # the worker died or was stopped by the watchdog mid-input
+            info = json.loads(current.read_text())
+            kind = "hang" if "Timeout" in proc.stderr else "crash"
+            keep = args.out / f"{kind}_{restarts}_{info['file']}"
+            src = scratch / "in" / info["file"]
+            if src.exists():
+                shutil.copyfile(src, keep)
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            with log.open("a") as fh:
+                fh.write(json.dumps({"kind": kind, "detail": f"rc={proc.returncode}: {tail[:300]}",
+                                     "signature": f"{kind} rc={proc.returncode}", "case": info["case"],
+                                     "saved": str(keep)}) + "\n")
+            current.unlink()
+        elif proc.returncode != 0:
+            print(f"worker exited {proc.returncode}: {proc.stderr.strip()[-2000:]}", file=sys.stderr)
+            break
+        restarts += 1
+        seed += 1
+    entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    for e in entries:  # move saved inputs out of the scratch folder
+        if e.get("saved", "").startswith(str(scratch)):
+            dst = args.out / Path(e["saved"]).name
+            shutil.copyfile(e["saved"], dst)
+            e["saved"] = str(dst)
+    (args.out / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    kinds = collections.Counter(e["kind"] for e in entries)
+    minutes = (time.time() - start) / 60
+    print(f"fuzz: {len(entries)} inputs tried in {minutes:.1f} min ({restarts} worker runs)")
+    for k in ("result", "clean-error", "relabelled", *BAD):
+        print(f"  {k:<12} {kinds.get(k, 0)}")
+    errors = collections.Counter(e["detail"].split(": ", 1)[-1].split(" (")[0][:70]
+                                 for e in entries if e["kind"] == "clean-error")
+    print("most common clean errors:")
+    for msg, n in errors.most_common(8):
+        print(f"  {n:6d}  {msg}")
+    bad = [e for e in entries if e["kind"] in BAD]
+    groups: dict[str, list[dict]] = collections.defaultdict(list)
+    for e in bad:
+        groups[e["signature"]].append(e)
+    print(f"failures found: {len(bad)} ({len(groups)} distinct)")
+    for sig, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(items):5d}  {sig}: {items[0]['detail'][:160]}")
+        print(f"         e.g. {items[0]['case'][:200]} -> {items[0].get('saved', '-')}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
