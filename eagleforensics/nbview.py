@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
     from .align import AlignmentResult
+    from .runs_report import RunsParams
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 _SEVERITY_COLOUR = {"error": "#d73027", "warning": "#e08214", "info": "#4575b4"}
@@ -68,7 +69,12 @@ def header(params: ReportParams, result: AlignmentResult) -> None:
              ("capture", f"{params.capture} (convention {result.capture_convention})"),
              ("model", f"N={result.num_layers} layers ({result.num_layers_source}), hidden size {result.hidden_size}"),
              ("tokens compared", f"{t.length} ({t.method}): {t.note}"),
-             ("engine of interest", params.engine or "all"), ("max_tokens", params.max_tokens),
+             ("engine of interest", params.engine or "all")]
+    if params.engine is not None:
+        pairs += [("draft config", params.draft_config or "none given: the engine's default ids"),
+                  ("engine version", params.engine_version or "not given"),
+                  ("model type", params.model_type or "not given")]
+    pairs += [("max_tokens", params.max_tokens),
              ("device", params.device), ("eagleforensics", ours)]
     pairs += [(f"metadata: {k}", v) for k, v in result.metadata.items()]
     html(f"<h1>{esc(params.heading)}</h1><table>{_rows(pairs)}</table>", params.heading)
@@ -88,17 +94,27 @@ def verdict(result: AlignmentResult, params: ReportParams | None = None) -> None
     html(markup, "VERDICT: " + result.verdict, {SUMMARY_KEY: notebook_summary(result, params)})
 
 
+def target_label(result: AlignmentResult, engine: str) -> str:
+    """The engine rule that applies: the serving check's (model type and version picked it), else ``engine``'s."""
+    if result.serving is not None and result.serving.engine == engine:
+        return result.serving.target
+    return engine
+
+
 def engine_advice(result: AlignmentResult, engine: str) -> str:
     """One sentence: the id list ``engine`` needs and where it reads it, or why none works."""
-    from .conventions import ENGINE_TARGETS
+    from .conventions import ALL_TARGETS
 
-    target = next(t for t in ENGINE_TARGETS if t.label == engine)
-    ids = result.engine_ids.get(engine)
+    label = target_label(result, engine)
+    target = next((t for t in ALL_TARGETS if t.label == label), None)
     if not result.engine_ids:
-        return f"{engine}: the record has no aux slots, so no id list applies."
+        return f"{label}: the record has no aux slots, so no id list applies."
+    if label not in result.engine_ids and result.serving is not None and result.serving.fix_ids is not None:
+        return f"{label}: set {result.serving.fix_key} = {result.serving.fix_ids}."
+    ids = result.engine_ids.get(label)
     if ids is None:
-        return f"{engine}: no id list captures these slots ({'; '.join(result.engine_notes.get(engine, []))})."
-    return f"{engine} ({target.description}): set {target.id_key} = {ids}."
+        return f"{label}: no id list captures these slots ({'; '.join(result.engine_notes.get(label, []))})."
+    return f"{label} ({target.description if target else label}): set {target.id_key if target else 'ids'} = {ids}."
 
 
 def mapping_table(result: AlignmentResult) -> pd.DataFrame:
@@ -114,10 +130,11 @@ def engine_table(result: AlignmentResult, engine: str | None = None) -> pd.DataF
 
     from .conventions import ENGINE_TARGETS
 
+    label = None if engine is None else target_label(result, engine)
     rows = [{"engine": t.label, "ids": "none works" if result.engine_ids.get(t.label) is None
              else str(result.engine_ids[t.label]), "reads": t.id_key,
              "notes": "; ".join(result.engine_notes.get(t.label, []))}
-            for t in ENGINE_TARGETS if t.label in result.engine_ids and (engine is None or t.label == engine)]
+            for t in ENGINE_TARGETS if t.label in result.engine_ids and (label is None or t.label == label)]
     return pd.DataFrame(rows, columns=["engine", "ids", "reads", "notes"])
 
 
@@ -130,3 +147,62 @@ def findings(result: AlignmentResult) -> None:
         for f in sorted(result.findings, key=lambda f: order.get(f.severity, 3)))
     html(f"<ul>{items}</ul>" if items else "<p>No findings.</p>",
          "\n".join(f"[{f.severity}] {f.code}: {f.message}" for f in result.findings))
+
+
+_STATUS = {"match": ("MATCH", "#1a9850", "the engine feeds the drafter the states it was trained on"),
+           "mismatch": ("MISMATCH", "#d73027", "the engine will feed the drafter other states than it was trained on"),
+           "cannot-judge": ("CANNOT JUDGE", "#e08214", "")}
+
+
+def serving(result: AlignmentResult) -> None:
+    """The "Serving" section (only with an engine): served vs trained positions per aux slot, the fix to paste."""
+    from itertools import zip_longest
+
+    check = result.serving
+    if check is None:
+        return
+    word, colour, meaning = _STATUS.get(check.status, (check.status.upper(), "#000", ""))
+    if check.status == "cannot-judge":
+        meaning = next((f.message for f in check.findings
+                        if f.code in ("serving-unjudged", "num-layers-disagree")), "")
+    version = f" {check.version}" if check.version else ""
+    info = [("engine", f"{check.engine}{version} (rule {check.target}, N={check.num_layers})"),
+            ("draft config", check.draft_path or "none given: the engine's default ids"),
+            ("ids used", f"{check.ids_used} (read from {check.key_read or 'nowhere: engine default'})")]
+    slots = [m.name for m in result.matches if m.role == "aux"]
+    trained = check.positions_trained or []
+    rows = "".join(
+        f"<tr><td>{esc(name or '-')}</td><td>{esc(s.label if s else '-')}</td><td>{esc(t.label if t else '-')}</td>"
+        f"<td>{'yes' if s is not None and s == t else '<b>no</b>'}</td></tr>"
+        for name, s, t in zip_longest(slots, check.positions_served, trained))
+    parts = [f"<h2>Serving</h2><p style='font-size:1.1em'><b style='color:{colour}'>{word}</b>: {esc(meaning)}</p>",
+             f"<table>{_rows(info)}</table>",
+             "<table><tr><th>aux slot</th><th>engine captures</th><th>training holds</th><th>same</th></tr>"
+             f"{rows}</table>"]
+    if check.fix_snippet is not None:
+        where = check.to_dict()["fix"]["where"]
+        parts.append(f"<p>Set <code>{esc(check.fix_key)}</code> = {esc(check.fix_ids)} in {esc(where)}:</p>"
+                     f"<pre class='ef-fix' style='background:#f4f4f4;border:1px solid #ddd;padding:0.5em'>"
+                     f"{esc(check.fix_snippet)}</pre>")
+    elif check.status == "mismatch":
+        parts.append("<p>No id list on this engine captures the trained positions.</p>")
+    if check.fix_notes:
+        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in check.fix_notes) + "</ul>")
+    html("".join(parts), check.to_text())
+
+
+def runs_header(params: RunsParams) -> None:
+    """Title and the log behind each run label, escaped."""
+    pairs = [(f"run {label}" + (" (baseline)" if label == params.baseline else ""), path)
+             for label, path in params.logs.items()]
+    html(f"<h1>{esc(params.heading)}</h1><table>{_rows(pairs)}</table>", params.heading)
+
+
+def runs_verdict(summary: pd.DataFrame, params: RunsParams) -> None:
+    """The runs' one-sentence verdict, carrying the recorded runs summary in its output metadata (the glue)."""
+    from .runs_report import runs_summary
+
+    record = runs_summary(summary, params)
+    markup = (f"<div class='ef-verdict' style='border-left:6px solid #4575b4;padding:0.4em 1em;background:#f7f7f7'>"
+              f"<p style='font-size:1.15em'><b>Verdict:</b> {esc(record['verdict'])}</p></div>")
+    html(markup, "VERDICT: " + record["verdict"], {SUMMARY_KEY: record})

@@ -1,16 +1,16 @@
-"""The alignment report: parameters, the summary a notebook records, and papermill -> nbconvert to one HTML file.
+"""Notebook reports: papermill -> nbconvert to one offline HTML file, and the align report's parameters.
 
-``build_report`` validates the parameters before any kernel starts, executes
-``notebooks/align.ipynb`` with papermill (kernel ``python3`` = this interpreter's ipykernel,
-whatever other python3 kernel is installed), and converts the executed notebook with
-nbconvert into a single self-contained HTML file: plotly.js inline, no CDN script, no
-require.js/MathJax/mermaid/widget loaders from the web.
+``render`` is the one pipeline every report uses (align here, runs in ``runs_report``): it runs a
+notebook with papermill (kernel ``python3`` = this interpreter's ipykernel, whatever other
+python3 kernel is installed) and converts the executed notebook with nbconvert into a single
+self-contained HTML file: plotly.js inline, no CDN script, no require.js/MathJax/mermaid/widget
+loaders from the web. Each report validates its parameters before any kernel starts.
 
-How a notebook records its result (the "glue"): the verdict cell's display output carries
+How a notebook records its result (the "glue"): one display output carries
 ``{"eagleforensics": <summary>}`` in its output *metadata* (nbformat's standard per-output
-metadata, which every notebook tool keeps and no HTML exporter renders). ``read_summary``
-finds it in an executed notebook; the summary is ``AlignmentResult.to_dict()`` plus the
-parameters and a schema name.
+metadata, which every notebook tool keeps and no HTML exporter renders). Every summary names
+its schema, and ``read_summary`` finds the one of the schema asked for. The align summary is
+``AlignmentResult.to_dict()`` plus the parameters; every summary has ``verdict`` and ``exit_code``.
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
-from .conventions import ENGINE_TARGETS
+from .conventions import ENGINES as SERVING_ENGINES
+from .crosscheck import check_request
 from .errors import ForensicsError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +38,7 @@ SUMMARY_SCHEMA = "eagleforensics-notebook-summary-v1"
 KERNEL_NAME = "python3"
 DEVICES = ("auto", "cpu")
 CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")  # keys of capture.CONVENTIONS (kept here: no torch import)
-ENGINES = tuple(t.label for t in ENGINE_TARGETS)
+ENGINES = tuple(SERVING_ENGINES)  # the engines align() can check serving for (align --engine)
 INSTALL_HINT = "pip install 'eagleforensics[report]'"
 
 # nbconvert's lab template minus everything it would fetch from the web (require.js,
@@ -62,6 +63,9 @@ class ReportParams:
     max_tokens: int | None = None
     device: str = "auto"
     title: str | None = None
+    draft_config: str | None = None
+    engine_version: str | None = None
+    model_type: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,7 +78,7 @@ class ReportParams:
 
 @dataclass(frozen=True)
 class ReportOutcome:
-    """What ``build_report`` wrote and what the notebook recorded; ``exit_code`` mirrors the alignment."""
+    """What a report wrote and what its notebook recorded; ``exit_code`` is the summary's (the alignment's)."""
 
     html: Path
     notebook: Path | None
@@ -103,7 +107,8 @@ def sample_inputs() -> tuple[str, str]:
     return str(shard), str(capture)
 
 
-def _path(value: Any, name: str, want_file: bool) -> str:
+def input_path(value: Any, name: str, want_file: bool) -> str:
+    """An existing, readable, non-empty input as an absolute path; ``name`` is the parameter it came from."""
     if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ForensicsError(f"parameter {name} must be a path (a string), got {type(value).__name__} {value!r}")
     p = Path(value).expanduser()
@@ -127,11 +132,43 @@ def _choice(value: Any, name: str, choices: tuple[str, ...], optional: bool = Fa
     return value
 
 
+def _optional_text(value: Any, name: str, example: str) -> str | None:
+    """None, or a non-empty string (a number such as papermill's ``-p engine_version 0.5`` becomes its text)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ForensicsError(f"parameter {name} must be a string such as {example!r} or None, "
+                             f"got {type(value).__name__} {value!r}")
+    return value.strip()
+
+
+def _serving_params(engine: str | None, draft_config: Any, engine_version: Any, model_type: Any
+                    ) -> tuple[str | None, str | None, str | None]:
+    """The serving-check parameters, checked as ``align --engine`` checks them; they all need an engine."""
+    version = _optional_text(engine_version, "engine_version", "0.5.12")
+    mtype = _optional_text(model_type, "model_type", "llama")
+    if engine is None:
+        given = [n for n, v in (("draft_config", draft_config), ("engine_version", version), ("model_type", mtype))
+                 if v is not None]
+        if given:
+            raise ForensicsError(f"parameter {', '.join(given)} needs engine (one of {', '.join(ENGINES)}): "
+                                 "the engine whose reading of the draft config to check")
+        return None, None, None
+    config = None if draft_config is None else input_path(draft_config, "draft_config", want_file=False)
+    check_request(config, engine, version, mtype)  # version syntax, SGLang model type
+    return config, version, mtype
+
+
 def validate_params(shard: Any = None, capture: Any = None, capture_convention: Any = "hf", engine: Any = None,
-                    max_tokens: Any = None, device: Any = "auto", title: Any = None) -> ReportParams:
+                    max_tokens: Any = None, device: Any = "auto", title: Any = None, *, draft_config: Any = None,
+                    engine_version: Any = None, model_type: Any = None) -> ReportParams:
     """Check every notebook parameter before any tensor is read; a bad one is a one-line ForensicsError.
 
-    ``shard`` and ``capture`` both None selects the bundled demo pair.
+    ``shard`` and ``capture`` both None selects the bundled demo pair. ``engine`` turns on the
+    serving check (as ``align --engine``): what that engine captures for ``draft_config`` (its
+    default when None), read with the rule of ``engine_version`` and ``model_type``.
     """
     if shard is None and capture is None:
         shard, capture = sample_inputs()
@@ -144,31 +181,35 @@ def validate_params(shard: Any = None, capture: Any = None, capture_convention: 
                              "use 'cpu' or 'auto'")
     if title is not None and not isinstance(title, str):
         raise ForensicsError(f"parameter title must be a string or None, got {type(title).__name__} {title!r}")
+    engine = _choice(engine, "engine", ENGINES, True)
+    serving = _serving_params(engine, draft_config, engine_version, model_type)
     return ReportParams(
-        _path(shard, "shard", want_file=True), _path(capture, "capture", want_file=False),
-        _choice(capture_convention, "capture_convention", CONVENTIONS), _choice(engine, "engine", ENGINES, True),
-        max_tokens, _choice(device, "device", DEVICES), title,
+        input_path(shard, "shard", want_file=True), input_path(capture, "capture", want_file=False),
+        _choice(capture_convention, "capture_convention", CONVENTIONS), engine,
+        max_tokens, _choice(device, "device", DEVICES), title, *serving,
     )
 
 
 def run_alignment(params: ReportParams) -> tuple[AlignmentResult, TrainingRecord, Capture]:
-    """Load both inputs once and align them; the loaded objects feed the tables that need tensors."""
+    """Load both inputs once and align them (with the serving check when an engine is given)."""
     from .align import align
     from .capture import load_capture
     from .training import load_training
 
     record = load_training(params.shard)
     capture = load_capture(params.capture, convention=params.capture_convention)
-    return align(record, capture, max_tokens=params.max_tokens), record, capture
+    result = align(record, capture, max_tokens=params.max_tokens, draft_config=params.draft_config,
+                   engine=params.engine, engine_version=params.engine_version, model_type=params.model_type)
+    return result, record, capture
 
 
 def notebook_summary(result: AlignmentResult, params: ReportParams | None = None) -> dict[str, Any]:
-    """What the notebook records for tests and the CLI: the result's dict, the parameters, a schema name."""
+    """What the align notebook records for tests and the CLI: the result's dict, the parameters, a schema name."""
     return {"schema": SUMMARY_SCHEMA, **result.to_dict(), "parameters": None if params is None else params.as_dict()}
 
 
-def read_summary(nb: Any) -> dict[str, Any]:
-    """The summary an executed align notebook recorded (see the module docstring), from a path or a notebook."""
+def read_summary(nb: Any, schema: str = SUMMARY_SCHEMA) -> dict[str, Any]:
+    """The summary of ``schema`` an executed notebook recorded (see the module docstring), from a path or a notebook."""
     if isinstance(nb, (str, os.PathLike)):
         import nbformat
 
@@ -176,9 +217,9 @@ def read_summary(nb: Any) -> dict[str, Any]:
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             found = out.get("metadata", {}).get(SUMMARY_KEY)
-            if isinstance(found, dict) and found.get("schema") == SUMMARY_SCHEMA:
+            if isinstance(found, dict) and found.get("schema") == schema:
                 return dict(found)
-    raise NotebookFailed("the executed notebook recorded no alignment summary (did its verdict cell run?)")
+    raise NotebookFailed(f"the executed notebook recorded no summary of schema {schema} (did its verdict cell run?)")
 
 
 def find_notebook(name: str = "align.ipynb") -> Path:
@@ -189,10 +230,14 @@ def find_notebook(name: str = "align.ipynb") -> Path:
     return p
 
 
+def safe_stem(text: str, fallback: str) -> str:
+    """A file-name-safe stem: anything but letters, digits, '.', '_' and '-' becomes '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")[:80] or fallback
+
+
 def default_output(params: ReportParams, cwd: Path | None = None) -> Path:
     """``reports/align-<shard stem>.html`` under the current directory: never beside the inputs."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(params.shard).stem) or "record"
-    return (cwd or Path.cwd()) / "reports" / f"align-{stem}.html"
+    return (cwd or Path.cwd()) / "reports" / f"align-{safe_stem(Path(params.shard).stem, 'record')}.html"
 
 
 def kernel_manager_class() -> type:
@@ -261,34 +306,50 @@ def to_html(nb: Any, with_input: bool = False) -> str:
     return body
 
 
-def build_report(shard: Any, capture: Any, out: str | Path | None = None, *, capture_convention: str = "hf",
-                 engine: str | None = None, max_tokens: int | None = None, device: str = "auto",
-                 title: str | None = None, with_input: bool = False, keep_notebook: bool = False,
-                 notebook: str | Path | None = None) -> ReportOutcome:
-    """Validate, execute the align notebook, write one HTML file; the executed notebook goes beside it if kept."""
-    params = validate_params(shard, capture, capture_convention, engine, max_tokens, device, title)
-    html_path = Path(out).expanduser().resolve() if out is not None else default_output(params)
+def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schema: str, heading: str,
+           inputs: Iterable[str] = (), with_input: bool = False, keep_notebook: bool = False) -> ReportOutcome:
+    """Execute ``notebook`` with validated ``parameters``, read its ``schema`` summary, write one offline HTML file.
+
+    The executed notebook is written beside the HTML (``.ipynb``) only if kept, or as
+    ``.failed.ipynb`` when the notebook crashed. Neither may overwrite one of ``inputs``.
+    """
+    html_path = Path(html_path).expanduser().resolve()
     if html_path.is_dir():
-        raise ForensicsError("is a directory; give the report file name (e.g. reports/align.html)", path=html_path)
+        raise ForensicsError("is a directory; give the report file name (e.g. reports/report.html)", path=html_path)
     executed_path = html_path.with_suffix(".ipynb")
-    for p in (html_path, executed_path):
-        if str(p) in (params.shard, params.capture):
-            raise ForensicsError("would overwrite an input file; choose another -o", path=p)
-    source = Path(notebook) if notebook is not None else find_notebook()
+    failed_path = html_path.with_suffix(".failed.ipynb")
+    taken = {str(Path(p).resolve()) for p in inputs}
+    for p in (html_path, executed_path, failed_path):
+        if str(p) in taken:
+            raise ForensicsError("would overwrite an input file; choose another report name", path=p)
     html_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="eagleforensics-report-") as tmp:
-        work = Path(tmp) / "align.executed.ipynb"
+        work = Path(tmp) / f"{notebook.stem}.executed.ipynb"
         try:
-            nb = execute(source, work, params.as_dict(), cwd=Path(tmp))
+            nb = execute(notebook, work, parameters, cwd=Path(tmp))
         except NotebookFailed as exc:
             if not work.exists():
                 raise
-            kept = html_path.with_suffix(".failed.ipynb")
-            shutil.copyfile(work, kept)
-            raise NotebookFailed(f"{exc.detail} (executed notebook kept at {kept})") from None
-        summary = read_summary(nb)
-        nb.metadata["title"] = params.heading
+            shutil.copyfile(work, failed_path)
+            raise NotebookFailed(f"{exc.detail} (executed notebook kept at {failed_path})") from None
+        summary = read_summary(nb, schema)
+        nb.metadata["title"] = heading
         html_path.write_text(to_html(nb, with_input), encoding="utf-8")
         if keep_notebook:
             shutil.copyfile(work, executed_path)
     return ReportOutcome(html_path, executed_path if keep_notebook else None, summary)
+
+
+def build_report(shard: Any, capture: Any, out: str | Path | None = None, *, capture_convention: str = "hf",
+                 engine: str | None = None, max_tokens: int | None = None, device: str = "auto",
+                 title: str | None = None, draft_config: str | Path | None = None,
+                 engine_version: str | None = None, model_type: str | None = None, with_input: bool = False,
+                 keep_notebook: bool = False, notebook: str | Path | None = None) -> ReportOutcome:
+    """Validate, execute the align notebook, write one HTML file; the executed notebook goes beside it if kept."""
+    params = validate_params(shard, capture, capture_convention, engine, max_tokens, device, title,
+                             draft_config=draft_config, engine_version=engine_version, model_type=model_type)
+    html_path = Path(out) if out is not None else default_output(params)
+    source = Path(notebook) if notebook is not None else find_notebook()
+    inputs = [x for x in (params.shard, params.capture, params.draft_config) if x is not None]
+    return render(source, params.as_dict(), html_path, schema=SUMMARY_SCHEMA, heading=params.heading,
+                  inputs=inputs, with_input=with_input, keep_notebook=keep_notebook)

@@ -8,6 +8,7 @@ through the library. Chromium tests skip only where no ``chromium`` binary is in
 from __future__ import annotations
 
 import html
+import json
 import re
 import shutil
 import subprocess
@@ -91,6 +92,22 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return Run(out.exit_code, out.verdict, out.html, out.notebook)
 
 
+@pytest.fixture(scope="session")
+def serving_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The layer-outputs record with a SGLang draft config whose nested ids [3, 7, 10] are one layer off."""
+    d = tmp_path_factory.mktemp("report-serving")
+    draft = d / "draft<i>x"  # the path is shown in the Serving section: escaped
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128, "num_hidden_layers": 1, "model_type": "llama",
+        "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [3, 7, 10]}}))
+    html = d / "out" / "serving.html"
+    res = _cli([str(SAMPLES / "record_layer_outputs.pt"), str(SAMPLES / "capture.pt"), "-o", str(html),
+                "--keep-notebook", "--engine", "sglang", "--draft-config", str(draft), "--engine-version", "0.5.12",
+                "--model-type", "llama"])
+    return Run(res.exit_code, res.output, html, html.with_suffix(".ipynb"))
+
+
 def _chromium(html: Path, *extra: str) -> str:
     """Open ``html`` in headless Chromium with networking off; return the DOM after scripts ran."""
     if CHROMIUM is None:
@@ -164,6 +181,32 @@ class TestHtml:
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
 
 
+class TestServing:
+    """engine + draft_config: the notebook checks what the engine will serve and shows the fix, escaped."""
+
+    def test_mismatch_and_fix_recorded(self, serving_run: Run) -> None:
+        s = serving_run.summary
+        assert serving_run.exit_code == s["exit_code"] == 1
+        serving = s["serving"]
+        assert serving["status"] == "mismatch" and serving["match"] is False
+        assert serving["ids_used"] == [3, 7, 10] and serving["key_read"] == "eagle_config.eagle_aux_hidden_state_layer_ids"
+        assert serving["positions_served"] == ["p4", "p8", "p11"] and serving["positions_trained"] == ["p3", "p7", "p10"]
+        assert serving["fix"]["ids"] == [2, 6, 9]
+        assert serving["fix"]["snippet"] == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
+        assert s["parameters"]["engine_version"] == "0.5.12" and s["parameters"]["model_type"] == "llama"
+        assert s["parameters"]["draft_config"].endswith("draft<i>x")
+
+    def test_serving_section_in_html(self, serving_run: Run) -> None:
+        text = serving_run.text
+        assert "<h2>Serving</h2>" in text and ">MISMATCH</b>" in text
+        pre = re.findall(r"<pre class=[\"']ef-fix[\"'][^>]*>([^<]*)</pre>", text)
+        assert [html.unescape(x) for x in pre] == ['{"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}']
+        assert "draft<i>x" not in text and "draft&lt;i&gt;x" in text
+
+    def test_no_serving_section_without_engine(self, layout_run: Run) -> None:
+        assert layout_run.summary["serving"] is None and "<h2>Serving</h2>" not in layout_run.text
+
+
 class TestEscaping:
     """Anything from the inputs (keys, metadata, file names, title) appears as text, never as markup."""
 
@@ -202,6 +245,15 @@ class TestParameters:
         ({"device": "cuda:0"}, "not supported yet"),
         ({"device": 3}, "parameter device must be one of"),
         ({"engine": "tgi"}, "parameter engine must be one of"),
+        ({"engine": "sglang-deepseek<0.5.13"}, "parameter engine must be one of vllm, sglang, trtllm or None"),
+        ({"engine_version": "0.5.12"}, "parameter engine_version needs engine"),
+        ({"model_type": "llama"}, "parameter model_type needs engine"),
+        ({"draft_config": str(SAMPLES)}, "parameter draft_config needs engine"),
+        ({"engine": "sglang", "draft_config": "missing/config.json"}, "no such file or directory \\(parameter draft"),
+        ({"engine": "sglang", "draft_config": 7}, "parameter draft_config must be a path"),
+        ({"engine": "sglang", "engine_version": "latest"}, "is not of the form X.Y.Z"),
+        ({"engine": "sglang", "engine_version": ["0.5"]}, "parameter engine_version must be a string"),
+        ({"engine": "sglang", "model_type": "gpt2"}, "unknown model_type 'gpt2'"),
         ({"capture_convention": "HF"}, "parameter capture_convention must be one of"),
         ({"title": ["x"]}, "parameter title must be a string"),
     ])
@@ -219,10 +271,24 @@ class TestParameters:
             report.validate_params(tmp_path / "empty.pt", SAMPLES / "capture.pt")
 
     def test_choices_follow_the_library(self) -> None:
-        from eagleforensics.conventions import ENGINE_TARGETS
+        from eagleforensics.cli.report import ENGINES as CLI_ENGINES
+        from eagleforensics.conventions import ENGINES
 
         assert report.CONVENTIONS == tuple(CAPTURE_CONVENTIONS)
-        assert report.ENGINES == tuple(t.label for t in ENGINE_TARGETS)
+        assert report.ENGINES == tuple(ENGINES) and set(CLI_ENGINES) == set(ENGINES)
+
+    def test_serving_parameters_accepted(self) -> None:
+        p = report.validate_params(SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture.pt", engine="vllm",
+                                   draft_config=SAMPLES, engine_version=0.33, model_type="qwen3")
+        assert (p.engine, p.draft_config, p.engine_version, p.model_type) == ("vllm", str(SAMPLES), "0.33", "qwen3")
+
+    def test_cli_serving_option_without_engine_is_one_line_exit_2(self, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.chdir(tmp_path)
+        res = CliRunner().invoke(report_cmd, [str(SAMPLES / "record_layer_outputs.pt"), str(SAMPLES / "capture.pt"),
+                                              "--engine-version", "0.5.12"])
+        assert res.exit_code == 2 and res.output.strip().count("\n") == 0
+        assert "parameter engine_version needs engine" in res.output and not (tmp_path / "reports").exists()
 
     def test_cli_bad_input_is_one_line_exit_2(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.chdir(tmp_path)

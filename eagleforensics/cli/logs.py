@@ -2,26 +2,25 @@
 from __future__ import annotations
 
 import json
-import math
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import ForensicsError
 from .common import run_guarded
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..report import ReportOutcome
 
-def parse_run_args(pairs: tuple[str, ...]) -> dict[str, str]:
-    """Turn ``LABEL=PATH`` arguments into an ordered mapping; ForensicsError on a malformed or repeated label."""
-    runs: dict[str, str] = {}
-    for pair in pairs:
-        label, sep, path = pair.partition("=")
-        label, path = label.strip(), path.strip()
-        if not sep or not label or not path:
-            raise ForensicsError(f"expected LABEL=PATH, got {pair!r}")
-        if label in runs:
-            raise ForensicsError(f"run label {label!r} given twice")
-        runs[label] = path
-    return runs
+
+def _table(records: list[dict]) -> str:
+    """The summary rows as the aligned text table the command prints."""
+    import pandas as pd
+
+    from ..logs import SUMMARY_COLUMNS
+
+    df = pd.DataFrame(records, columns=SUMMARY_COLUMNS).astype({c: "float64" for c in SUMMARY_COLUMNS[3:]})
+    return df.to_string(index=False, na_rep="n/a", float_format=lambda v: f"{v:.3f}")
 
 
 @click.command("logs")
@@ -29,35 +28,46 @@ def parse_run_args(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--baseline", metavar="LABEL", default=None,
               help="Run whose median tok/s the others are divided by (speedup column).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
-def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool) -> None:
+@click.option("--report", "report_path", metavar="OUT.html", is_flag=False, flag_value="", default=None,
+              help="Also write the runs report (notebooks/runs.ipynb) as one offline HTML file; "
+                   "a bare --report (last) writes reports/runs-<labels>.html.")
+@click.option("--title", default=None, help="Report title; default 'Runs: <labels>'.")
+@click.option("--with-input", is_flag=True, help="Keep the notebook's code cells in the report.")
+@click.option("--keep-notebook", is_flag=True, help="Also write the executed notebook beside the report (.ipynb).")
+def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path: str | None, title: str | None,
+         with_input: bool, keep_notebook: bool) -> None:
     """Summarise SGLang/vLLM server logs per run: median accept length, accept rate, tok/s, speed-up.
 
     Each RUN is LABEL=PATH, e.g. ``baseline=base.log broken=eagle.log fixed=eagle_fixed.log``.
     Only the engines' decode/metrics lines count; other lines mentioning "accept" are ignored.
+    With --report, the same numbers go into an HTML page with accept length and tok/s over time.
+    Exit 0: done. 2: bad input. 3: the report notebook crashed.
     """
 
-    def body() -> None:
-        from ..logs import parse_logs, summarize_runs  # pandas loads here, not for --help
+    def body() -> tuple[list[dict], ReportOutcome | None]:
+        from ..runs_report import build_runs_report, load_runs, parse_runs, runs_summary, summarize, validate_params
 
-        mapping = parse_run_args(runs)
+        mapping = parse_runs(runs)
         if baseline is not None and baseline not in mapping:
-            raise ForensicsError(
-                f"--baseline {baseline!r} is not one of the run labels: {', '.join(mapping)}"
-            )
-        df = parse_logs(mapping)
-        for label in df.attrs.get("empty_runs", []):
-            raise ForensicsError(
-                "no SGLang 'Decode batch' or vLLM metrics line found (is this the server log?)",
-                path=mapping[label],
-            )
-        summary = summarize_runs(df, baseline=baseline)
-        if as_json:
-            records = [
-                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
-                for rec in summary.to_dict(orient="records")
-            ]
-            click.echo(json.dumps(records, indent=2, default=str))
-        else:
-            click.echo(summary.to_string(index=False, na_rep="n/a", float_format=lambda v: f"{v:.3f}"))
+            raise ForensicsError(f"--baseline {baseline!r} is not one of the run labels: {', '.join(mapping)}")
+        if report_path is None:
+            params = validate_params(mapping, baseline, title)
+            return runs_summary(summarize(load_runs(params), params), params)["runs"], None
+        if report_path and not report_path.lower().endswith((".html", ".htm")):
+            raise ForensicsError(f"--report expects an .html file name, got {report_path!r} "
+                                 "(a bare --report goes after the logs)")
+        outcome = build_runs_report(mapping, report_path or None, baseline=baseline, title=title,
+                                    with_input=with_input, keep_notebook=keep_notebook)
+        return outcome.summary["runs"], outcome
 
-    run_guarded(body)
+    records, outcome = run_guarded(body)
+    from ..logs import SUMMARY_COLUMNS
+
+    if as_json:
+        click.echo(json.dumps([{k: r.get(k) for k in SUMMARY_COLUMNS} for r in records], indent=2, default=str))
+    else:
+        click.echo(_table(records))
+    if outcome is not None:  # on stderr with --json, so stdout stays one JSON document
+        for line in (f"VERDICT: {outcome.verdict}", f"report: {outcome.html}",
+                     *([f"notebook: {outcome.notebook}"] if outcome.notebook is not None else [])):
+            click.echo(line, err=as_json)

@@ -8,6 +8,7 @@ import click
 from .common import run_guarded
 
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
+ENGINES = ("sglang", "vllm", "trtllm")
 
 
 @click.command()
@@ -17,24 +18,34 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
               help="HTML file to write. Default: reports/align-<shard>.html under the current directory.")
 @click.option("--capture-convention", type=click.Choice(CAPTURE_CONVENTIONS), default="hf", show_default=True,
               help="What the integers in the capture mean (hf: output_hidden_states index).")
-@click.option("--engine", default=None, help="Engine to advise on (vllm, sglang, trtllm, ...); default: all.")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="Check what this engine will capture against the training data and advise on its ids "
+                   "(engine default if no --draft-config); default: advise on all, no serving check.")
+@click.option("--draft-config", type=click.Path(), default=None,
+              help="Draft config.json (or its directory), or a TensorRT-LLM YAML; needs --engine.")
+@click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12 (SGLang DeepSeek rules depend on it).")
+@click.option("--model-type", default=None, help="Target model_type for the engine rule (llama, qwen3, deepseek_v3, ...).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Compare at most this many tokens.")
 @click.option("--device", default="auto", show_default=True, help="auto or cpu (scoring runs on the CPU).")
 @click.option("--title", default=None, help="Report title; default '<shard> vs <capture>'.")
 @click.option("--with-input", is_flag=True, help="Keep the notebook's code cells in the HTML (default: outputs only).")
 @click.option("--keep-notebook", is_flag=True, help="Also write the executed notebook beside the HTML (.ipynb).")
 def report(shard: str, capture: str, output: str | None, capture_convention: str, engine: str | None,
-           max_tokens: int | None, device: str, title: str | None, with_input: bool, keep_notebook: bool) -> None:
+           draft_config: str | None, engine_version: str | None, model_type: str | None, max_tokens: int | None,
+           device: str, title: str | None, with_input: bool, keep_notebook: bool) -> None:
     """Execute notebooks/align.ipynb on SHARD and CAPTURE (papermill) and write one offline HTML report.
 
-    The page embeds plotly.js and loads nothing from the network. Exit 0: every slot placed
-    confidently. 1: a slot unplaced or a miswiring found. 2: bad input. 3: the notebook crashed.
+    The page embeds plotly.js and loads nothing from the network. With --engine it has a Serving
+    section: what that engine will capture for --draft-config against what SHARD holds, and the
+    ids to write. Exit 0: every slot placed confidently (and served as trained). 1: a slot
+    unplaced, a miswiring found, or a serving mismatch. 2: bad input. 3: the notebook crashed.
     """
     from ..report import build_report
 
     outcome = run_guarded(lambda: build_report(
         shard, capture, output, capture_convention=capture_convention, engine=engine, max_tokens=max_tokens,
-        device=device, title=title, with_input=with_input, keep_notebook=keep_notebook))
+        device=device, title=title, draft_config=draft_config, engine_version=engine_version,
+        model_type=model_type, with_input=with_input, keep_notebook=keep_notebook))
     click.echo(f"VERDICT: {outcome.verdict}")
     click.echo(f"report: {outcome.html}")
     if outcome.notebook is not None:
