@@ -7,18 +7,18 @@ becomes HTML or hover text.
 from __future__ import annotations
 
 import html
-import json
 from typing import TYPE_CHECKING, Any
+
+from . import nbview
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
     from .scan import ScanResult
 
-SUMMARY_KEY = "eagleforensics"  # output-metadata key, the same glue the align notebook uses
+from .report import SUMMARY_KEY  # the output-metadata glue every notebook of ours uses
 SUMMARY_SCHEMA = "eagleforensics-scan-summary-v1"
 PANELS = (("log_norm", "mean log norm"), ("norm_cv", "norm CV"), ("first_excess", "first-token excess"))
-PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 def signature_histograms(result: ScanResult, bins: int = 60) -> go.Figure:
@@ -55,36 +55,16 @@ def outlier_table(result: ScanResult) -> None:
     rows = [{"record": html.escape(p), "reasons": "<br>".join(html.escape(r) for r in reasons)}
             for p, reasons in result.outliers.items()]
     if not rows:
-        _display({"text/html": "<p>No outlier records.</p>", "text/plain": "No outlier records."})
+        nbview.html("<p>No outlier records.</p>", "No outlier records.")
         return
     table = pd.DataFrame(rows).to_html(index=False, escape=False, justify="left", border=0)
     table = table.replace("<td>", '<td style="text-align:left; vertical-align:top">')
-    _display({"text/html": table, "text/plain": result.outlier_table().to_string(index=False)})
+    nbview.html(table, result.outlier_table().to_string(index=False))
 
 
 def notebook_summary(result: ScanResult, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the notebook records in its output metadata: the overview, the outliers, the parameters."""
     return {"schema": SUMMARY_SCHEMA, **result.to_dict(), "parameters": params or {}}
-
-
-def _display(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
-    from IPython.display import display
-
-    display(data, raw=True, metadata=metadata or {})
-
-
-def embed_plotlyjs() -> None:
-    """Put plotly.js inline once, so an exported HTML page draws the figures without any network."""
-    from plotly.offline import get_plotlyjs
-
-    _display({"text/html": f'<script type="text/javascript">{get_plotlyjs()}</script>', "text/plain": "plotly.js embedded"})
-
-
-def show(fig: go.Figure) -> None:
-    """Display a figure as the plotly mimetype (JupyterLab) plus an HTML div (exported pages)."""
-    div = fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False, config=PLOTLY_CONFIG)
-    _display({"application/vnd.plotly.v1+json": {**json.loads(fig.to_json()), "config": PLOTLY_CONFIG},
-              "text/html": div, "text/plain": f"<plotly figure: {fig.layout.title.text or 'untitled'}>"})
 
 
 def headline(result: ScanResult, title: str, params: dict[str, Any] | None = None) -> None:
@@ -93,15 +73,5 @@ def headline(result: ScanResult, title: str, params: dict[str, Any] | None = Non
     body = (f"<h2>{html.escape(title)}</h2><p><b>{html.escape(result.headline())}</b></p>"
             f"<p>reference: {html.escape(str(o['reference'] or 'none (records judged against the dataset itself)'))}"
             f"; results file: {html.escape(str(o['output'] or 'not written'))}</p>")
-    _display({"text/html": body, "text/plain": f"{title}\n{result.headline()}"},
+    nbview.html(body, f"{title}\n{result.headline()}",
              {SUMMARY_KEY: notebook_summary(result, params)})
-
-
-def read_summary(nb: Any) -> dict[str, Any] | None:
-    """The recorded scan summary of an executed notebook (nbformat node or dict), or None."""
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
-            meta = (out.get("metadata") or {}).get(SUMMARY_KEY)
-            if isinstance(meta, dict) and meta.get("schema") == SUMMARY_SCHEMA:
-                return meta
-    return None

@@ -284,7 +284,8 @@ def test_notebook_records_the_scan_it_rendered(dataset, full, tmp_path):
     papermill = pytest.importorskip("papermill")
     import nbformat
 
-    from eagleforensics.plots_scan import read_summary
+    from eagleforensics.plots_scan import SUMMARY_SCHEMA
+    from eagleforensics.report import read_summary
 
     out = tmp_path / "scan.ipynb"
     papermill.execute_notebook(
@@ -292,7 +293,7 @@ def test_notebook_records_the_scan_it_rendered(dataset, full, tmp_path):
         parameters={"dataset": str(dataset.root), "reference": str(dataset.reference), "workers": 1,
                     "title": "<b>scan</b> & test"})
     nb = nbformat.read(out, as_version=4)
-    summary = read_summary(nb)
+    summary = read_summary(nb, SUMMARY_SCHEMA)
     assert summary["overview"]["outliers"] == len(dataset.planted)
     assert {o["path"]: o["reasons"] for o in summary["outliers"]} == full.outliers
     assert summary["parameters"]["reference"] == str(dataset.reference)
