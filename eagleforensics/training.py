@@ -178,22 +178,22 @@ def _common(obj: dict[str, Any], path: str) -> tuple[torch.Tensor | None, torch.
     return ids, mask, used
 
 
-def _from_specforge(obj: dict[str, Any], path: str) -> TrainingRecord:
+def _aux_and_final(obj: dict[str, Any], path: str, fmt: str, aux_key: str, final_key: str) -> TrainingRecord:
+    """Layouts with one concatenated aux tensor [.., kH] and one final state (SpecForge, ModelOpt)."""
     ids, mask, used = _common(obj, path)
-    aux = _as_rows(_float_check(obj["aux_hidden_state"], "aux_hidden_state", path), "aux_hidden_state", path)
-    fin = _as_rows(_float_check(obj["hidden_state"], "hidden_state", path), "hidden_state", path)
-    entries = [Entry("aux_hidden_state", None, aux, "aux", True), Entry("hidden_state", None, fin, "final", False)]
-    used |= {"aux_hidden_state", "hidden_state"}
-    return TrainingRecord(path, "specforge", entries, ids, mask, _metadata(obj, used))
+    aux = _as_rows(_float_check(obj[aux_key], aux_key, path), aux_key, path)
+    fin = _as_rows(_float_check(obj[final_key], final_key, path), final_key, path)
+    entries = [Entry(aux_key, None, aux, "aux", True), Entry(final_key, None, fin, "final", False)]
+    used |= {aux_key, final_key}
+    return TrainingRecord(path, fmt, entries, ids, mask, _metadata(obj, used))
+
+
+def _from_specforge(obj: dict[str, Any], path: str) -> TrainingRecord:
+    return _aux_and_final(obj, path, "specforge", "aux_hidden_state", "hidden_state")
 
 
 def _from_modelopt(obj: dict[str, Any], path: str) -> TrainingRecord:
-    ids, mask, used = _common(obj, path)
-    aux = _as_rows(_float_check(obj["aux_hidden_states"], "aux_hidden_states", path), "aux_hidden_states", path)
-    fin = _as_rows(_float_check(obj["hidden_states"], "hidden_states", path), "hidden_states", path)
-    entries = [Entry("aux_hidden_states", None, aux, "aux", True), Entry("hidden_states", None, fin, "final", False)]
-    used |= {"aux_hidden_states", "hidden_states"}
-    return TrainingRecord(path, "modelopt", entries, ids, mask, _metadata(obj, used))
+    return _aux_and_final(obj, path, "modelopt", "aux_hidden_states", "hidden_states")
 
 
 def _from_speculators(obj: dict[str, Any], path: str) -> TrainingRecord:
