@@ -6,9 +6,8 @@ import torch
 
 from eagleforensics.align import align
 from eagleforensics.positions import Position
-from eagleforensics.tinymodels import build_model
 
-from .realdata import SAMPLES, N, _model, forward
+from .realdata import SAMPLES, N, forward
 
 
 def _save(path, obj):

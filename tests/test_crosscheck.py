@@ -20,6 +20,7 @@ from eagleforensics.draftconfig import NESTED_KEY, TOP_KEY, YAML_KEY, audit_conf
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
 
+from .drafts import specforge_draft, speculators_draft, trtllm_yaml
 from .realdata import SAMPLES
 
 RECORD = SAMPLES / "record_layer_outputs.pt"
@@ -34,34 +35,15 @@ def result() -> AlignmentResult:
 
 
 def _specforge(tmp: Path, ids: list[int] | None, name: str = "specforge") -> Path:
-    """SpecForge-style draft dir: ids nested under eagle_config (SpecForge configs/*.json)."""
-    d = tmp / name
-    d.mkdir()
-    eagle: dict = {"use_aux_hidden_state": True}
-    if ids is not None:
-        eagle["eagle_aux_hidden_state_layer_ids"] = ids
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128, "num_hidden_layers": 1,
-           "model_type": "llama", "eagle_config": eagle}
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
+    return specforge_draft(tmp, ids, name, hidden=128)
 
 
 def _speculators(tmp: Path, ids: list[int], name: str = "speculators") -> Path:
-    """speculators-style draft dir: ids at the top level."""
-    d = tmp / name
-    d.mkdir()
-    cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-           "transformer_layer_config": {"hidden_size": 128}, "eagle_aux_hidden_state_layer_ids": ids}
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
+    return speculators_draft(tmp, ids, name, hidden=128)
 
 
 def _trtllm_yaml(tmp: Path, ids: list[int], name: str = "extra_llm_api.yaml") -> Path:
-    """TensorRT-LLM extra-API YAML with speculative_config (llmapi/llm_args.py field names)."""
-    p = tmp / name
-    p.write_text(f"speculative_config:\n  decoding_type: Eagle\n  max_draft_len: 3\n"
-                 f"  eagle3_layers_to_capture: {ids}\n")
-    return p
+    return trtllm_yaml(tmp, ids, name=name)
 
 
 def _cli(*args: object):

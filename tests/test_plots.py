@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from eagleforensics import plots
 from eagleforensics.align import AlignmentResult, align
