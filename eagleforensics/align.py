@@ -23,7 +23,7 @@ from .findings import Finding, slot_findings
 from .confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
 from .crosscheck import CrossCheck, check_request, crosscheck, serving_audit
 from .match import ScoreMatrix, score_slots
-from .norms import looks_post_norm, norm_cv, token_norms
+from .norms import looks_post_norm, norm_cv
 from .positions import Position
 from .tokens import TokenAlignment, align_tokens, detect_shift, trailing_padding
 from .training import Slot, TrainingRecord, load_training
@@ -186,6 +186,12 @@ def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c
 
 
 def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds) -> list[Choice]:
+    if sm.error is not None:  # estimates from a fingerprint: confident only clear of their error
+        from .fpmatch import choose_estimated
+
+        return [choose_estimated(sm.score[i], sm.norm_ratio[i], sm.columns,
+                                 float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar, sm.error[i])
+                for i in range(n_slots)]
     return [choose(sm.score[i], sm.norm_ratio[i], sm.columns,
                    float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
             for i in range(n_slots)]
@@ -197,17 +203,24 @@ def align(
     allow_unsafe: bool = False, progress: Callable[[Position], None] | None = None,
     min_score: float | None = None, min_margin: float | None = None,
     draft_config: str | Path | None = None, engine: str | None = None, engine_version: str | None = None,
-    model_type: str | None = None,
+    model_type: str | None = None, device: str = "cpu",
 ) -> AlignmentResult:
     """Place every slot of a training record in the residual stream of a capture sweep.
 
     With ``engine`` (and optionally ``draft_config``), also check what that engine will capture
     for the drafter against what the record holds (``crosscheck``; no config = engine default).
+    ``device`` (cpu, cuda, auto) is where the per-position reduction runs (see ``match``).
     """
     check_request(draft_config, engine, engine_version, model_type)
     record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
-    cap = capture if isinstance(capture, Capture) else load_capture(
-        capture, convention=convention, num_layers=num_layers, allow_unsafe=allow_unsafe)
+    from .fingerprint import Fingerprint, is_fingerprint, load_fingerprint
+
+    if isinstance(capture, (Capture, Fingerprint)):
+        cap = capture
+    elif is_fingerprint(capture):  # a fingerprint instead of the sweep: scores become estimates (fpmatch)
+        cap = load_fingerprint(capture)
+    else:
+        cap = load_capture(capture, convention=convention, num_layers=num_layers, allow_unsafe=allow_unsafe)
     if num_layers is not None:
         cap.num_layers, cap.num_layers_source = num_layers, "given"
     if max_tokens is not None and max_tokens < 1:
@@ -226,13 +239,19 @@ def align(
         raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note} (if one side has an "
                              "extra BOS or template token, drop it so both start at the same token)", path=record.path)
     slot_rows = [s.data[:usable] for s in slots]
-    norms = [token_norms(r) for r in slot_rows]
+    # float32 norms straight from the stored rows: a float() copy of a 2 GB record page-faults for seconds
+    norms = [torch.linalg.vector_norm(r, dim=-1, dtype=torch.float32) if r.element_size() < 4
+             else torch.linalg.vector_norm(r.float(), dim=-1) for r in slot_rows]
     fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]
     thr = thresholds(cap.dtype, *(s.data.dtype for s in slots), min_score=min_score, min_margin=min_margin)
 
     def run(t: TokenAlignment) -> ScoreMatrix:
-        return score_slots([s.data for s in slots], fit, cap.positions, cap.read,
-                           t.train_start, t.capture_start, t.length, progress)
+        if isinstance(cap, Fingerprint):
+            from .fpmatch import score_fingerprint
+
+            return score_fingerprint([s.data for s in slots], fit, cap, t.train_start, t.capture_start, t.length)
+        return score_slots([s.data for s in slots], fit, cap.positions, cap,
+                           t.train_start, t.capture_start, t.length, progress, device=device)
 
     sm = run(tok)
     picks = _choices(sm, len(slots), thr)
@@ -245,6 +264,10 @@ def align(
     findings += _row_findings(matches, sm, tok, thr)
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers)
     findings += more
+    if isinstance(cap, Fingerprint):
+        from .fpmatch import estimate_finding
+
+        findings.append(estimate_finding(cap, sm))
     result = AlignmentResult(
         record.path, record.format, cap.path, cap.convention, cap.num_layers, cap.num_layers_source,
         cap.hidden_size, tok, matches, sm, [n.numpy() for n in norms], engine_ids, engine_notes, findings, thr,
@@ -276,7 +299,7 @@ def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], slots:
 def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: torch.Tensor, post: bool) -> SlotMatch:
     j = sm.columns.index(c.best) if c.best is not None else None
     get = (lambda a: float(a[i, j])) if j is not None else (lambda a: float("nan"))
-    bad = int((~torch.isfinite(s.data).all(-1)).sum())
+    bad = int((~torch.isfinite(s.data.abs().amax(-1))).sum())  # NaN/Inf rows; amax is ~10x faster than isfinite().all()
     return SlotMatch(s.key, s.index, s.role, str(s.data.dtype).replace("torch.", ""), c.best, c.score, c.runner_up,
                      c.margin, c.confident, c.reason, get(sm.rel_diff), get(sm.max_abs), get(sm.norm_ratio),
                      int(get(sm.tokens_used)) if j is not None else 0, norm_cv(norms), post, bad)
@@ -307,7 +330,7 @@ def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix
                               "input_ids: the drafter learned each token from a neighbour's state."
                               if both else "Check the dumper's token handling (BOS, chat template).")))
     bad_slots = {s.key if s.index is None else f"{s.key}[{s.index}]":
-                 (~torch.isfinite(s.data).all(-1)).nonzero().flatten().tolist() for s in slots}
+                 (~torch.isfinite(s.data.abs().amax(-1))).nonzero().flatten().tolist() for s in slots}
     bad_slots = {k: v for k, v in bad_slots.items() if v}
     if bad_slots:
         out.append(Finding("nonfinite-training", "warning",

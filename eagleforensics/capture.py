@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import ForensicsError
+from .filerows import PositionSource, file_locator, safetensors_rows
 from .positions import Position
 from .safeload import check_file, load_object, open_safetensors, read_tensor, sniff
 
@@ -60,6 +61,18 @@ class Capture:
     def read(self, pos: Position) -> torch.Tensor:
         """The [T, H] tensor at ``pos`` (as stored; callers convert dtype in chunks)."""
         return self.readers[pos]()
+
+    def read_rows(self, pos: Position, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows [start, stop) of ``pos``, read from the file alone where the format allows (bounded memory)."""
+        src = self.readers[pos]
+        if isinstance(src, PositionSource):
+            return src.rows(start, stop, out=out)
+        return src()[start:stop]
+
+    @property
+    def streams(self) -> bool:
+        """True when every position's rows can be read without loading the whole position."""
+        return all(isinstance(s, PositionSource) and s.streams for s in self.readers.values())
 
 
 def _rows(t: Any, what: str, path: str) -> torch.Tensor:
@@ -149,7 +162,7 @@ def _from_sequence(seq: list[Any], path: str, convention: str, ids: Any, num_lay
                              "position after the gap would be mislabelled", path=path)
     tensors = {i: _rows(t, f"entry {i}", path) for i, t in enumerate(seq)}
     return _build(
-        path, convention, {i: (lambda t=t: t) for i, t in tensors.items()},
+        path, convention, {i: PositionSource.of_tensor(t) for i, t in tensors.items()},
         {i: tuple(t.shape) for i, t in tensors.items()}, {i: t.dtype for i, t in tensors.items()},
         _ids(ids, path), num_layers, meta,
     )
@@ -179,7 +192,7 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
     tensors = {n: _rows(obj[k], repr(k), path) for n, k in numbered.items()}
     meta = {str(k): v for k, v in (obj.get("__metadata__") or {}).items()}
     return _build(
-        path, convention, {n: (lambda t=t: t) for n, t in tensors.items()},
+        path, convention, {n: PositionSource.of_tensor(t) for n, t in tensors.items()},
         {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()},
         _ids(obj.get("input_ids"), path), num_layers, meta,
     )
@@ -210,7 +223,9 @@ def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Captu
         raise ForensicsError(f"tensor {bad[0]!r} holds {entries[bad[0]].get('dtype')} values; hidden states must be floating point", path=p)
     shapes = {n: _squeeze_shape(entries[k]["shape"], k, path) for n, k in numbered.items()}
     return _build(
-        path, convention, {n: (lambda k=k: _rows(read_tensor(handle, k, p), repr(k), path)) for n, k in numbered.items()},
+        path, convention, {n: PositionSource(lambda k=k: _rows(read_tensor(handle, k, p), repr(k), path),
+                                             safetensors_rows(p, header, k, _ST_DTYPES[entries[k]["dtype"]]).read)
+                           for n, k in numbered.items()},
         shapes, {n: _ST_DTYPES[entries[k]["dtype"]] for n, k in numbered.items()}, _ids(ids, path), num_layers, meta,
     )
 
@@ -260,7 +275,9 @@ def _from_own_format(p: Path, handle: Any, header: dict[str, Any], meta: dict[st
         readers[n + 1] = "final_norm"  # placeholder integer, relabelled below
     cap = _build(
         path, "vllm",
-        {k: (lambda key=key: _rows(read_tensor(handle, key, p), repr(key), path)) for k, key in readers.items()},
+        {k: PositionSource(lambda key=key: _rows(read_tensor(handle, key, p), repr(key), path),
+                           safetensors_rows(p, header, key, _ST_DTYPES.get(header[key]["dtype"], torch.float32)).read)
+         for k, key in readers.items()},
         {k: _squeeze_shape(header[key]["shape"], key, path) for k, key in readers.items()},
         {k: _ST_DTYPES.get(header[key]["dtype"], torch.float32) for k, key in readers.items()},
         _ids(ids, path), num_layers if num_layers is not None else n, meta,
@@ -294,12 +311,18 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
         return read
 
     # shapes need one read per file; tensors are dropped right after (mmap keeps this cheap)
-    for n in numbered:
-        cache[n] = reader(n)()
+    sources: dict[int, PositionSource] = {}
+    for n, f in numbered.items():
+        obj = load_object(f, allow_unsafe=allow_unsafe)
+        cache[n] = _rows(_single(obj, f), f.name, str(f))
+        locate = file_locator(f, obj)
+        rows = locate(cache[n]) if locate is not None else None
+        sources[n] = PositionSource(reader(n), rows.read if rows is not None else None)
+        del obj
     shapes = {n: tuple(t.shape) for n, t in cache.items()}
     dtypes = {n: t.dtype for n, t in cache.items()}
     cache.clear()
-    return _build(str(d), convention, {n: reader(n) for n in numbered}, shapes, dtypes, _ids(ids, str(d)), num_layers, {})
+    return _build(str(d), convention, sources, shapes, dtypes, _ids(ids, str(d)), num_layers, {})
 
 
 def _single(obj: Any, f: Path, want_float: bool = True) -> Any:
@@ -327,7 +350,19 @@ def load_capture(
         return _from_safetensors(p, convention, num_layers)
     obj = load_object(p, allow_unsafe=allow_unsafe)
     if isinstance(obj, (list, tuple)):
-        return _from_sequence(list(obj), str(p), convention, None, num_layers, {})
+        return _stream_from_file(_from_sequence(list(obj), str(p), convention, None, num_layers, {}), p, obj)
     if isinstance(obj, dict):
-        return _from_mapping(obj, str(p), convention, num_layers)
+        return _stream_from_file(_from_mapping(obj, str(p), convention, num_layers), p, obj)
     raise ForensicsError(f"holds a {type(obj).__name__}; expected a list of hidden states or a dict", path=p)
+
+
+def _stream_from_file(cap: Capture, p: Path, obj: Any) -> Capture:
+    """Let a memory-mapped .pt capture's rows be read from the file instead (see ``filerows``)."""
+    locate = file_locator(p, obj)
+    if locate is None:
+        return cap
+    for pos, src in list(cap.readers.items()):
+        rows = locate(src()) if isinstance(src, PositionSource) else None
+        if rows is not None:
+            cap.readers[pos] = src.with_rows(rows.read)
+    return cap

@@ -30,12 +30,14 @@ ENGINES = ("sglang", "vllm", "trtllm")
               help="Check what this engine will capture against the training data (engine default if no --draft-config).")
 @click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12 (SGLang DeepSeek rules depend on it).")
 @click.option("--model-type", default=None, help="Target model_type for the engine rule (llama, qwen3, deepseek_v3, ...).")
+@click.option("--device", type=click.Choice(("cpu", "cuda", "auto")), default="cpu", show_default=True,
+              help="Where the per-position reduction runs; auto = cuda when a GPU is visible.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--allow-unsafe-pickle", is_flag=True,
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def align(train: str, capture: str, fmt: str | None, capture_convention: str, num_layers: int | None,
           max_tokens: int | None, min_score: float | None, min_margin: float | None, draft_config: str | None,
-          engine: str | None, engine_version: str | None, model_type: str | None, as_json: bool,
+          engine: str | None, engine_version: str | None, model_type: str | None, device: str, as_json: bool,
           allow_unsafe_pickle: bool) -> None:
     """Say which residual-stream position each slot of TRAIN holds, judged against the CAPTURE sweep.
 
@@ -50,6 +52,7 @@ def align(train: str, capture: str, fmt: str | None, capture_convention: str, nu
     result = run_guarded(lambda: run_align(
         train, capture, fmt=fmt, convention=capture_convention, num_layers=num_layers,
         max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle, min_score=min_score, min_margin=min_margin,
-        draft_config=draft_config, engine=engine, engine_version=engine_version, model_type=model_type))
+        draft_config=draft_config, engine=engine, engine_version=engine_version, model_type=model_type,
+        device=device))
     click.echo(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)
