@@ -346,8 +346,6 @@ def test_directory_as_training_file_is_refused_by_the_library(tmp_path: Path) ->
     assert str(tmp_path) in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="cli/align.py declares TRAIN as click.Path(dir_okay=False), so click "
-                   "prints its 4-line usage error; drop dir_okay=False and the library's one line shows")
 def test_directory_as_training_file_is_one_line_in_the_cli(tmp_path: Path) -> None:
     assert_one_line_error(*run_cli("align", tmp_path, CAP), "is a directory, expected a file")
 

@@ -20,11 +20,14 @@ def _register() -> None:
     from . import align as _align
     from . import capture as _capture
     from . import config as _config
+    from . import fingerprint as _fingerprint
     from . import logs as _logs
     from . import report as _report
     from . import scan as _scan
 
-    for command in (_align.align, _capture.capture, _config.config, _logs.logs, _report.report, _scan.scan):
+    commands = (_align.align, _capture.capture, _config.config, _fingerprint.fingerprint, _logs.logs,
+                _report.report, _scan.scan)
+    for command in commands:
         main.add_command(command)
 
 

@@ -13,7 +13,7 @@ ENGINES = ("sglang", "vllm", "trtllm")
 
 
 @click.command()
-@click.argument("train", type=click.Path(dir_okay=False))
+@click.argument("train", type=click.Path())
 @click.argument("capture", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(TRAIN_FORMATS), default=None,
               help="Training layout; detected from content when omitted.")
