@@ -83,7 +83,7 @@ def placed_right(out: str, sweep: Sweep) -> bool:
 
 def inproc_seconds(sweep: Sweep, device: str, repeat: int) -> float:
     """Best wall time of ``align`` called in this process (imports and CUDA start-up already paid)."""
-    from eagleforensics.align import align
+    from eagleforensics.alignment import align
 
     align(sweep.record, sweep.capture, device=device)  # warm: CUDA context, kernels, page cache
     times = []

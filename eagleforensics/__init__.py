@@ -18,9 +18,9 @@ from .positions import Position, default_aux_positions
 __version__ = "0.1.0"
 
 _LAZY = {
-    "align": "eagleforensics.align",
-    "AlignmentResult": "eagleforensics.align",
-    "SlotMatch": "eagleforensics.align",
+    "align": "eagleforensics.alignment",
+    "AlignmentResult": "eagleforensics.alignment",
+    "SlotMatch": "eagleforensics.alignment",
     "load_training": "eagleforensics.training",
     "TrainingRecord": "eagleforensics.training",
     "load_capture": "eagleforensics.capture",

@@ -30,7 +30,7 @@ from .findings import Finding
 from .positions import Position
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .align import AlignmentResult
+    from .alignment import AlignmentResult
 
 MATCH, MISMATCH, CANNOT_JUDGE = "match", "mismatch", "cannot-judge"
 # The key to WRITE so the engine reads it: SGLang reads only the nested key; vLLM reads the

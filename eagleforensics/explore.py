@@ -15,7 +15,7 @@ from .positions import Position
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
-    from .align import AlignmentResult
+    from .alignment import AlignmentResult
 
 MAX_NEIGHBOURS = 4
 

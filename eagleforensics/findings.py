@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .positions import Position, default_aux_positions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .align import SlotMatch
+    from .alignment import SlotMatch
 
 SEVERITIES = ("error", "warning", "info")
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     import plotly.graph_objects as go
 
-    from .align import AlignmentResult
+    from .alignment import AlignmentResult
     from .runs_report import RunsParams
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}

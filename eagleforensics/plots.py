@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     import plotly.graph_objects as go
 
-    from .align import AlignmentResult
+    from .alignment import AlignmentResult
     from .capture import Capture
     from .training import TrainingRecord
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .align import AlignmentResult
+    from .alignment import AlignmentResult
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:

@@ -27,7 +27,7 @@ from .crosscheck import check_request
 from .errors import ForensicsError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .align import AlignmentResult
+    from .alignment import AlignmentResult
     from .capture import Capture
     from .training import TrainingRecord
 
@@ -192,7 +192,7 @@ def validate_params(shard: Any = None, capture: Any = None, capture_convention: 
 
 def run_alignment(params: ReportParams) -> tuple[AlignmentResult, TrainingRecord, Capture]:
     """Load both inputs once and align them (with the serving check when an engine is given)."""
-    from .align import align
+    from .alignment import align
     from .capture import load_capture
     from .training import load_training
 

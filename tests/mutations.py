@@ -209,7 +209,7 @@ def write_case(case: Case, scratch: Path) -> tuple[Path, Path]:
 
 def run_case(case: Case, scratch: Path) -> Outcome:
     """Load both sides and align; a ForensicsError is a clean end, anything else a failure."""
-    from eagleforensics.align import align
+    from eagleforensics.alignment import align
     from eagleforensics.capture import load_capture
     from eagleforensics.errors import ForensicsError
     from eagleforensics.training import load_training
@@ -237,7 +237,7 @@ def run_case(case: Case, scratch: Path) -> Outcome:
 @lru_cache(maxsize=None)
 def baseline(train: str, capture: str, scratch: str) -> Any:
     """The clean alignment of a pair (what the mutated runs are judged against)."""
-    from eagleforensics.align import align
+    from eagleforensics.alignment import align
 
     s = Path(scratch)
     s.mkdir(parents=True, exist_ok=True)

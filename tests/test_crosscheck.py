@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from eagleforensics.align import AlignmentResult, align
+from eagleforensics.alignment import AlignmentResult, align
 from eagleforensics.cli import main
 from eagleforensics.crosscheck import crosscheck, default_audit, snippet
 from eagleforensics.draftconfig import NESTED_KEY, TOP_KEY, YAML_KEY, audit_config

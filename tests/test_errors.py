@@ -25,7 +25,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from eagleforensics.align import align
+from eagleforensics.alignment import align
 from eagleforensics.cli import main
 from eagleforensics.errors import ForensicsError
 
@@ -401,7 +401,7 @@ def test_all_rows_nan_gives_no_confident_match_not_a_guess(tmp_path: Path) -> No
 # ---------------------------------------------------------------- last-resort guard
 
 def test_unexpected_exception_is_one_internal_error_line_with_exit_3(monkeypatch: pytest.MonkeyPatch) -> None:
-    import eagleforensics.align as align_mod
+    import eagleforensics.alignment as align_mod
 
     def boom(*_a: object, **_k: object) -> None:
         raise ZeroDivisionError("a bug\nover two lines")

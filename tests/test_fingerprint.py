@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from eagleforensics.align import align
+from eagleforensics.alignment import align
 from eagleforensics.capture import load_capture
 from eagleforensics.cli.fingerprint import fingerprint as fingerprint_cli
 from eagleforensics.errors import ForensicsError

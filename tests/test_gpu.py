@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from eagleforensics.align import align
+from eagleforensics.alignment import align
 from eagleforensics.capture import load_capture
 from eagleforensics.fingerprint import make_fingerprint
 from eagleforensics.match import resolve_device, score_slots

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagleforensics import match
-from eagleforensics.align import align
+from eagleforensics.alignment import align
 from eagleforensics.capture import load_capture
 from eagleforensics.confidence import choose, thresholds
 from eagleforensics.errors import ForensicsError

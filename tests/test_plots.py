@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from eagleforensics import plots
-from eagleforensics.align import AlignmentResult, align
+from eagleforensics.alignment import AlignmentResult, align
 from eagleforensics.capture import load_capture
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position

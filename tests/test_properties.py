@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eagleforensics.align import align
+from eagleforensics.alignment import align
 from eagleforensics.capture import load_capture
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position

@@ -47,7 +47,7 @@ def align(train: str, capture: str, fmt: str | None, capture_convention: str, nu
     Exit 0: every slot placed confidently (and served as trained). 1: a slot unplaced, a miswiring
     found, or the engine will not serve what was trained. 2: bad input.
     """
-    from ..align import align as run_align
+    from ..alignment import align as run_align
 
     result = run_guarded(lambda: run_align(
         train, capture, fmt=fmt, convention=capture_convention, num_layers=num_layers,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagleforensics.align import align
+from eagleforensics.alignment import align
 from eagleforensics.positions import Position
 
 from .realdata import SAMPLES, N, forward
