@@ -40,8 +40,8 @@ _INT_SUFFIX = re.compile(r"^(?P<name>.*?)[._\-\[]?(?P<num>-?\d+)\]?$")
 
 
 @dataclass
-class Capture:
-    """A lazily read sweep: ``positions`` lists what exists, ``read(pos)`` returns a [T, H] tensor."""
+class SweepHeader:
+    """What alignment knows about any capture-like source before reading rows (a capture, a fingerprint)."""
 
     path: str
     convention: str
@@ -51,6 +51,12 @@ class Capture:
     num_tokens: int
     dtype: torch.dtype
     input_ids: torch.Tensor | None
+
+
+@dataclass
+class Capture(SweepHeader):
+    """A lazily read sweep: ``positions`` lists what exists, ``read(pos)`` returns a [T, H] tensor."""
+
     readers: dict[Position, Callable[[], torch.Tensor]]
     metadata: dict[str, Any] = field(default_factory=dict)
 

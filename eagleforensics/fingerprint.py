@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .capture import SweepHeader
 from .errors import ForensicsError
 from .positions import Position
 
@@ -84,17 +85,9 @@ def _decode(d: dict[str, Any], path: str) -> torch.Tensor:
 
 
 @dataclass
-class Fingerprint:
-    """A loaded fingerprint; duck-types the parts of ``capture.Capture`` that alignment reads."""
+class Fingerprint(SweepHeader):
+    """A loaded fingerprint: the capture's header plus per-position norms, sketches and probe rows."""
 
-    path: str
-    convention: str
-    num_layers: int | None
-    num_layers_source: str
-    hidden_size: int
-    num_tokens: int
-    dtype: torch.dtype
-    input_ids: torch.Tensor | None
     k: int
     seed: int
     probe_tokens: list[int]
