@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,8 @@ from eagleforensics.cli.report import report as report_cmd
 from eagleforensics.errors import ForensicsError
 from eagleforensics.safeload import load_object
 
+from .reportrun import ReportRun
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data_samples"
 HOSTILE = "<script>alert(1)</script>"
@@ -41,46 +42,28 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=15000"]
 
 
-@dataclass(frozen=True)
-class Run:
-    """One report run: CLI exit code and output, the HTML, the executed notebook."""
-
-    exit_code: int
-    stdout: str
-    html: Path
-    notebook: Path
-
-    @property
-    def text(self) -> str:
-        return self.html.read_text(encoding="utf-8")
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return report.read_summary(self.notebook)
-
-
 def _cli(args: list[str]) -> Any:
     return CliRunner().invoke(report_cmd, args, catch_exceptions=False)
 
 
-def _cli_run(out_dir: Path, record: str) -> Run:
+def _cli_run(out_dir: Path, record: str) -> ReportRun:
     html = out_dir / f"{Path(record).stem}.html"
     res = _cli([str(SAMPLES / record), str(SAMPLES / "capture.pt"), "-o", str(html), "--keep-notebook"])
-    return Run(res.exit_code, res.output, html, html.with_suffix(".ipynb"))
+    return ReportRun(res.exit_code, res.output, html, html.with_suffix(".ipynb"))
 
 
 @pytest.fixture(scope="session")
-def layout_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def layout_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
     return _cli_run(tmp_path_factory.mktemp("report-layout"), "record_layer_outputs.pt")
 
 
 @pytest.fixture(scope="session")
-def wrong_fix_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def wrong_fix_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
     return _cli_run(tmp_path_factory.mktemp("report-wrong-fix"), "record_wrong_fix.pt")
 
 
 @pytest.fixture(scope="session")
-def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
     """A generic record (real states of data_samples) whose key, metadata and file name are HTML."""
     d = tmp_path_factory.mktemp("report-hostile")
     obj = load_object(SAMPLES / "record_layer_outputs.pt")
@@ -89,11 +72,11 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
                 "comment": "<img src=x onerror=alert(2)>"}, shard)
     out = report.build_report(shard, SAMPLES / "capture.pt", d / "out" / "hostile.html", title=HOSTILE_TITLE,
                               engine="sglang", keep_notebook=True)
-    return Run(out.exit_code, out.verdict, out.html, out.notebook)
+    return ReportRun(out.exit_code, out.verdict, out.html, out.notebook)
 
 
 @pytest.fixture(scope="session")
-def serving_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def serving_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
     """The layer-outputs record with a SGLang draft config whose nested ids [3, 7, 10] are one layer off."""
     d = tmp_path_factory.mktemp("report-serving")
     draft = d / "draft<i>x"  # the path is shown in the Serving section: escaped
@@ -105,7 +88,7 @@ def serving_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     res = _cli([str(SAMPLES / "record_layer_outputs.pt"), str(SAMPLES / "capture.pt"), "-o", str(html),
                 "--keep-notebook", "--engine", "sglang", "--draft-config", str(draft), "--engine-version", "0.5.12",
                 "--model-type", "llama"])
-    return Run(res.exit_code, res.output, html, html.with_suffix(".ipynb"))
+    return ReportRun(res.exit_code, res.output, html, html.with_suffix(".ipynb"))
 
 
 def _chromium(html: Path, *extra: str) -> str:
@@ -122,7 +105,7 @@ def _chromium(html: Path, *extra: str) -> str:
 class TestNotebookRecords:
     """The executed notebook records the verdict and mapping (output metadata), and the CLI mirrors the exit code."""
 
-    def test_layer_outputs(self, layout_run: Run) -> None:
+    def test_layer_outputs(self, layout_run: ReportRun) -> None:
         s = layout_run.summary
         assert layout_run.exit_code == s["exit_code"] == 0
         assert [m["position"] for m in s["mapping"]] == [3, 7, 10, 12]
@@ -130,9 +113,9 @@ class TestNotebookRecords:
         assert all(m["confident"] for m in s["mapping"])
         assert s["engine_ids"]["sglang"] == [2, 6, 9] and s["engine_ids"]["vllm"] == [3, 7, 10]
         assert s["parameters"]["shard"] == str(SAMPLES / "record_layer_outputs.pt")
-        assert s["verdict"].startswith("All 4 slots placed") and f"VERDICT: {s['verdict']}" in layout_run.stdout
+        assert s["verdict"].startswith("All 4 slots placed") and f"VERDICT: {s['verdict']}" in layout_run.output
 
-    def test_wrong_fix(self, wrong_fix_run: Run) -> None:
+    def test_wrong_fix(self, wrong_fix_run: ReportRun) -> None:
         s = wrong_fix_run.summary
         assert wrong_fix_run.exit_code == s["exit_code"] == 1
         assert [m["position"] for m in s["mapping"]] == [0, 2, 6, 12]
@@ -140,7 +123,7 @@ class TestNotebookRecords:
         assert codes["embedding-included"] == "error"
         assert "embedding" in s["verdict"] and s["engine_ids"]["sglang"] is None
 
-    def test_no_error_or_warning_output(self, layout_run: Run) -> None:
+    def test_no_error_or_warning_output(self, layout_run: ReportRun) -> None:
         nb = nbformat.read(str(layout_run.notebook), as_version=4)
         outputs = [o for c in nb.cells for o in c.get("outputs", [])]
         assert outputs and not [o for o in outputs if o.output_type in ("error", "stream")]
@@ -150,7 +133,7 @@ class TestNotebookRecords:
 class TestHtml:
     """One self-contained page: plotly.js inline, nothing fetched from the web, the verdict, no code."""
 
-    def test_self_contained(self, layout_run: Run) -> None:
+    def test_self_contained(self, layout_run: ReportRun) -> None:
         text = layout_run.text
         assert "plotly.js v" in text and "window.Plotly" in text  # the bundle itself, inline
         assert not re.search(r"<script[^>]*\ssrc\s*=", text, re.I)
@@ -158,20 +141,20 @@ class TestHtml:
         assert not re.search(r"@import\s+url\(\s*[\"']?https?://", text, re.I)
         assert text.count('class="plotly-graph-div"') == 6  # heatmap, profile, four per-token plots
 
-    def test_verdict_and_no_code(self, layout_run: Run) -> None:
+    def test_verdict_and_no_code(self, layout_run: ReportRun) -> None:
         text = layout_run.text
         assert html.escape(layout_run.summary["verdict"], quote=False) in text
         assert "validate_params(" not in text and "Parameters: edit here" not in text  # --no-input
         assert "hidden_states[3]" in text and "eagle_config.eagle_aux_hidden_state_layer_ids" in text
 
-    def test_with_input_keeps_code_but_not_parameters(self, layout_run: Run) -> None:
+    def test_with_input_keeps_code_but_not_parameters(self, layout_run: ReportRun) -> None:
         nb = nbformat.read(str(layout_run.notebook), as_version=4)
         text = report.to_html(nb, with_input=True)
         assert "validate_params" in text
         assert "Parameters: edit here" not in text and "record_layer_outputs.pt&quot;" not in text
         assert not re.search(r"<script[^>]*\ssrc\s*=", text, re.I)
 
-    def test_opens_offline_in_chromium(self, layout_run: Run) -> None:
+    def test_opens_offline_in_chromium(self, layout_run: ReportRun) -> None:
         dom = _chromium(layout_run.html, "--dump-dom")
         assert 'class="heatmaplayer' in dom and 'class="hm"' in dom  # the heatmap was drawn
         assert dom.count('class="plot-container plotly"') == 6
@@ -184,7 +167,7 @@ class TestHtml:
 class TestServing:
     """engine + draft_config: the notebook checks what the engine will serve and shows the fix, escaped."""
 
-    def test_mismatch_and_fix_recorded(self, serving_run: Run) -> None:
+    def test_mismatch_and_fix_recorded(self, serving_run: ReportRun) -> None:
         s = serving_run.summary
         assert serving_run.exit_code == s["exit_code"] == 1
         serving = s["serving"]
@@ -196,21 +179,21 @@ class TestServing:
         assert s["parameters"]["engine_version"] == "0.5.12" and s["parameters"]["model_type"] == "llama"
         assert s["parameters"]["draft_config"].endswith("draft<i>x")
 
-    def test_serving_section_in_html(self, serving_run: Run) -> None:
+    def test_serving_section_in_html(self, serving_run: ReportRun) -> None:
         text = serving_run.text
         assert "<h2>Serving</h2>" in text and ">MISMATCH</b>" in text
         pre = re.findall(r"<pre class=[\"']ef-fix[\"'][^>]*>([^<]*)</pre>", text)
         assert [html.unescape(x) for x in pre] == ['{"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}']
         assert "draft<i>x" not in text and "draft&lt;i&gt;x" in text
 
-    def test_no_serving_section_without_engine(self, layout_run: Run) -> None:
+    def test_no_serving_section_without_engine(self, layout_run: ReportRun) -> None:
         assert layout_run.summary["serving"] is None and "<h2>Serving</h2>" not in layout_run.text
 
 
 class TestEscaping:
     """Anything from the inputs (keys, metadata, file names, title) appears as text, never as markup."""
 
-    def test_html_source(self, hostile_run: Run) -> None:
+    def test_html_source(self, hostile_run: ReportRun) -> None:
         text = hostile_run.text
         s = hostile_run.summary
         assert s["mapping"][0]["name"] == HOSTILE and s["mapping"][0]["position"] == 7  # real data, placed
@@ -221,7 +204,7 @@ class TestEscaping:
         # engine="sglang": the advice names the key SGLang reads and the id for p7
         assert "set eagle_config.eagle_aux_hidden_state_layer_ids = [6]" in text
 
-    def test_dom_after_scripts_ran(self, hostile_run: Run) -> None:
+    def test_dom_after_scripts_ran(self, hostile_run: ReportRun) -> None:
         dom = _chromium(hostile_run.html, "--dump-dom")
         assert "alert(1)</script>" not in dom and "<img src=\"x\"" not in dom and "<b onmouseover" not in dom
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text in tables and tick labels

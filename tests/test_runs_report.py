@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -28,6 +27,8 @@ TITLE = "</title><script>alert(5)</script> runs"
 _FIELD = {"len": r"accept len: ([0-9.]+)", "rate": r"accept rate: ([0-9.]+)",
           "tok_s": r"gen throughput \(token/s\): ([0-9.]+)"}
 
+from .reportrun import ReportRun
+
 
 def _medians(path: Path) -> dict[str, float | None]:
     """Median of each field over the log's 'Decode batch' lines (all fixtures have running requests)."""
@@ -43,40 +44,22 @@ def _medians(path: Path) -> dict[str, float | None]:
 EXPECTED = {label: _medians(path) for label, path in LOGS.items()}
 
 
-@dataclass(frozen=True)
-class RunsRun:
-    """The CLI run: exit code, output, the HTML and the executed notebook."""
-
-    exit_code: int
-    output: str
-    html: Path
-    notebook: Path
-
-    @property
-    def text(self) -> str:
-        return self.html.read_text(encoding="utf-8")
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return report.read_summary(self.notebook, runs_report.RUNS_SCHEMA)
-
-
 def _args() -> list[str]:
     return [f"{label}={path}" for label, path in LOGS.items()] + ["--baseline", "baseline"]
 
 
 @pytest.fixture(scope="session")
-def runs_run(tmp_path_factory: pytest.TempPathFactory) -> RunsRun:
+def runs_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
     out = tmp_path_factory.mktemp("runs-report") / "runs.html"
     res = CliRunner().invoke(logs_cmd, _args() + ["--report", str(out), "--keep-notebook", "--title", TITLE],
                              catch_exceptions=False)
-    return RunsRun(res.exit_code, res.output, out, out.with_suffix(".ipynb"))
+    return ReportRun(res.exit_code, res.output, out, out.with_suffix(".ipynb"), runs_report.RUNS_SCHEMA)
 
 
 class TestRecordedSummary:
     """The notebook records each run's medians and speed-up, and a verdict that names them."""
 
-    def test_medians_and_speedups(self, runs_run: RunsRun) -> None:
+    def test_medians_and_speedups(self, runs_run: ReportRun) -> None:
         assert runs_run.exit_code == 0, runs_run.output
         s = runs_run.summary
         assert s["baseline"] == "baseline" and s["exit_code"] == 0
@@ -91,7 +74,7 @@ class TestRecordedSummary:
             assert r["speedup"] == pytest.approx(want["tok_s"] / base)
         assert s["runs"][0]["median_accept_length"] is None  # no speculation, no accept length
 
-    def test_verdict_sentence(self, runs_run: RunsRun) -> None:
+    def test_verdict_sentence(self, runs_run: ReportRun) -> None:
         v = runs_run.summary["verdict"]
         fixed, broken, base = EXPECTED["fixed"], EXPECTED["broken"], EXPECTED["baseline"]["tok_s"]
         assert v.startswith(f"fixed: accept length {fixed['len']:.2f}, {fixed['tok_s']:.1f} tok/s, "
@@ -100,15 +83,15 @@ class TestRecordedSummary:
         assert v.endswith(f"baseline: {base:.1f} tok/s.")
         assert f"VERDICT: {v}" in runs_run.output and f"report: {runs_run.html}" in runs_run.output
 
-    def test_cli_prints_the_table_too(self, runs_run: RunsRun) -> None:
+    def test_cli_prints_the_table_too(self, runs_run: ReportRun) -> None:
         lines = runs_run.output.splitlines()
         assert lines[0].split()[:3] == ["run", "engine", "n_lines"] and lines[3].split()[0] == "fixed"
 
-    def test_other_schema_is_not_found(self, runs_run: RunsRun) -> None:
+    def test_other_schema_is_not_found(self, runs_run: ReportRun) -> None:
         with pytest.raises(report.NotebookFailed, match="no summary of schema"):
             report.read_summary(runs_run.notebook)  # the align schema
 
-    def test_parameters_cell_and_no_errors(self, runs_run: RunsRun) -> None:
+    def test_parameters_cell_and_no_errors(self, runs_run: ReportRun) -> None:
         nb = nbformat.read(str(runs_run.notebook), as_version=4)
         assert nb.metadata["papermill"]["parameters"]["logs"] == {k: str(v) for k, v in LOGS.items()}
         outputs = [o for c in nb.cells for o in c.get("outputs", [])]
@@ -118,7 +101,7 @@ class TestRecordedSummary:
 class TestHtml:
     """One offline page: the three runs, their speed-ups, two plotly figures with plotly.js inline, escaped title."""
 
-    def test_runs_and_speedups_shown(self, runs_run: RunsRun) -> None:
+    def test_runs_and_speedups_shown(self, runs_run: ReportRun) -> None:
         text = runs_run.text
         base = EXPECTED["baseline"]["tok_s"]
         for label in LOGS:
@@ -128,7 +111,7 @@ class TestHtml:
         assert html.escape(runs_run.summary["verdict"], quote=False) in text
         assert "0.5.11" in text  # SGLang's accept-rate definition change is explained
 
-    def test_self_contained(self, runs_run: RunsRun) -> None:
+    def test_self_contained(self, runs_run: ReportRun) -> None:
         text = runs_run.text
         assert "plotly.js v" in text and "window.Plotly" in text
         assert not re.search(r"<script[^>]*\ssrc\s*=", text, re.I)
@@ -136,7 +119,7 @@ class TestHtml:
         assert text.count('class="plotly-graph-div"') == 2
         assert "validate_params(" not in text  # outputs only
 
-    def test_title_escaped(self, runs_run: RunsRun) -> None:
+    def test_title_escaped(self, runs_run: ReportRun) -> None:
         text = runs_run.text
         assert "alert(5)</script>" not in text and "&lt;/title&gt;&lt;script&gt;alert(5)" in text
 
