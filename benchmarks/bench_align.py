@@ -39,11 +39,13 @@ CLI = [sys.executable, "-m", "eagleforensics"]
 FP_CLI = [sys.executable, "-c", "from eagleforensics.cli.fingerprint import fingerprint; fingerprint()"]
 
 
+PEAKRSS = Path(__file__).resolve().parent / "peakrss.py"
+
 def run(cmd: list[str]) -> tuple[float, int, int, str, float]:
-    """Wall seconds, exit code, peak RSS in bytes and CPU seconds (the child's own wait4 rusage), stdout."""
+    """Wall seconds, exit code, peak RSS in bytes (the child's own, via peakrss.py), CPU seconds, stdout."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
+        proc = subprocess.Popen([sys.executable, str(PEAKRSS), *cmd], stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
         assert proc.stdout is not None
         out = proc.stdout.read()
         proc.stdout.close()
@@ -53,7 +55,9 @@ def run(cmd: list[str]) -> tuple[float, int, int, str, float]:
         if code not in (0, 1):
             err.seek(0)
             raise SystemExit(f"{' '.join(cmd)} failed ({code}): {err.read().decode()[-2000:]}")
-    return wall, code, usage.ru_maxrss * 1024, out.decode(), usage.ru_utime + usage.ru_stime
+        err.seek(0)
+        peak_kib = int(err.read().decode().rstrip().rsplit("peak_rss_kib=", 1)[1])
+    return wall, code, peak_kib * 1024, out.decode(), usage.ru_utime + usage.ru_stime
 
 
 def best(cmd: list[str], repeat: int) -> dict[str, Any]:
