@@ -35,6 +35,7 @@ import torch
 
 from .capture import SweepHeader
 from .errors import ForensicsError
+from .safeload import gunzip
 from .positions import Position
 
 FORMAT = "eagleforensics-fingerprint-v1"
@@ -247,7 +248,7 @@ def load_fingerprint(path: str | Path) -> Fingerprint:
     p = Path(path)
     try:
         raw = p.read_bytes()
-        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        doc = json.loads(gunzip(p) if raw[:2] == b"\x1f\x8b" else raw)
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ForensicsError(f"cannot read the fingerprint ({exc})", path=p) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

@@ -196,6 +196,30 @@ def read_tensor(handle: Any, name: str, path: Path) -> torch.Tensor:
         raise ForensicsError(f"cannot read tensor {name!r}: {' '.join(str(exc).split())[:200]}", path=path) from None
 
 
+def gunzip_limit() -> int:
+    """The most a gzip stream may expand to: half of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 8 * 1024**3
+
+
+def gunzip(p: Path, limit: int | None = None) -> bytes:
+    """Decompress a gzip file in chunks, refusing one that expands past ``limit`` (a gzip bomb)."""
+    cap = gunzip_limit() if limit is None else limit
+    out = bytearray()
+    try:
+        with gzip.open(p, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                out += chunk
+                if len(out) > cap:
+                    raise ForensicsError(f"gzip stream expands past {cap} bytes (half this machine's memory): "
+                                         "refusing what looks like a gzip bomb", path=p)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise ForensicsError(f"truncated or corrupt gzip stream ({exc})", path=p) from None
+    return bytes(out)
+
+
 def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = True) -> Any:
     """Load a whole file into Python containers of tensors, whatever its container format.
 
@@ -208,11 +232,7 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         raise ForensicsError(f"named .gz but is not gzip (the bytes look like {_KIND_WORDS.get(kind, kind)}): "
                              "renamed or half-written; give it a name that matches its content", path=p)
     if kind == "gzip":
-        try:
-            with gzip.open(p, "rb") as fh:
-                payload = fh.read()
-        except (EOFError, OSError, zlib.error) as exc:
-            raise ForensicsError(f"truncated or corrupt gzip stream ({exc})", path=p) from None
+        payload = gunzip(p)
         if not payload:
             raise ForensicsError("gzip stream is empty", path=p)
         buf = io.BytesIO(payload)

@@ -450,3 +450,13 @@ def test_legacy_torch_files_still_load(tmp_path: Path) -> None:
     torch.save(rec, path, _use_new_zipfile_serialization=False)
     r = align(path, CAP)
     assert [m.position.p for m in r.matches] == [3, 7, 10, 12] and r.exit_code == 0
+
+
+def test_gzip_bomb_is_refused_before_it_fills_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .ckpt.gz that expands past the cap (half of RAM; 1 MiB here) is one line, exit 2."""
+    import gzip as gz
+
+    bomb = tmp_path / "data_0.ckpt.gz"
+    bomb.write_bytes(gz.compress(b"\0" * (8 << 20)))  # 8 MiB of zeros in ~8 KiB
+    monkeypatch.setattr("eagleforensics.safeload.gunzip_limit", lambda: 1 << 20)
+    assert_one_line_error(*run_cli("align", bomb, CAP), "data_0.ckpt.gz", "gzip bomb")
