@@ -23,7 +23,7 @@ from .findings import Finding, slot_findings
 from .confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
 from .crosscheck import CrossCheck, check_request, crosscheck, serving_audit
 from .match import ScoreMatrix, score_slots
-from .norms import looks_post_norm, norm_cv
+from .norms import looks_post_norm, norm_cv, token_norms
 from .positions import Position
 from .tokens import TokenAlignment, align_tokens, detect_shift, trailing_padding
 from .training import Slot, TrainingRecord, load_training
@@ -239,9 +239,7 @@ def align(
         raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note} (if one side has an "
                              "extra BOS or template token, drop it so both start at the same token)", path=record.path)
     slot_rows = [s.data[:usable] for s in slots]
-    # float32 norms straight from the stored rows: a float() copy of a 2 GB record page-faults for seconds
-    norms = [torch.linalg.vector_norm(r, dim=-1, dtype=torch.float32) if r.element_size() < 4
-             else torch.linalg.vector_norm(r.float(), dim=-1) for r in slot_rows]
+    norms = [token_norms(r) for r in slot_rows]
     fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]
     thr = thresholds(cap.dtype, *(s.data.dtype for s in slots), min_score=min_score, min_margin=min_margin)
 

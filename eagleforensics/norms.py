@@ -14,7 +14,13 @@ EPS = 1e-12
 
 
 def token_norms(x: torch.Tensor) -> torch.Tensor:
-    """Per-token L2 norms of a [T, H] tensor, in float32 (NaN rows stay NaN)."""
+    """Per-token L2 norms of a [T, H] tensor, in float32 (NaN rows stay NaN).
+
+    Narrow dtypes are accumulated in float32 without a float32 copy of the tensor: for a
+    multi-GB bf16 record that copy alone page-faults for seconds.
+    """
+    if x.is_floating_point() and x.element_size() < 4:
+        return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
     return torch.linalg.vector_norm(x.float(), dim=-1)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .errors import ForensicsError
-from .norms import looks_post_norm
+from .norms import looks_post_norm, token_norms
 from .safeload import load_object
 from .training import TrainingRecord, from_object
 
@@ -61,7 +61,7 @@ def trailing_id_padding(input_ids: torch.Tensor) -> int:
 
 def slot_signature(data: torch.Tensor, real: torch.Tensor) -> dict[str, Any]:
     """Norm signature of one slot [S, H] over the rows flagged ``real`` (first real row left out of the means)."""
-    return norm_signature(torch.linalg.vector_norm(data.float(), dim=-1), real)
+    return norm_signature(token_norms(data), real)
 
 
 def norm_signature(norms: torch.Tensor, real: torch.Tensor) -> dict[str, Any]:
