@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from eagleforensics.capture import CAPTURE_FORMAT, META_KEY
+from eagleforensics.io.capture import CAPTURE_FORMAT, META_KEY
 
 SHAPES = {"kimi-k2": (61, 7168), "llama-8b": (32, 4096)}
 STEP = 0.15  # random-walk step / rms: neighbour cosine about 0.99

@@ -6,6 +6,10 @@
 ['p3', 'p7', 'p10', 'p12 post-norm']
 
 Heavy modules load on first use, so ``import eagleforensics`` stays cheap.
+
+The package is grouped in rooms by role; imports point down only (tests/test_layout.py):
+``cli``, ``report`` > ``alignment`` (the pipeline) > ``engines``, ``evidence``, ``scan`` > ``io``
+> ``results``, ``positions``, ``errors``. ``testing`` holds tiny models for tests, not the product.
 """
 from __future__ import annotations
 
@@ -19,15 +23,15 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "align": "eagleforensics.alignment",
-    "AlignmentResult": "eagleforensics.alignment",
-    "SlotMatch": "eagleforensics.alignment",
-    "load_training": "eagleforensics.training",
-    "TrainingRecord": "eagleforensics.training",
-    "load_capture": "eagleforensics.capture",
-    "Capture": "eagleforensics.capture",
-    "sweep": "eagleforensics.sweep",
-    "write_capture": "eagleforensics.sweep",
-    "Finding": "eagleforensics.findings",
+    "AlignmentResult": "eagleforensics.results",
+    "SlotMatch": "eagleforensics.results",
+    "Finding": "eagleforensics.results",
+    "load_training": "eagleforensics.io.training",
+    "TrainingRecord": "eagleforensics.io.training",
+    "load_capture": "eagleforensics.io.capture",
+    "Capture": "eagleforensics.io.capture",
+    "sweep": "eagleforensics.io.sweep",
+    "write_capture": "eagleforensics.io.sweep",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

@@ -1,4 +1,4 @@
-"""Align one training record with one capture sweep: the pipeline and its frozen result record.
+"""Align one training record with one capture sweep: the pipeline that fills the result records.
 
 ``align`` loads both sides (or takes loaded ones), pairs tokens, scores every slot against
 every position reading each position once, chooses with dtype-aware confidence, checks
@@ -7,173 +7,33 @@ id list each engine needs. ``AlignmentResult`` renders to a dict/JSON, text and 
 """
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 
-from . import conventions
-from .capture import Capture, load_capture
+from .engines import rules
+from .engines.crosscheck import check_request, crosscheck, serving_audit
 from .errors import ForensicsError
-from .findings import Finding, slot_findings
-from .confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
-from .crosscheck import CrossCheck, check_request, crosscheck, serving_audit
-from .match import ScoreMatrix, score_slots
-from .norms import looks_post_norm, norm_cv, token_norms
+from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
+from .evidence.findings import slot_findings
+from .evidence.match import ScoreMatrix, score_slots
+from .evidence.norms import looks_post_norm, norm_cv, token_norms
+from .evidence.tokens import (
+    TokenAlignment,
+    align_tokens,
+    detect_shift,
+    trailing_padding,
+)
+from .io.capture import Capture, load_capture
+from .io.training import Slot, TrainingRecord, load_training
 from .positions import Position
-from .tokens import TokenAlignment, align_tokens, detect_shift, trailing_padding
-from .training import Slot, TrainingRecord, load_training
+from .results import AlignmentResult, Finding, SlotMatch
 
 SHIFT_MIN_CORR = 0.9
 SHIFT_MIN_GAIN = 0.05
-
-
-@dataclass(frozen=True)
-class SlotMatch:
-    """Where one training slot sits in the residual stream, and how sure we are."""
-
-    key: str
-    index: int | None
-    role: str
-    dtype: str
-    best: Position | None
-    score: float
-    runner_up: Position | None
-    margin: float
-    confident: bool
-    reason: str
-    rel_diff: float
-    max_abs_err: float
-    norm_ratio: float
-    tokens: int
-    norm_cv: float
-    looks_post_norm: bool
-    nonfinite_rows: int
-
-    @property
-    def name(self) -> str:
-        return self.key if self.index is None else f"{self.key}[{self.index}]"
-
-    @property
-    def position(self) -> Position | None:
-        """The placed position, or None when the match is not confident."""
-        return self.best if self.confident else None
-
-    def to_dict(self, num_layers: int) -> dict[str, Any]:
-        pos = self.position
-        return {
-            "key": self.key, "index": self.index, "name": self.name, "role": self.role, "dtype": self.dtype,
-            "position": None if pos is None else pos.p,
-            "post_norm": None if pos is None else pos.normed,
-            "holds": None if pos is None else pos.describe(num_layers),
-            "score": _num(self.score), "margin": _num(self.margin), "confident": self.confident,
-            "reason": self.reason or None,
-            "best_candidate": None if self.best is None else {"position": self.best.p, "post_norm": self.best.normed},
-            "runner_up": None if self.runner_up is None else {"position": self.runner_up.p, "post_norm": self.runner_up.normed},
-            "rel_diff": _num(self.rel_diff), "max_abs_err": _num(self.max_abs_err), "norm_ratio": _num(self.norm_ratio),
-            "tokens": self.tokens, "norm_cv": _num(self.norm_cv), "looks_post_norm": self.looks_post_norm,
-            "nonfinite_rows": self.nonfinite_rows,
-        }
-
-
-def _num(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-@dataclass(frozen=True)
-class AlignmentResult:
-    """Everything one alignment found; render with ``to_dict``, ``to_json``, ``to_text``."""
-
-    train_path: str
-    train_format: str
-    capture_path: str
-    capture_convention: str
-    num_layers: int
-    num_layers_source: str
-    hidden_size: int
-    tokens: TokenAlignment
-    matches: list[SlotMatch]
-    scores: ScoreMatrix
-    slot_norms: list[np.ndarray]
-    engine_ids: dict[str, list[int] | None]
-    engine_notes: dict[str, list[str]]
-    findings: list[Finding]
-    thresholds: Thresholds
-    metadata: dict[str, Any] = field(default_factory=dict)
-    serving: CrossCheck | None = None  # engine config vs training, when an engine was given
-
-    @property
-    def columns(self) -> list[Position]:
-        return self.scores.columns
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every slot is placed and nothing is miswired beyond repair, else 1."""
-        bad = any(not m.confident for m in self.matches) or any(f.severity == "error" for f in self.findings)
-        bad = bad or (self.serving is not None and not self.serving.match)
-        return 1 if bad else 0
-
-    @property
-    def verdict(self) -> str:
-        """One sentence a tired engineer can act on."""
-        n_bad = sum(not m.confident for m in self.matches)
-        errors = [f for f in self.findings if f.severity == "error"]
-        if self.tokens.length < MIN_TOKENS:
-            return f"No confident match: only {self.tokens.length} tokens could be paired ({self.tokens.note})."
-        if n_bad == len(self.matches):
-            return ("No confident match for any slot: this record and this capture do not come from the same "
-                    "model and prompt, or the capture misses the layers the record holds.")
-        placed = "; ".join(f"{m.name} = {m.position.label}" for m in self.matches if m.position is not None)
-        if errors:
-            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}."
-        if n_bad:
-            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}."
-        ids = ", ".join(f"{k} {v}" for k, v in self.engine_ids.items() if v is not None and k in ("sglang", "vllm"))
-        warn = " Note: not the engines' default layers, so set the ids explicitly." if any(
-            f.code == "off-by-default" for f in self.findings) else ""
-        return f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
-            "training": {"path": self.train_path, "format": self.train_format, "metadata": _jsonable(self.metadata)},
-            "capture": {"path": self.capture_path, "convention": self.capture_convention,
-                        "num_layers": self.num_layers, "num_layers_source": self.num_layers_source,
-                        "hidden_size": self.hidden_size, "positions": [c.label for c in self.columns]},
-            "tokens": self.tokens.to_dict(),
-            "thresholds": self.thresholds.to_dict(),
-            "mapping": [m.to_dict(self.num_layers) for m in self.matches],
-            "engine_ids": self.engine_ids,
-            "engine_notes": self.engine_notes,
-            "findings": [f.to_dict() for f in self.findings],
-            "serving": None if self.serving is None else self.serving.to_dict(),
-        }
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def table(self) -> "Any":
-        """The mapping as a pandas DataFrame (one row per slot)."""
-        import pandas as pd
-
-        rows = [m.to_dict(self.num_layers) for m in self.matches]
-        cols = ["name", "role", "position", "post_norm", "holds", "score", "margin", "confident", "tokens", "reason"]
-        return pd.DataFrame(rows)[cols]
-
-    def to_text(self) -> str:
-        from .render import render_text
-
-        text = render_text(self)
-        return text if self.serving is None else text + "\n\n" + self.serving.to_text()
-
-
-def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
-    return {str(k): (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in meta.items()}
 
 
 def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c0: float) -> TokenAlignment:
@@ -187,7 +47,7 @@ def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c
 
 def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds) -> list[Choice]:
     if sm.error is not None:  # estimates from a fingerprint: confident only clear of their error
-        from .fpmatch import choose_estimated
+        from .evidence.fpmatch import choose_estimated
 
         return [choose_estimated(sm.score[i], sm.norm_ratio[i], sm.columns,
                                  float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar, sm.error[i])
@@ -213,7 +73,7 @@ def align(
     """
     check_request(draft_config, engine, engine_version, model_type)
     record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
-    from .fingerprint import Fingerprint, is_fingerprint, load_fingerprint
+    from .evidence.fingerprint import Fingerprint, is_fingerprint, load_fingerprint
 
     if isinstance(capture, (Capture, Fingerprint)):
         cap = capture
@@ -245,7 +105,7 @@ def align(
 
     def run(t: TokenAlignment) -> ScoreMatrix:
         if isinstance(cap, Fingerprint):
-            from .fpmatch import score_fingerprint
+            from .evidence.fpmatch import score_fingerprint
 
             return score_fingerprint([s.data for s in slots], fit, cap, t.train_start, t.capture_start, t.length)
         return score_slots([s.data for s in slots], fit, cap.positions, cap,
@@ -263,7 +123,7 @@ def align(
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers)
     findings += more
     if isinstance(cap, Fingerprint):
-        from .fpmatch import estimate_finding
+        from .evidence.fpmatch import estimate_finding
 
         findings.append(estimate_finding(cap, sm))
     result = AlignmentResult(
@@ -381,12 +241,12 @@ def _engine_ids(matches: list[SlotMatch], n: int) -> tuple[dict[str, list[int] |
         return ids, notes, findings
     if any(m.position is None or m.position.normed for m in aux):
         reason = "not every aux slot has a confident raw-position match"
-        for t in conventions.ENGINE_TARGETS:
+        for t in rules.ENGINE_TARGETS:
             ids[t.label], notes[t.label] = None, [reason]
         return ids, notes, findings
     wanted = [m.position.p for m in aux if m.position is not None]
-    for t in conventions.ENGINE_TARGETS:
-        plan = conventions.ids_for_positions(t, wanted, n)
+    for t in rules.ENGINE_TARGETS:
+        plan = rules.ids_for_positions(t, wanted, n)
         ids[t.label], notes[t.label] = plan.ids, list(plan.reasons)
         if plan.ids is None:
             findings.append(Finding("engine-cannot-serve", "warning",

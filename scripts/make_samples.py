@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from eagleforensics.sweep import sweep, write_capture
-from eagleforensics.tinymodels import build_model, prompt_ids
+from eagleforensics.io.sweep import sweep, write_capture
+from eagleforensics.testing.tinymodels import build_model, prompt_ids
 
 N = 12
 PROMPT_TOKENS = 40

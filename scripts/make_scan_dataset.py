@@ -1,4 +1,4 @@
-"""Write a SpecForge-layout dataset with planted faults (``eagleforensics.scandata``), then check that a scan finds them.
+"""Write a SpecForge-layout dataset with planted faults (``eagleforensics.testing.scandata``), then check that a scan finds them.
 
     python scripts/make_scan_dataset.py OUT_DIR [--records 2000] [--no-check]
 
@@ -13,8 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
-from eagleforensics.scandata import NEEDS_REFERENCE, make_dataset
-from eagleforensics.scan import scan
+from eagleforensics.testing.scandata import NEEDS_REFERENCE, make_dataset
+from eagleforensics.scan.runner import scan
 
 
 def _check(label: str, expected: set[str], **kwargs: object) -> bool:

@@ -210,9 +210,9 @@ def write_case(case: Case, scratch: Path) -> tuple[Path, Path]:
 def run_case(case: Case, scratch: Path) -> Outcome:
     """Load both sides and align; a ForensicsError is a clean end, anything else a failure."""
     from eagleforensics.alignment import align
-    from eagleforensics.capture import load_capture
+    from eagleforensics.io.capture import load_capture
     from eagleforensics.errors import ForensicsError
-    from eagleforensics.training import load_training
+    from eagleforensics.io.training import load_training
 
     train, capture = write_case(case, scratch)
     try:

@@ -1,7 +1,7 @@
 """Real forward passes of tiny transformers models, cached per session.
 
 Every hidden state the tests match comes from the library's own modeling code
-(``eagleforensics.tinymodels``), never from hand-made random tensors.
+(``eagleforensics.testing.tinymodels``), never from hand-made random tensors.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from eagleforensics.sweep import sweep
-from eagleforensics.tinymodels import build_model, prompt_ids
+from eagleforensics.io.sweep import sweep
+from eagleforensics.testing.tinymodels import build_model, prompt_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data_samples"

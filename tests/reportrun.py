@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagleforensics import report
+from eagleforensics.report import pipeline as report
 
 
 @dataclass(frozen=True)

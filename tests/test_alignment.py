@@ -192,7 +192,7 @@ def test_no_ids_on_either_side_pairs_rows_from_the_first_token(tmp_path):
 
 
 def test_bf16_needs_less_than_fp32_but_still_a_clear_margin():
-    from eagleforensics.confidence import thresholds
+    from eagleforensics.evidence.confidence import thresholds
 
     assert thresholds(torch.float32, torch.bfloat16) == thresholds(torch.bfloat16)
     assert thresholds(torch.float32).min_score > thresholds(torch.bfloat16).min_score

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagleforensics.capture import load_capture
+from eagleforensics.io.capture import load_capture
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
 
@@ -79,7 +79,7 @@ def test_directory_of_per_position_files(tmp_path, run):
 
 
 def test_capture_helper_format_has_raw_and_post_norm_final(tmp_path, run):
-    from eagleforensics.sweep import write_capture
+    from eagleforensics.io.sweep import write_capture
     from .realdata import _model
 
     path = write_capture(tmp_path / "sweep.safetensors", run.sweep, _model("qwen3", 0))

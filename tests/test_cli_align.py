@@ -76,7 +76,7 @@ def test_capture_command_writes_a_full_sweep_from_a_local_model_dir(tmp_path):
     out = tmp_path / "out" / "sweep.safetensors"
     res = invoke("capture", str(tmp_path / "model"), "--input-ids", ids, "-o", str(out))
     assert res.exit_code == 0, res.output
-    from eagleforensics.capture import load_capture
+    from eagleforensics.io.capture import load_capture
     from eagleforensics.positions import Position
 
     cap = load_capture(out)

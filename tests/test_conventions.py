@@ -1,11 +1,11 @@
-"""Tests for eagleforensics.conventions: one test per engine rule, round trips, the concrete cases."""
+"""Tests for eagleforensics.engines.rules: one test per engine rule, round trips, the concrete cases."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagleforensics.conventions import (
+from eagleforensics.engines.rules import (
     ALL_TARGETS, ENGINE_TARGETS, RULES, SGLANG, SGLANG_DS_NEW, SGLANG_DS_OLD, SGLANG_GPT_OSS,
     TRTLLM, VLLM, Target, concat_order, default_ids, describe_rules, ids_for_positions,
     parse_version, positions_for_ids, resolve_target, trainer_final_expectation,

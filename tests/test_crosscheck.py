@@ -1,4 +1,4 @@
-"""Tests for eagleforensics.crosscheck and ``align --draft-config/--engine``, on the real data samples.
+"""Tests for eagleforensics.engines.crosscheck and ``align --draft-config/--engine``, on the real data samples.
 
 ``record_layer_outputs.pt`` holds p=[3, 7, 10] (+ post-norm final) of a 12-layer tiny Llama whose
 forward pass is ``capture.pt``; ``data_0.ckpt`` holds the default p=[2, 6, 9]; ``record_wrong_fix.pt``
@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from eagleforensics.alignment import AlignmentResult, align
 from eagleforensics.cli import main
-from eagleforensics.crosscheck import crosscheck, default_audit, snippet
-from eagleforensics.draftconfig import NESTED_KEY, TOP_KEY, YAML_KEY, audit_config
+from eagleforensics.engines.crosscheck import crosscheck, default_audit, snippet
+from eagleforensics.engines.draftconfig import NESTED_KEY, TOP_KEY, YAML_KEY, audit_config
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
 

@@ -1,4 +1,4 @@
-"""Tests for eagleforensics.draftconfig and the ``config`` command, on configs written as producers write them."""
+"""Tests for eagleforensics.engines.draftconfig and the ``config`` command, on configs written as producers write them."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from eagleforensics.cli.config import config as config_cmd
-from eagleforensics.draftconfig import NESTED_KEY, TOP_KEY, YAML_KEY, audit_config
+from eagleforensics.engines.draftconfig import NESTED_KEY, TOP_KEY, YAML_KEY, audit_config
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
 

@@ -458,5 +458,5 @@ def test_gzip_bomb_is_refused_before_it_fills_memory(tmp_path: Path, monkeypatch
 
     bomb = tmp_path / "data_0.ckpt.gz"
     bomb.write_bytes(gz.compress(b"\0" * (8 << 20)))  # 8 MiB of zeros in ~8 KiB
-    monkeypatch.setattr("eagleforensics.safeload.gunzip_limit", lambda: 1 << 20)
+    monkeypatch.setattr("eagleforensics.io.safeload.gunzip_limit", lambda: 1 << 20)
     assert_one_line_error(*run_cli("align", bomb, CAP), "data_0.ckpt.gz", "gzip bomb")

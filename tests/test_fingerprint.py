@@ -11,13 +11,13 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from eagleforensics.alignment import align
-from eagleforensics.capture import load_capture
+from eagleforensics.io.capture import load_capture
 from eagleforensics.cli.fingerprint import fingerprint as fingerprint_cli
 from eagleforensics.errors import ForensicsError
-from eagleforensics.fingerprint import is_fingerprint, load_fingerprint, make_fingerprint, projection, write_fingerprint
-from eagleforensics.match import score_slots
-from eagleforensics.fpmatch import score_fingerprint
-from eagleforensics.sweep import write_capture
+from eagleforensics.evidence.fingerprint import is_fingerprint, load_fingerprint, make_fingerprint, projection, write_fingerprint
+from eagleforensics.evidence.match import score_slots
+from eagleforensics.evidence.fpmatch import score_fingerprint
+from eagleforensics.io.sweep import write_capture
 
 from .realdata import N, SAMPLES, _model, forward
 
@@ -166,8 +166,8 @@ def test_fitted_estimates_from_probes_track_the_full_fit(tmp_path):
 
 def test_an_estimate_within_its_error_of_a_rival_is_not_confident():
     """The decision rule: clear the bars with the score lowered and the rival raised by 2 errors."""
-    from eagleforensics.confidence import thresholds
-    from eagleforensics.fpmatch import choose_estimated
+    from eagleforensics.evidence.confidence import thresholds
+    from eagleforensics.evidence.fpmatch import choose_estimated
     from eagleforensics.positions import Position
 
     cols = [Position(3), Position(4), Position(5)]

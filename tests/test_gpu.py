@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from eagleforensics.alignment import align
-from eagleforensics.capture import load_capture
-from eagleforensics.fingerprint import make_fingerprint
-from eagleforensics.match import resolve_device, score_slots
-from eagleforensics.sweep import write_capture
+from eagleforensics.io.capture import load_capture
+from eagleforensics.evidence.fingerprint import make_fingerprint
+from eagleforensics.evidence.match import resolve_device, score_slots
+from eagleforensics.io.sweep import write_capture
 
 from .realdata import N, SAMPLES, _model, forward
 
@@ -58,7 +58,7 @@ def test_fingerprint_on_gpu_matches_cpu(tmp_path):
     cap = load_capture(SAMPLES / "capture_sweep.safetensors")
     a, b = make_fingerprint(cap), make_fingerprint(cap, device="cuda")
     assert [e["sha256"] for e in a["positions"]] == [e["sha256"] for e in b["positions"]]
-    from eagleforensics.fingerprint import _decode
+    from eagleforensics.evidence.fingerprint import _decode
 
     for ea, eb in zip(a["positions"], b["positions"]):
         sa, sb = _decode(ea["sketch"], "cpu").float(), _decode(eb["sketch"], "gpu").float()

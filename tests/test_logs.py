@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from eagleforensics.errors import ForensicsError
-from eagleforensics.logs import COLUMNS, SUMMARY_COLUMNS, parse_log, parse_logs, summarize_runs
+from eagleforensics.engines.logs import COLUMNS, SUMMARY_COLUMNS, parse_log, parse_logs, summarize_runs
 
 FIX = Path(__file__).parent / "fixtures" / "logs"
 BASELINE = FIX / "sglang_0.4_baseline.log"
@@ -274,7 +274,7 @@ def test_cli_log_without_data_is_an_error(tmp_path):
 def test_figures_have_one_trace_per_run():
     import plotly.graph_objects as go
 
-    from eagleforensics.plots_runs import accept_length_over_time, throughput_over_time
+    from eagleforensics.report.plots_runs import accept_length_over_time, throughput_over_time
 
     df = parse_logs({"baseline": BASELINE, "broken": BROKEN, "fixed": FIXED})
     acc = accept_length_over_time(df)

@@ -6,15 +6,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagleforensics import match
+from eagleforensics.evidence import match
 from eagleforensics.alignment import align
-from eagleforensics.capture import load_capture
-from eagleforensics.confidence import choose, thresholds
+from eagleforensics.io.capture import load_capture
+from eagleforensics.evidence.confidence import choose, thresholds
 from eagleforensics.errors import ForensicsError
-from eagleforensics.filerows import FileRows, PositionSource
-from eagleforensics.norms import fit_gain, unit_rms
+from eagleforensics.io.filerows import FileRows, PositionSource
+from eagleforensics.evidence.norms import fit_gain, unit_rms
 from eagleforensics.positions import Position
-from eagleforensics.sweep import write_capture
+from eagleforensics.io.sweep import write_capture
 
 from .realdata import N, SAMPLES, _model, forward
 

@@ -1,4 +1,4 @@
-"""Figures and tables of an alignment (``eagleforensics.plots``) and the explorer's update logic, without a notebook.
+"""Figures and tables of an alignment (``eagleforensics.report.plots``) and the explorer's update logic, without a notebook.
 
 Data: ``data_samples/`` (real forward passes of a tiny Llama, N=12, H=128, 40 prompt tokens).
 """
@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eagleforensics import plots
+from eagleforensics.report import plots
 from eagleforensics.alignment import AlignmentResult, align
-from eagleforensics.capture import load_capture
+from eagleforensics.io.capture import load_capture
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
-from eagleforensics.safeload import load_object
-from eagleforensics.training import from_object, load_training
+from eagleforensics.io.safeload import load_object
+from eagleforensics.io.training import from_object, load_training
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data_samples"
 HOSTILE = "<script>alert(1)</script>"
@@ -192,7 +192,7 @@ class TestExplorer:
 
     def test_updates_follow_the_widgets(self, layout_result: AlignmentResult) -> None:
         pytest.importorskip("ipywidgets")
-        from eagleforensics.explore import Explorer
+        from eagleforensics.report.explore import Explorer
 
         ex = Explorer(layout_result, draw=False)
         assert ex.selected_position == Position(3)

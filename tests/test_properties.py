@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eagleforensics.alignment import align
-from eagleforensics.capture import load_capture
+from eagleforensics.io.capture import load_capture
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
-from eagleforensics.training import load_training
+from eagleforensics.io.training import load_training
 
 from .mutations import Case, baseline, cases, relabelled, run_case, sample_path, wrong_placements, write_case
 from .realdata import N, forward

@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from eagleforensics.cli import main
-from eagleforensics.tinymodels import build_model, prompt_ids
+from eagleforensics.testing.tinymodels import build_model, prompt_ids
 
 from .realdata import SAMPLES
 

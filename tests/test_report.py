@@ -22,11 +22,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from eagleforensics import report
-from eagleforensics.capture import CONVENTIONS as CAPTURE_CONVENTIONS
+from eagleforensics.report import pipeline as report
+from eagleforensics.io.capture import CONVENTIONS as CAPTURE_CONVENTIONS
 from eagleforensics.cli.report import report as report_cmd
 from eagleforensics.errors import ForensicsError
-from eagleforensics.safeload import load_object
+from eagleforensics.io.safeload import load_object
 
 from .reportrun import ReportRun
 
@@ -255,7 +255,7 @@ class TestParameters:
 
     def test_choices_follow_the_library(self) -> None:
         from eagleforensics.cli.report import ENGINES as CLI_ENGINES
-        from eagleforensics.conventions import ENGINES
+        from eagleforensics.engines.rules import ENGINES
 
         assert report.CONVENTIONS == tuple(CAPTURE_CONVENTIONS)
         assert report.ENGINES == tuple(ENGINES) and set(CLI_ENGINES) == set(ENGINES)

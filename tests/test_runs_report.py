@@ -2,7 +2,7 @@
 
 One papermill run (session fixture, a few seconds) on the three SGLang fixture logs with a
 baseline and a hostile title; every expected number is recomputed here from the fixture
-lines with its own regex, not taken from ``eagleforensics.logs``.
+lines with its own regex, not taken from ``eagleforensics.engines.logs``.
 """
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ import nbformat
 import pytest
 from click.testing import CliRunner
 
-from eagleforensics import nbview, report, runs_report
+from eagleforensics.report import nbview
+
+from eagleforensics.report import pipeline as report
+
+from eagleforensics.report import runs as runs_report
 from eagleforensics.cli.logs import logs as logs_cmd
 from eagleforensics.errors import ForensicsError
 

@@ -11,9 +11,9 @@ from safetensors.torch import save_file
 
 from eagleforensics.cli.scan import scan as scan_cli
 from eagleforensics.errors import ForensicsError
-from eagleforensics.scan import find_records, load_results, scan
-from eagleforensics.scandata import NEEDS_REFERENCE, PLANTS, make_dataset
-from eagleforensics.scan_signature import inspect_file
+from eagleforensics.scan.runner import find_records, load_results, scan
+from eagleforensics.testing.scandata import NEEDS_REFERENCE, PLANTS, make_dataset
+from eagleforensics.scan.signature import inspect_file
 
 from .realdata import H, N, forward
 
@@ -67,7 +67,7 @@ class TestPlantedFaults:
 
     def test_a_record_unlike_most_is_an_outlier_a_mixed_dataset_is_not(self, full):
         """Layout is judged against the majority: one float32 record among bf16 ones is flagged; no majority, no flag."""
-        from eagleforensics.scan_results import build_result
+        from eagleforensics.scan.results import build_result
 
         raw = [json.loads(line) for line in Path(full.output).read_text().splitlines()[1:]]
         lines = [line for line in raw if not line["error"]][:20]
@@ -121,7 +121,7 @@ class TestResume:
 
     def test_ctrl_c_mid_scan_keeps_what_was_done(self, dataset, full, tmp_path, monkeypatch):
         """KeyboardInterrupt after a few batches: their lines stay in the file, --resume does only the rest."""
-        import eagleforensics.scan as scan_mod
+        import eagleforensics.scan.runner as scan_mod
 
         real, calls = scan_mod.inspect_batch, []
 
@@ -262,7 +262,7 @@ class TestCli:
 
     def test_unreachable_scheduler_is_a_one_line_error(self, tmp_path, monkeypatch):
         pytest.importorskip("distributed")
-        import eagleforensics.scan as scan_mod
+        import eagleforensics.scan.runner as scan_mod
 
         monkeypatch.setattr(scan_mod, "CONNECT_TIMEOUT", "1s")
         data = _records(forward("llama"), tmp_path)
@@ -284,8 +284,8 @@ def test_notebook_records_the_scan_it_rendered(dataset, full, tmp_path):
     papermill = pytest.importorskip("papermill")
     import nbformat
 
-    from eagleforensics.plots_scan import SUMMARY_SCHEMA
-    from eagleforensics.report import read_summary
+    from eagleforensics.report.plots_scan import SUMMARY_SCHEMA
+    from eagleforensics.report.pipeline import read_summary
 
     out = tmp_path / "scan.ipynb"
     papermill.execute_notebook(

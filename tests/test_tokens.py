@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from eagleforensics.norms import token_norms
-from eagleforensics.tokens import align_tokens, common_prefix, detect_shift, trailing_padding
+from eagleforensics.evidence.norms import token_norms
+from eagleforensics.evidence.tokens import align_tokens, common_prefix, detect_shift, trailing_padding
 
 from .realdata import N, forward
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagleforensics.errors import ForensicsError
-from eagleforensics.training import detect_format, load_training
+from eagleforensics.io.training import detect_format, load_training
 
 from .realdata import H, N, forward
 

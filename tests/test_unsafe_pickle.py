@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from eagleforensics.cli import main
 from eagleforensics.errors import ForensicsError
-from eagleforensics.training import load_training
+from eagleforensics.io.training import load_training
 
 from .realdata import SAMPLES
 

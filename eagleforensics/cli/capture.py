@@ -19,7 +19,7 @@ def capture(model_dir: str, prompt: str | None, input_ids: str | None, output: s
 
     def run() -> str:
         from ..errors import ForensicsError
-        from ..sweep import load_local_model, sweep, tokenize, write_capture
+        from ..io.sweep import load_local_model, sweep, tokenize, write_capture
 
         if (prompt is None) == (input_ids is None):
             raise ForensicsError("give exactly one of --prompt or --input-ids")
@@ -38,7 +38,7 @@ def _parse_ids(text: str) -> "object":
     import torch
 
     from ..errors import ForensicsError
-    from ..safeload import load_object
+    from ..io.safeload import load_object
 
     if text.replace(",", "").replace(" ", "").isdigit():
         return torch.tensor([int(t) for t in text.split(",") if t.strip()], dtype=torch.int64)

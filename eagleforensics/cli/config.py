@@ -10,7 +10,7 @@ import click
 from .common import run_guarded
 
 if TYPE_CHECKING:
-    from ..draftconfig import ConfigAudit
+    from ..engines.draftconfig import ConfigAudit
 
 ENGINE_CHOICES = ("sglang", "vllm", "trtllm")
 
@@ -57,7 +57,7 @@ def config(draft: str, engine: str, engine_version: str | None, model_type: str 
 
     Exit 0: no warning. 1: at least one warning-level finding. 2: bad input.
     """
-    from ..draftconfig import audit_config
+    from ..engines.draftconfig import audit_config
 
     audit = run_guarded(lambda: audit_config(
         draft, engine, engine_version=engine_version, model_type=model_type,

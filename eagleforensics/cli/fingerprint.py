@@ -37,8 +37,8 @@ def fingerprint(capture: str, output: str, k: int, seed: int, probes: int, captu
     from ..errors import ForensicsError
 
     def run() -> Path:
-        from ..capture import load_capture
-        from ..fingerprint import make_fingerprint, write_fingerprint
+        from ..evidence.fingerprint import make_fingerprint, write_fingerprint
+        from ..io.capture import load_capture
 
         src, out = Path(capture), Path(output)
         if out.exists() and src.exists() and out.resolve() == src.resolve():

@@ -10,14 +10,14 @@ from ..errors import ForensicsError
 from .common import run_guarded
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..report import ReportOutcome
+    from ..report.pipeline import ReportOutcome
 
 
 def _table(records: list[dict]) -> str:
     """The summary rows as the aligned text table the command prints."""
     import pandas as pd
 
-    from ..logs import SUMMARY_COLUMNS
+    from ..engines.logs import SUMMARY_COLUMNS
 
     df = pd.DataFrame(records, columns=SUMMARY_COLUMNS).astype({c: "float64" for c in SUMMARY_COLUMNS[3:]})
     return df.to_string(index=False, na_rep="n/a", float_format=lambda v: f"{v:.3f}")
@@ -45,7 +45,14 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
     """
 
     def body() -> tuple[list[dict], ReportOutcome | None]:
-        from ..runs_report import build_runs_report, load_runs, parse_runs, runs_summary, summarize, validate_params
+        from ..report.runs import (
+            build_runs_report,
+            load_runs,
+            parse_runs,
+            runs_summary,
+            summarize,
+            validate_params,
+        )
 
         mapping = parse_runs(runs)
         if baseline is not None and baseline not in mapping:
@@ -61,7 +68,7 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
         return outcome.summary["runs"], outcome
 
     records, outcome = run_guarded(body)
-    from ..logs import SUMMARY_COLUMNS
+    from ..engines.logs import SUMMARY_COLUMNS
 
     if as_json:
         click.echo(json.dumps([{k: r.get(k) for k in SUMMARY_COLUMNS} for r in records], indent=2, default=str))

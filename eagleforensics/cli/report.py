@@ -40,7 +40,7 @@ def report(shard: str, capture: str, output: str | None, capture_convention: str
     ids to write. Exit 0: every slot placed confidently (and served as trained). 1: a slot
     unplaced, a miswiring found, or a serving mismatch. 2: bad input. 3: the notebook crashed.
     """
-    from ..report import build_report
+    from ..report.pipeline import build_report
 
     outcome = run_guarded(lambda: build_report(
         shard, capture, output, capture_convention=capture_convention, engine=engine, max_tokens=max_tokens,

@@ -41,7 +41,7 @@ def scan(dataset_dir: str, reference: str | None, reference_convention: str, wor
     Reads SpecForge rows_*/data_*.ckpt[.gz], speculators hs_*.safetensors and ModelOpt *.pt
     files. Exit 0: no outlier. 1: outlier records listed. 2: bad input.
     """
-    from ..scan import scan as run_scan
+    from ..scan.runner import scan as run_scan
 
     out = Path(output) if output is not None else default_output(dataset_dir)
 

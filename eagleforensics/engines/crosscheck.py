@@ -1,0 +1,249 @@
+"""Serving vs training: does what the engine will capture equal what the drafter was trained on?
+
+Joins the two halves of the workbench: an ``AlignmentResult`` says which residual-stream
+positions the training record's aux slots hold; a ``ConfigAudit`` says which positions an
+engine will capture for a draft config. ``crosscheck`` compares them slot for slot (engines
+concatenate in ascending layer order, see ``rules.concat_order``) and, when they differ,
+plans the ids with ``rules.ids_for_positions`` and writes them into the one key that
+engine reads, as a JSON snippet to paste. Every engine rule comes from ``conventions``; every
+key name from ``draftconfig``.
+
+Decisions:
+
+* N: the audit's (the engine serves that model). The positions were measured in the capture,
+  so when ``result.num_layers`` differs from the audit's N there is no verdict, only an error.
+* No draft config (``default_audit``): judge the engine's default, i.e. what a draft whose
+  config carries no ids gets -- the silent fallback is what such a deployment really serves.
+* Aux slots not all confidently placed, or no aux slots at all: no verdict ("cannot-judge").
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ForensicsError
+from ..positions import Position
+from ..results import Finding
+from . import rules
+from .draftconfig import INFO, NESTED_KEY, TOP_KEY, YAML_KEY, ConfigAudit, audit_config
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..results import AlignmentResult
+
+MATCH, MISMATCH, CANNOT_JUDGE = "match", "mismatch", "cannot-judge"
+# The key to WRITE so the engine reads it: SGLang reads only the nested key; vLLM reads the
+# top-level key first (so it wins over a stale nested one); TRT-LLM reads only its YAML.
+_WRITE_KEY = {"sglang": NESTED_KEY, "vllm": TOP_KEY, "trtllm": YAML_KEY}
+_WRITE_WHERE = {"sglang": "the draft's config.json", "vllm": "the draft's config.json",
+                "trtllm": "the TensorRT-LLM extra-API YAML (JSON is valid YAML)"}
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """The engine's captured positions against the trained ones, and the ids that fix a mismatch."""
+
+    engine: str
+    version: str | None
+    target: str
+    num_layers: int
+    draft_path: str
+    ids_used: list[int]
+    key_read: str | None
+    positions_served: list[Position]
+    positions_trained: list[Position] | None
+    status: str
+    fix_ids: list[int] | None = None
+    fix_key: str | None = None
+    fix_snippet: str | None = None
+    fix_notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def match(self) -> bool:
+        """True only when the engine will capture exactly the trained positions, in slot order."""
+        return self.status == MATCH
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready dict."""
+        def labels(ps: list[Position] | None) -> list[str] | None:
+            return None if ps is None else [q.label for q in ps]
+
+        return {
+            "status": self.status, "match": self.match, "engine": self.engine,
+            "version": self.version, "target": self.target, "num_layers": self.num_layers,
+            "draft_config": self.draft_path or None, "ids_used": self.ids_used,
+            "key_read": self.key_read,
+            "positions_served": labels(self.positions_served),
+            "positions_trained": labels(self.positions_trained),
+            "fix": None if self.fix_ids is None else {
+                "ids": self.fix_ids, "key": self.fix_key, "snippet": json.loads(self.fix_snippet or "null"),
+                "where": _WRITE_WHERE[self.engine]},
+            "fix_notes": self.fix_notes,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+    def to_text(self) -> str:
+        """A terminal section: served vs trained, the verdict and the snippet to paste."""
+        ver = f" {self.version}" if self.version else ""
+        src = self.key_read or "none: engine default"
+        lines = [f"serving: {self.engine}{ver} (rule {self.target}, N={self.num_layers})",
+                 f"  draft config:    {self.draft_path or '(none given: engine default)'}",
+                 f"  ids used:        {self.ids_used}  (read from: {src})",
+                 f"  engine captures: {_join(self.positions_served)}",
+                 f"  training holds:  {_join(self.positions_trained)}"]
+        if self.status == MATCH:
+            lines.append("  MATCH: the engine feeds the drafter the states it was trained on")
+        elif self.status == CANNOT_JUDGE:
+            why = next((f.message for f in self.findings if f.code in ("serving-unjudged", "num-layers-disagree")), "")
+            lines.append(f"  CANNOT JUDGE: {why}")
+        elif self.fix_ids is not None:
+            lines += [f"  MISMATCH: set {self.fix_key} in {_WRITE_WHERE[self.engine]}:",
+                      f"    {self.fix_snippet}"]
+        else:
+            lines.append("  MISMATCH, and no id list on this engine captures the trained positions:")
+        lines += [f"    note: {n}" for n in self.fix_notes]
+        return "\n".join(lines)
+
+
+def _join(ps: list[Position] | None) -> str:
+    return "-" if ps is None else (", ".join(q.label for q in ps) or "nothing")
+
+
+def snippet(key: str, ids: list[int]) -> str:
+    """'a.b', [1, 2] -> '{"a": {"b": [1, 2]}}': the dotted key as nested JSON to paste."""
+    node: Any = list(ids)
+    for part in reversed(key.split(".")):
+        node = {part: node}
+    return json.dumps(node)
+
+
+def _target_of(audit: ConfigAudit) -> rules.Target:
+    """The conventions record the audit applied (by label; resolved again if the label is unknown)."""
+    for t in rules.ALL_TARGETS:
+        if t.label == audit.target:
+            return t
+    return rules.resolve_target(audit.engine, audit.model_type, audit.version)
+
+
+def _carried(audit: ConfigAudit) -> list[Finding]:
+    """The audit's trap findings, in the alignment's finding type (codes and severities kept)."""
+    return [Finding(f.code, f.severity, f"draft config ({audit.engine}): {f.message}") for f in audit.findings]
+
+
+def trained_positions(result: "AlignmentResult") -> tuple[list[Position] | None, str]:
+    """The aux slots' positions in slot order, or None and why they cannot be judged."""
+    aux = [m for m in result.matches if m.role == "aux"]
+    if not aux:
+        return None, "the training record has no aux slots (EAGLE-1/2 layout?): no id list applies"
+    loose = [m.name for m in aux if m.position is None]
+    if loose:
+        return None, (f"aux slot(s) {', '.join(loose)} have no confident match, so what the drafter "
+                      "was trained on is unknown; fix the alignment first")
+    return [m.position for m in aux if m.position is not None], ""
+
+
+def _plan(target: rules.Target, trained: list[Position], n: int
+          ) -> tuple[list[int] | None, list[str]]:
+    """Ids that make ``target`` capture ``trained`` (raw positions only), or the reasons none do."""
+    if any(q.normed for q in trained):
+        return None, ["an aux slot holds a post-norm state; only TRT-LLM's -1 captures one (as the last "
+                      "slot) and this tool does not plan it: check by hand"]
+    plan = rules.ids_for_positions(target, [q.p for q in trained], n)
+    return plan.ids, list(plan.reasons) + list(plan.notes)
+
+
+def crosscheck(result: "AlignmentResult", audit: ConfigAudit) -> CrossCheck:
+    """Compare what ``audit``'s engine captures with what ``result``'s aux slots hold."""
+    target = _target_of(audit)
+    n = audit.num_layers
+    served = rules.concat_order(rules.positions_for_ids(target, audit.ids_used, n))
+    trained, why = trained_positions(result)
+    found = _carried(audit)
+    base = dict(engine=audit.engine, version=audit.version, target=target.label, num_layers=n,
+                draft_path=audit.path, ids_used=list(audit.ids_used), key_read=audit.key_read,
+                positions_served=served, positions_trained=trained)
+    if result.num_layers != n:
+        found.append(Finding("num-layers-disagree", "error", (
+            f"the capture has N={result.num_layers} layers ({result.num_layers_source}) but the engine audit "
+            f"assumed N={n}: positions from different models cannot be compared; capture the served target "
+            "or pass the same N to both")))
+        return CrossCheck(status=CANNOT_JUDGE, findings=found, **base)
+    if trained is None:
+        found.append(Finding("serving-unjudged", "warning", f"cannot say whether {target.label} serves "
+                             f"what was trained: {why}"))
+        return CrossCheck(status=CANNOT_JUDGE, findings=found, **base)
+    if served == trained:
+        msg = (f"{target.label} captures {_join(served)}, exactly what the training aux slots hold")
+        if audit.key_read is None:
+            key = _WRITE_KEY[audit.engine]
+            msg += (f"; it gets there through its default, so pin it: "
+                    f"{snippet(key, audit.ids_used)}")
+        found.append(Finding("serving-match", INFO, msg))
+        return CrossCheck(status=MATCH, findings=found, **base)
+    ids, notes = _plan(target, trained, n)
+    key = _WRITE_KEY[audit.engine]
+    if ids is None:
+        found.append(Finding("serving-mismatch", "error", (
+            f"{target.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}, and "
+            f"no id list fixes it: {'; '.join(notes)}")))
+        return CrossCheck(status=MISMATCH, fix_notes=notes, findings=found, **base)
+    text = snippet(key, ids)
+    found.append(Finding("serving-mismatch", "error", (
+        f"{target.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}: "
+        f"set {key} to {ids} in {_WRITE_WHERE[audit.engine]}: {text}")))
+    return CrossCheck(status=MISMATCH, fix_ids=ids, fix_key=key, fix_snippet=text, fix_notes=notes,
+                      findings=found, **base)
+
+
+def default_audit(engine: str, num_layers: int, *, engine_version: str | None = None,
+                  model_type: str | None = None) -> ConfigAudit:
+    """What ``engine`` captures for a draft whose config carries no ids: its default list."""
+    eng = str(engine).strip().lower()
+    # model_type only picks a rule on SGLang; other engines ignore it (as audit_config does)
+    target = rules.resolve_target(
+        eng, model_type if eng == "sglang" or model_type in rules.MODEL_TYPES else None, engine_version)
+    ids = rules.default_ids(target, num_layers)
+    outcomes = rules.positions_for_ids(target, ids, num_layers)
+    findings = [Finding("no-draft-config", INFO, (
+        f"no draft config given: judged {target.label}'s default ids {ids}, which is what it serves a draft "
+        "whose config carries none (a silent fallback)"))]
+    if eng == "sglang" and model_type is None:
+        findings.append(Finding("model-type-assumed", INFO, "model type unknown: assumed the SGLang "
+                                     "Llama/Qwen rule (pass --model-type)"))
+    return ConfigAudit(engine=eng, version=engine_version, model_type=model_type, num_layers=num_layers,
+                       ids_read=None, key_read=None, positions=[o.position for o in outcomes],
+                       findings=findings, target=target.label, ids_used=ids,
+                       notes=[o.note for o in outcomes], path="")
+
+
+def check_request(draft_config: str | Path | None, engine: str | None, engine_version: str | None,
+                  model_type: str | None) -> None:
+    """Reject option combinations that cannot mean anything, before any file is read."""
+    if engine is None:
+        given = [name for name, v in (("draft-config", draft_config), ("engine-version", engine_version),
+                                      ("model-type", model_type)) if v is not None]
+        if given:
+            raise ForensicsError(f"{', '.join(given)} given without an engine: add --engine (engine=) one of "
+                                 f"{', '.join(rules.ENGINES)}, the engine whose reading of the config to check")
+        return
+    eng = str(engine).strip().lower()
+    if eng not in rules.ENGINES:
+        raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(rules.ENGINES)}")
+    if engine_version is not None:
+        rules.parse_version(engine_version)
+    if model_type is not None and eng == "sglang":
+        rules.family_of(model_type)  # only SGLang picks its rule by model type
+    if draft_config is not None and not Path(draft_config).exists():
+        raise ForensicsError("no such file or directory (expected the draft's config.json, its directory, "
+                             "or a TensorRT-LLM YAML)", path=draft_config)
+
+
+def serving_audit(draft_config: str | Path | None, engine: str, num_layers: int, *,
+                  engine_version: str | None = None, model_type: str | None = None) -> ConfigAudit:
+    """The audit of ``draft_config`` for ``engine`` at N, or of the engine default when none is given."""
+    if draft_config is None:
+        return default_audit(engine, num_layers, engine_version=engine_version, model_type=model_type)
+    return audit_config(draft_config, engine, engine_version=engine_version, model_type=model_type,
+                        num_layers=num_layers)

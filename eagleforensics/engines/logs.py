@@ -1,0 +1,315 @@
+"""Read SGLang and vLLM server logs into one table, to prove with the engine's own numbers that a fix worked.
+
+One row per data line of a log: the acceptance length, acceptance rate, generation
+throughput and running requests the engine printed, with the line's time and number.
+Everything else (server arguments, warnings, prefill lines, request logs) is ignored,
+even when it mentions "accept".
+
+Formats read, as checked in each engine's released source:
+
+SGLang decode line (logger prefix ``[%Y-%m-%d %H:%M:%S(.mmm)( DPd)( TPd)...] ``, from
+``configure_logger``; ``.mmm`` with SGLANG_LOG_MS; rank tags only when that size is > 1):
+  0.4.10.post2  python/sglang/srt/managers/scheduler_metrics_mixin.py ``log_decode_stats``:
+    ``Decode batch. #running-req: N, #token: T, token usage: U, [accept len: L, ]cuda graph: B,
+    gen throughput (token/s): G, #queue-req: Q, ``
+  0.5.4.post3 - 0.5.10  same file (0.5.10: python/sglang/srt/observability/scheduler_metrics_mixin.py):
+    ``Decode batch[ [iter]], #running-req: N, #token: T, token usage: U, [accept len: L,
+    accept rate: R, ]cuda graph: B, gen throughput (token/s): G, #queue-req: Q, ``
+    R = (accepted drafts + bonus tokens) / (verify steps * num_draft_tokens), i.e. L / (steps + 1)
+    for a chain draft: never below 1 / (steps + 1), even when no draft token is accepted.
+  0.5.11 - 0.5.23  same line (0.5.22/0.5.23: python/sglang/srt/managers/scheduler_components/
+    metrics_reporter.py ``report_decode_stats``; no trailing ", " after #queue-req);
+    R = accepted drafts / (verify steps * (num_draft_tokens - 1)), i.e. (L - 1) / steps
+    (sglang PR #23530). The same decoding logs R = 0.40 before and 0.20 after for L = 1.6, steps = 3:
+    compare SGLang accept rates only within one side of that change; accept len did not change.
+vLLM (prefix ``(APIServer pid=P) INFO %m-%d %H:%M:%S [file.py:line] ``; older releases omit the
+``(process pid=P) `` part; the date has no year), 0.33.0:
+  vllm/v1/metrics/loggers.py ``LoggingStatLogger.log``:
+    ``Engine 000: Avg prompt throughput: X tokens/s, Avg generation throughput: G tokens/s,
+    Running: N reqs, Waiting: W reqs, ...``
+  vllm/v1/spec_decode/metrics.py ``SpecDecodingLogging.log``:
+    ``SpecDecoding metrics: Mean acceptance length: L, Accepted throughput: A tokens/s, Drafted
+    throughput: D tokens/s, Accepted: a tokens, Drafted: d tokens, Per-position acceptance rate:
+    p0, p1, ..., Avg Draft acceptance rate: R%`` (L includes the bonus token; R = a / d).
+Fields are read by name, not position, so lines that add or reorder fields still parse.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import math
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import IO, Iterator, Mapping
+
+import pandas as pd
+
+from ..errors import ForensicsError
+
+ENGINES = ("sglang", "vllm")
+COLUMNS = [
+    "run", "time", "line", "engine", "rank", "accept_length", "accept_rate",
+    "gen_throughput", "running_req", "per_position_acceptance", "draft_acceptance_rate",
+]
+SUMMARY_COLUMNS = [
+    "run", "engine", "n_lines", "median_accept_length", "median_accept_rate",
+    "median_tok_s", "speedup",
+]
+# vLLM prints month-day only; this leap year stands in so that 02-29 still parses.
+PLACEHOLDER_YEAR = 2000
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SGLANG_PREFIX = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{1,6}))?((?: [A-Z][A-Z_]*\d+)*)\] "
+)
+_VLLM_PREFIX = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? \[[^\]]*\] "
+)
+_SGLANG_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (#running-req: .*)$")
+_VLLM_SPEC = re.compile(r"SpecDecoding metrics: (.*)$")
+_VLLM_THROUGHPUT = re.compile(r"(?:Engine (\d+): )?(Avg prompt throughput: .*)$")
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
+_BINARY_PROBE = 64 * 1024
+
+
+def _fields(text: str) -> dict[str, str]:
+    """Split ``key: value, key: value`` into a dict; a part without ``: `` continues the previous value."""
+    out: dict[str, str] = {}
+    last: str | None = None
+    for part in text.split(", "):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition(": ")
+        if sep:
+            last = key.strip()
+            out[last] = value.strip()
+        elif last is not None:
+            out[last] = f"{out[last]}, {part}"
+    return out
+
+
+def _num(text: str | None) -> float:
+    """First number in ``text`` (units like ``%`` or ``reqs`` dropped); NaN when there is none."""
+    if text is None:
+        return math.nan
+    m = _NUMBER.match(text.strip())
+    return float(m.group(0)) if m else math.nan
+
+
+def _count(text: str | None) -> int | None:
+    """An integer field such as ``1 reqs``; None when absent or not a finite number."""
+    value = _num(text)
+    return int(value) if math.isfinite(value) else None
+
+
+def _line_time(line: str, engine: str) -> tuple[datetime | None, str | None]:
+    """The time (and SGLang rank tag) from the engine's logging prefix; (None, None) without one."""
+    if engine == "sglang":
+        m = _SGLANG_PREFIX.search(line)
+        if not m:
+            return None, None
+        stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+        if m.group(2):
+            stamp += timedelta(microseconds=int(m.group(2).ljust(6, "0")))
+        return stamp, (m.group(3).strip() or None)
+    m = _VLLM_PREFIX.search(line)
+    if not m:
+        return None, None
+    return datetime.strptime(f"{PLACEHOLDER_YEAR}-{m.group(1)}", "%Y-%m-%d %H:%M:%S"), None
+
+
+def _sglang_row(line: str) -> dict | None:
+    """Values of an SGLang decode-batch line, or None when the line is not one."""
+    m = _SGLANG_DECODE.search(line)
+    if not m:
+        return None
+    f = _fields(m.group(1))
+    row = {
+        "accept_length": _num(f.get("accept len")),
+        "accept_rate": _num(f.get("accept rate")),
+        "gen_throughput": _num(f.get("gen throughput (token/s)")),
+        "running_req": _count(f.get("#running-req")),
+    }
+    if math.isnan(row["accept_length"]) and math.isnan(row["gen_throughput"]):
+        return None
+    return row
+
+
+def _vllm_row(line: str) -> dict | None:
+    """Values of a vLLM SpecDecoding-metrics or throughput line, or None when the line is neither."""
+    m = _VLLM_SPEC.search(line)
+    if m:
+        f = _fields(m.group(1))
+        pct = _num(f.get("Avg Draft acceptance rate", f.get("Draft acceptance rate")))
+        accepted, drafted = _num(f.get("Accepted")), _num(f.get("Drafted"))
+        if math.isnan(pct) and drafted > 0:
+            pct = 100.0 * accepted / drafted
+        per_pos = f.get("Per-position acceptance rate")
+        row = {
+            "accept_length": _num(f.get("Mean acceptance length")),
+            "accept_rate": pct / 100.0,
+            "draft_acceptance_rate": pct,
+            "per_position_acceptance": (
+                [_num(p) for p in per_pos.split(",") if p.strip()] if per_pos else None
+            ),
+        }
+        return row if not (math.isnan(row["accept_length"]) and math.isnan(pct)) else None
+    m = _VLLM_THROUGHPUT.search(line)
+    if m:
+        f = _fields(m.group(2))
+        gen = _num(f.get("Avg generation throughput"))
+        if math.isnan(gen):
+            return None
+        return {
+            "gen_throughput": gen,
+            "running_req": _count(f.get("Running")),
+            "rank": f"Engine {m.group(1)}" if m.group(1) else None,
+        }
+    return None
+
+
+_PARSERS = {"sglang": _sglang_row, "vllm": _vllm_row}
+
+
+def _open_text(path: Path) -> IO[str]:
+    """Open a (possibly gzipped) log as text; ForensicsError naming the file if it is missing or binary."""
+    if not path.exists():
+        raise ForensicsError("no such log file", path=path)
+    if path.is_dir():
+        raise ForensicsError("is a directory, expected a server log file", path=path)
+    try:
+        with path.open("rb") as fh:
+            gzipped = fh.read(2) == b"\x1f\x8b"
+        raw: IO[bytes] = gzip.open(path, "rb") if gzipped else path.open("rb")
+        head = raw.read(_BINARY_PROBE)
+        raw.seek(0)
+    except (OSError, EOFError) as exc:
+        raise ForensicsError(f"cannot read log file: {getattr(exc, 'strerror', None) or exc}", path=path)
+    if b"\x00" in head:
+        raw.close()
+        raise ForensicsError("binary file, expected a text server log", path=path)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
+
+
+def _iter_rows(lines: IO[str], engine: str | None, seen: list[int]) -> Iterator[tuple[str, dict]]:
+    """Yield (engine, row) per data line; with engine None the first data line decides the engine."""
+    for number, raw in enumerate(lines, start=1):
+        seen[0] = number
+        text = _ANSI.sub("", raw.rstrip("\r\n"))
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue  # blank lines and comment lines (fixture headers) are not log lines
+        for name in (engine,) if engine else ENGINES:
+            row = _PARSERS[name](text)
+            if row is None:
+                continue
+            engine = name
+            stamp, rank = _line_time(text, name)
+            row.setdefault("rank", rank)
+            row.update(time=stamp, line=number, engine=name)
+            yield name, row
+            break
+
+
+def _frame(rows: list[dict], run: str) -> pd.DataFrame:
+    """Build the table with stable columns and dtypes, also when there are no rows."""
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df["run"] = run
+    df["time"] = pd.to_datetime(df["time"])
+    df["line"] = df["line"].astype("int64")
+    for col in ("accept_length", "accept_rate", "gen_throughput", "draft_acceptance_rate"):
+        df[col] = df[col].astype("float64")
+    df["running_req"] = df["running_req"].astype("Int64")
+    for col in ("engine", "rank", "per_position_acceptance"):
+        df[col] = df[col].astype("object").where(df[col].notna(), None)
+    return df
+
+
+def parse_log(path: str | Path, run: str | None = None, engine: str | None = None) -> pd.DataFrame:
+    """Parse one SGLang or vLLM server log into one row per data line (columns ``COLUMNS``).
+
+    ``run`` labels the rows (default: the file name without suffix). ``engine`` restricts parsing
+    to 'sglang' or 'vllm'; None detects it from the first data line. A log with no data line gives
+    an empty frame with the same columns and ``df.attrs["engine"] is None``. ``df.attrs`` also
+    holds ``path`` and ``lines_read``. vLLM times carry ``PLACEHOLDER_YEAR`` (the log omits it).
+    """
+    if engine is not None and engine not in ENGINES:
+        raise ForensicsError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    p = Path(path)
+    seen = [0]
+    with _open_text(p) as fh:
+        try:
+            found = list(_iter_rows(fh, engine, seen))
+        except (OSError, EOFError) as exc:
+            raise ForensicsError(f"cannot read log file past line {seen[0]}: {exc}", path=p)
+    df = _frame([row for _, row in found], run if run is not None else _default_label(p))
+    df.attrs.update(path=str(p), engine=found[0][0] if found else None, lines_read=seen[0])
+    return df
+
+
+def _default_label(path: Path) -> str:
+    """Run label from a file name: ``runs/fixed.log.gz`` -> ``fixed``."""
+    name = path.name
+    for suffix in (".gz", ".log", ".txt"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def parse_logs(mapping: Mapping[str, str | Path], engine: str | None = None) -> pd.DataFrame:
+    """Parse several logs, one run label each, into one frame; ``attrs["empty_runs"]`` lists runs without data."""
+    frames, empty = [], []
+    for label, path in mapping.items():
+        df = parse_log(path, run=str(label), engine=engine)
+        if df.empty:
+            empty.append(str(label))
+        else:
+            frames.append(df)
+    out = pd.concat(frames, ignore_index=True) if frames else _frame([], "")
+    out.attrs = {"empty_runs": empty}
+    return out
+
+
+def _median(series: pd.Series) -> float:
+    """Median of the non-missing values; NaN when there are none."""
+    values = series.dropna()
+    return float(values.median()) if len(values) else math.nan
+
+
+def summarize_runs(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
+    """One row per run (in first-seen order): data lines, median accept length/rate/tok/s, speed-up.
+
+    The tok/s median skips intervals with zero running requests (vLLM logs those when a request
+    ends or the server idles): they measure no decoding. ``speedup`` is the run's median tok/s over
+    the baseline run's, NaN without a baseline. Accept rates follow each engine's own definition
+    (see the module docstring), so compare them only between runs of one definition.
+    """
+    missing = [c for c in ("run", "engine", "accept_length", "accept_rate",
+                           "gen_throughput", "running_req") if c not in df.columns]
+    if missing:
+        raise ForensicsError(f"not a parsed-log table: missing columns {', '.join(missing)}")
+    runs = list(dict.fromkeys(df["run"]))
+    if baseline is not None and baseline not in runs:
+        known = ", ".join(map(str, runs)) or "none"
+        raise ForensicsError(f"baseline run {baseline!r} not found; runs: {known}")
+    rows = []
+    for run in runs:
+        sub = df[df["run"] == run]
+        busy = sub[~(sub["running_req"].fillna(1) == 0)]
+        engines = sub["engine"].dropna()
+        rows.append({
+            "run": run,
+            "engine": engines.iloc[0] if len(engines) else None,
+            "n_lines": int(len(sub)),
+            "median_accept_length": _median(sub["accept_length"]),
+            "median_accept_rate": _median(sub["accept_rate"]),
+            "median_tok_s": _median(busy["gen_throughput"]),
+        })
+    out = pd.DataFrame(rows, columns=SUMMARY_COLUMNS[:-1])
+    base = math.nan
+    if baseline is not None:
+        base = float(out.loc[out["run"] == baseline, "median_tok_s"].iloc[0])
+    out["speedup"] = out["median_tok_s"] / base if base > 0 else math.nan
+    out["n_lines"] = out["n_lines"].astype("int64")
+    return out[SUMMARY_COLUMNS]

@@ -1,0 +1,87 @@
+"""Findings: what is miswired, in plain words, each with a stable code and a severity.
+
+Severity ``error`` means the drafter cannot be served as trained (or nothing could be
+placed); ``warning`` a trap that an explicit id list or a check avoids; ``info`` context.
+Rules cite shared/reference/conventions.md through the conventions module.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..positions import Position, default_aux_positions
+from ..results import Finding
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..results import SlotMatch
+
+
+
+def _layers(ps: list[int], n: int) -> str:
+    return ", ".join(Position(p).describe(n) for p in ps)
+
+
+def slot_findings(matches: list[SlotMatch], num_layers: int) -> list[Finding]:
+    """Findings about the placed slots: unmatched, embedding, order, off-by-one, final-state kind."""
+    out: list[Finding] = []
+    n = num_layers
+    for m in matches:
+        if not m.confident:
+            cand = m.best.label if m.best else "none"
+            out.append(Finding("no-confident-match", "warning",
+                               f"{m.name}: no confident match (best candidate {cand}, score {m.score:.4f}, "
+                               f"margin {m.margin:.4f}: {m.reason})"))
+    aux = [m for m in matches if m.role == "aux"]
+    placed = [m.position.p for m in aux if m.confident and m.position is not None and not m.position.normed]
+    if any(m.confident and m.position is not None and m.position.normed for m in aux):
+        out.append(Finding("aux-post-norm", "error",
+                           "an aux slot holds a post-norm state; engines capture aux states before any norm"))
+    for m in aux:
+        if m.confident and m.position == Position(0):
+            out.append(Finding("embedding-included", "error",
+                               f"{m.name} holds the embedding output (p=0), not a decoder layer's output. "
+                               "EAGLE-3 feeds the drafter decoder-layer states; SGLang and TensorRT-LLM cannot "
+                               "capture the embedding at all (see engine ids)."))
+    if len(placed) == len(aux) and aux:
+        if placed != sorted(placed):
+            out.append(Finding("concat-order", "error",
+                               f"aux slots hold positions {placed}, not in ascending order. Every engine "
+                               "concatenates captured states in ascending layer order, so no id list can "
+                               "reproduce this training layout; regenerate the data or reorder the slots."))
+        if len(set(placed)) != len(placed):
+            out.append(Finding("duplicate-position", "warning", f"two aux slots hold the same position: {placed}"))
+        default = default_aux_positions(n)
+        if len(placed) == 3 and placed != default:
+            delta = {p - d for p, d in zip(placed, default)}
+            if len(delta) == 1 and delta != {0}:
+                (d,) = delta
+                out.append(Finding("off-by-default", "warning",
+                                   f"aux slots are {abs(d)} layer{'s' if abs(d) > 1 else ''} "
+                                   f"{'deeper' if d > 0 else 'shallower'} than the states every engine "
+                                   f"captures by default (p={default}). An engine left on its default, or "
+                                   "given ids read with another engine's rule, feeds the drafter the wrong "
+                                   "layers and acceptance collapses without any error. Write the ids below "
+                                   "explicitly into the key each engine reads."))
+        elif placed == default:
+            out.append(Finding("engine-default", "info",
+                               f"aux slots hold p={default}, the states every engine captures by default"))
+        if placed:
+            out.append(Finding("aux-layers", "info", f"aux slots hold: {_layers(placed, n)}"))
+    for m in matches:
+        if m.role != "final" or not m.confident or m.position is None:
+            continue
+        if m.position.p != n:
+            out.append(Finding("final-wrong-layer", "warning",
+                               f"{m.name} is the final state but holds p={m.position.p}, not the last layer "
+                               f"(p={n}): an off-by-one in the dumper (cf. TorchSpec #87)."))
+        # which trainer expects which kind: conventions.trainer_final_expectation holds the sources
+        if m.position.normed:
+            out.append(Finding("final-post-norm", "info",
+                               f"{m.name} is the post-norm final state. Right for a SpecForge-style trainer "
+                               "(it applies only the lm_head); wrong for speculators, which applies the "
+                               "verifier norm first and would normalise it twice."))
+        else:
+            out.append(Finding("final-raw", "info",
+                               f"{m.name} is the raw last-layer output (before the final norm). Right for "
+                               "speculators (it applies the verifier norm, then the head); wrong for a "
+                               "SpecForge-style trainer, which would feed the lm_head an un-normalised state."))
+    return out

@@ -1,0 +1,280 @@
+"""Capture fingerprints: a small JSON summary of a sweep that ``align`` accepts in place of the sweep.
+
+A user fingerprints on the GPU box where the 2 GB sweep lives and aligns anywhere with a file
+of a few percent of its size. Per position it stores:
+
+* per-token L2 norms (float32, exact) and summary statistics (mean, std, min, max, NaN/Inf
+  rows, norm mean and coefficient of variation, the largest activations);
+* the first values of a few tokens and a SHA-256 of the position's stored bytes, so a
+  fingerprint can be checked against its sweep and read by eye;
+* a seeded random-projection sketch of every token: ``R^T x / |x|`` with a k x H matrix of
+  +-1/sqrt(k) entries (Johnson-Lindenstrauss), stored as float16. Cosines between sketches
+  estimate cosines between tokens (``fpmatch``);
+* the full rows of a few evenly spaced "probe" tokens, in the stored dtype, from which a
+  post-norm gain can be fitted (the sketches cannot: a per-dimension gain does not commute
+  with a projection).
+
+Why JSON: one self-describing file that opens anywhere, whose header (positions, shapes,
+hashes, statistics) reads in any viewer, with numeric arrays as base64 so it stays compact;
+parquet would add pyarrow for a single record of mostly opaque arrays.
+The projection is generated from a counter-based hash (splitmix64), not a library RNG, so a
+fingerprint written with one numpy/torch version is read identically with any other.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import ForensicsError
+from ..io.capture import SweepHeader
+from ..io.safeload import gunzip
+from ..positions import Position
+
+FORMAT = "eagleforensics-fingerprint-v1"
+SKETCH_DIM = 64
+PROBES = 16
+FIRST_VALUES = 8
+CHUNK_ROWS = 256
+_MASK = (1 << 64) - 1
+
+
+def projection(hidden: int, k: int = SKETCH_DIM, seed: int = 0) -> torch.Tensor:
+    """The [H, k] sketch matrix: entries +-1/sqrt(k), sign from splitmix64(seed, h*k + j); same everywhere."""
+    idx = np.arange(hidden * k, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = idx + np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    signs = np.where((z >> np.uint64(63)) == 1, 1.0, -1.0).astype(np.float32)
+    return torch.from_numpy(signs.reshape(hidden, k) / np.float32(np.sqrt(k)))
+
+
+def projection_digest(r: torch.Tensor) -> str:
+    return hashlib.sha256(r.numpy().tobytes()).hexdigest()[:16]
+
+
+def _encode(t: torch.Tensor) -> dict[str, Any]:
+    t = t.contiguous()
+    raw = t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+            "base64": base64.b64encode(raw.numpy().tobytes()).decode("ascii")}
+
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+           "float64": torch.float64, "int64": torch.int64}
+
+
+def _decode(d: dict[str, Any], path: str) -> torch.Tensor:
+    try:
+        dtype = _DTYPES[d["dtype"]]
+        raw = base64.b64decode(d["base64"], validate=True)
+        shape = [int(s) for s in d["shape"]]
+        if not raw:
+            return torch.zeros(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise ForensicsError(f"corrupt fingerprint array ({exc})", path=path) from None
+
+
+@dataclass
+class Fingerprint(SweepHeader):
+    """A loaded fingerprint: the capture's header plus per-position norms, sketches and probe rows."""
+
+    k: int
+    seed: int
+    probe_tokens: list[int]
+    norms: dict[Position, torch.Tensor]
+    sketches: dict[Position, torch.Tensor]  # [T, k] float16, unit-norm rows
+    probes: dict[Position, torch.Tensor]  # [n_probes, H] stored dtype
+    stats: dict[Position, dict[str, Any]] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def positions(self) -> list[Position]:
+        return sorted(self.norms)
+
+    @property
+    def readers(self) -> dict[Position, Any]:
+        return {}  # no tensors: plots that re-read the capture show nothing for a fingerprint
+
+
+def _position_summary(cap: Any, pos: Position, r: torch.Tensor, probes: set[int], dev: torch.device) -> dict[str, Any]:
+    """Stream one position in row chunks: norms, sketch, probe rows, statistics, hash."""
+    t, h = cap.num_tokens, cap.hidden_size
+    digest = hashlib.sha256()
+    norms = torch.empty(t, dtype=torch.float32)
+    sketch = torch.empty((t, r.shape[1]), dtype=torch.float16)
+    total = total_sq = 0.0
+    lo, hi, count, bad = float("inf"), float("-inf"), 0, 0
+    top: list[tuple[float, int, int]] = []
+    first: dict[str, list[float]] = {}
+    probe_rows: list[torch.Tensor] = []
+    stored = None
+    scratch = torch.empty((min(t, CHUNK_ROWS), h), dtype=torch.float32, device=dev)
+    for a in range(0, t, CHUNK_ROWS):
+        rows = cap.read_rows(pos, a, min(t, a + CHUNK_ROWS)).contiguous()
+        stored = rows.dtype
+        raw = rows.view(torch.uint16) if rows.dtype == torch.bfloat16 else rows
+        digest.update(raw.numpy())
+        x = scratch[: len(rows)]
+        x.copy_(rows)  # a reused buffer: a fresh float32 copy per chunk would page-fault every time
+        n = torch.linalg.vector_norm(x, dim=-1)
+        ok = torch.isfinite(n)
+        norms[a:a + len(rows)] = n.cpu()
+        sk = (x @ r) / n.clamp_min(1e-30).unsqueeze(-1)
+        sketch[a:a + len(rows)] = torch.where(ok.unsqueeze(-1), sk, float("nan")).to(torch.float16).cpu()
+        nbad = int((~ok).sum())
+        good = x if nbad == 0 else x[ok]
+        bad += nbad
+        if good.numel():
+            total += float(good.sum())
+            total_sq += float(n[ok].double().square().sum())  # sum of squares = sum of squared row norms
+            lo, hi, count = min(lo, float(good.amin())), max(hi, float(good.amax())), count + good.numel()
+            mags = x.abs().amax(-1).nan_to_num(0.0)
+            best = torch.topk(mags, min(3, len(rows)))
+            for v, i in zip(best.values.tolist(), best.indices.tolist()):
+                top.append((v, a + i, int(x[i].abs().nan_to_num(0.0).argmax())))
+        for i in sorted({0, 1, t - 1} & set(range(a, a + len(rows)))):
+            first[str(i)] = [float(v) for v in x[i - a, :FIRST_VALUES].tolist()]
+        for i in sorted(q for q in probes if a <= q < a + len(rows)):
+            probe_rows.append(rows[i - a].clone())
+    finite = norms[torch.isfinite(norms)].double()
+    mean = total / count if count else float("nan")
+    top = sorted(top, reverse=True)[:3]
+    stats = {
+        "mean": mean, "std": (max(total_sq / count - mean * mean, 0.0) ** 0.5) if count else float("nan"),
+        "min": lo if count else None, "max": hi if count else None, "nonfinite_rows": bad,
+        "norm_mean": float(finite.mean()) if finite.numel() else None,
+        "norm_cv": float(finite.std() / finite.mean()) if finite.numel() > 1 and float(finite.mean()) > 0 else None,
+        "largest": [{"value": v, "token": tk, "dim": d} for v, tk, d in top],
+    }
+    return {
+        "p": pos.p, "normed": pos.normed, "label": pos.label, "dtype": str(stored).replace("torch.", ""),
+        "sha256": digest.hexdigest(), "stats": _finite(stats), "first_values": _finite(first),
+        "norms": _encode(norms), "sketch": _encode(sketch),
+        "probe_rows": _encode(torch.stack(probe_rows) if probe_rows else torch.zeros((0, h), dtype=stored)),
+    }
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/Inf as None, so the JSON is standard (other readers reject NaN literals)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def probe_tokens(t: int, n: int = PROBES) -> list[int]:
+    """``n`` evenly spaced token rows (first and last included), or all when fewer."""
+    if t <= n:
+        return list(range(t))
+    return sorted({round(i * (t - 1) / (n - 1)) for i in range(n)})
+
+
+def make_fingerprint(cap: Any, *, k: int = SKETCH_DIM, seed: int = 0, probes: int = PROBES, device: str = "cpu",
+                     progress: Callable[[Position], None] | None = None) -> dict[str, Any]:
+    """The fingerprint of a loaded capture as a JSON-ready dict (one position in memory at a time)."""
+    from .match import resolve_device
+
+    if k < 8:
+        raise ForensicsError(f"sketch dimension k={k} is too small to estimate cosines (use 32 or more)")
+    dev = resolve_device(device)
+    r = projection(cap.hidden_size, k, seed)
+    picks = probe_tokens(cap.num_tokens, probes)
+    entries = []
+    for pos in cap.positions:
+        entries.append(_position_summary(cap, pos, r.to(dev), set(picks), dev))
+        if progress is not None:
+            progress(pos)
+    return {
+        "format": FORMAT,
+        "source": {"path": str(cap.path), "convention": cap.convention},
+        "num_layers": cap.num_layers, "num_layers_source": cap.num_layers_source,
+        "hidden_size": cap.hidden_size, "num_tokens": cap.num_tokens,
+        "dtype": str(cap.dtype).replace("torch.", ""),
+        "sketch": {"k": k, "seed": seed, "kind": "rademacher-splitmix64", "normalized": True,
+                   "projection_sha256": projection_digest(r)},
+        "probe_tokens": picks,
+        "input_ids": None if cap.input_ids is None else [int(i) for i in cap.input_ids.tolist()],
+        "positions": entries,
+    }
+
+
+def write_fingerprint(doc: dict[str, Any], path: str | Path) -> Path:
+    """Write a fingerprint (``.gz`` names are gzip-compressed); the format key comes first for sniffing."""
+    p = Path(path)
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.name.endswith(".gz"):
+        with gzip.open(p, "wb", compresslevel=6) as fh:
+            fh.write(text)
+    else:
+        p.write_bytes(text)
+    return p
+
+
+def _head(path: Path, n: int = 64) -> bytes:
+    with path.open("rb") as fh:
+        head = fh.read(n)
+    if head[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(n)
+        except (OSError, EOFError):
+            return b""
+    return head
+
+
+def is_fingerprint(path: str | Path) -> bool:
+    """True when the file's first bytes are a fingerprint's JSON header (plain or gzip)."""
+    p = Path(path)
+    return p.is_file() and FORMAT.encode() in _head(p)
+
+
+def load_fingerprint(path: str | Path) -> Fingerprint:
+    """Read a fingerprint file written by ``write_fingerprint``."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        doc = json.loads(gunzip(p) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ForensicsError(f"cannot read the fingerprint ({exc})", path=p) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ForensicsError(f"not a fingerprint of format {FORMAT}", path=p)
+    try:
+        sk = doc["sketch"]
+        k, seed = int(sk["k"]), int(sk["seed"])
+        h, t = int(doc["hidden_size"]), int(doc["num_tokens"])
+        if projection_digest(projection(h, k, seed)) != sk["projection_sha256"]:
+            raise ForensicsError("the sketch projection does not regenerate identically (corrupt seed or k)", path=p)
+        norms, sketches, probes, stats = {}, {}, {}, {}
+        for e in doc["positions"]:
+            pos = Position(int(e["p"]), bool(e["normed"]))
+            norms[pos] = _decode(e["norms"], str(p)).float()
+            sketches[pos] = _decode(e["sketch"], str(p))
+            probes[pos] = _decode(e["probe_rows"], str(p))
+            stats[pos] = dict(e.get("stats") or {}) | {"sha256": e.get("sha256"), "first_values": e.get("first_values")}
+            if norms[pos].shape != (t,) or sketches[pos].shape != (t, k) or probes[pos].shape[-1:] != (h,):
+                raise ForensicsError(f"position {pos.label} has arrays of the wrong shape", path=p)
+        ids = doc.get("input_ids")
+        return Fingerprint(
+            str(p), f"fingerprint of {doc['source'].get('convention', '?')}", doc.get("num_layers"),
+            f"fingerprint ({doc.get('num_layers_source', '?')})", h, t, _DTYPES.get(doc.get("dtype"), torch.bfloat16),
+            None if ids is None else torch.tensor(ids, dtype=torch.int64), k, seed,
+            [int(i) for i in doc["probe_tokens"]], norms, sketches, probes, stats,
+            {"source": doc.get("source"), "format": FORMAT},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ForensicsError(f"corrupt fingerprint ({type(exc).__name__}: {exc})", path=p) from None

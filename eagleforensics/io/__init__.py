@@ -1,0 +1,6 @@
+"""io: reading files safely and lazily.
+
+Safe loading (no code-running pickles), size checks before allocation, the training-record
+layouts, the capture layouts, row streaming and prefetch, and the capture helper that runs a
+local Hugging Face model. Imports only ``errors``, ``positions``, ``results`` and its own room.
+"""

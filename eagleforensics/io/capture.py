@@ -1,0 +1,374 @@
+"""Inference-side captures: a sweep of hidden states over residual-stream positions, read lazily.
+
+Accepted layouts (each integer is read through ``convention``, see ``CONVENTIONS``):
+
+* what ``torch.save(out.hidden_states)`` writes: a tuple/list of N+1 tensors ``[1,T,H]`` or
+  ``[T,H]``; HF replaces the last entry by the final-normed state
+  (shared/reference/conventions.md, "HF transformers quirk");
+* a dict with such a list under ``hidden_states`` and optional ``input_ids``;
+* a dict or safetensors file with keys ``<name>.<int>`` (and optional ``input_ids``);
+* a directory of per-position files whose names carry an integer;
+* the capture helper's safetensors file (``eagleforensics capture``), self-describing.
+
+Positions are read one at a time through ``Capture.read`` so a large sweep never has to
+fit in memory at once.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import ForensicsError
+from ..positions import Position
+from .filerows import PositionSource, file_locator, safetensors_rows
+from .safeload import check_file, load_object, open_safetensors, read_tensor, sniff
+
+CAPTURE_FORMAT = "eagleforensics-capture-v1"
+META_KEY = "eagleforensics"  # safetensors metadata key holding the capture helper's JSON
+CONVENTIONS = {
+    "hf": "integer i = output_hidden_states[i] = position p=i; the highest (p=N) is the post-norm final",
+    "vllm": "integer k = position p=k (vLLM: k=N is the raw last-layer output before the norm)",
+    "sglang": "integer k = layer id, captured as position p=k+1 (SGLang Llama/Qwen rule)",
+    "trtllm": "integer k = position p=k+1 (end of layer k); -1 = the post-norm final",
+}
+_INT_SUFFIX = re.compile(r"^(?P<name>.*?)[._\-\[]?(?P<num>-?\d+)\]?$")
+
+
+@dataclass
+class SweepHeader:
+    """What alignment knows about any capture-like source before reading rows (a capture, a fingerprint)."""
+
+    path: str
+    convention: str
+    num_layers: int | None
+    num_layers_source: str
+    hidden_size: int
+    num_tokens: int
+    dtype: torch.dtype
+    input_ids: torch.Tensor | None
+
+
+@dataclass
+class Capture(SweepHeader):
+    """A lazily read sweep: ``positions`` lists what exists, ``read(pos)`` returns a [T, H] tensor."""
+
+    readers: dict[Position, Callable[[], torch.Tensor]]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def positions(self) -> list[Position]:
+        return sorted(self.readers)
+
+    def read(self, pos: Position) -> torch.Tensor:
+        """The [T, H] tensor at ``pos`` (as stored; callers convert dtype in chunks)."""
+        return self.readers[pos]()
+
+    def read_rows(self, pos: Position, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows [start, stop) of ``pos``, read from the file alone where the format allows (bounded memory)."""
+        src = self.readers[pos]
+        if isinstance(src, PositionSource):
+            return src.rows(start, stop, out=out)
+        return src()[start:stop]
+
+    @property
+    def streams(self) -> bool:
+        """True when every position's rows can be read without loading the whole position."""
+        return all(isinstance(s, PositionSource) and s.streams for s in self.readers.values())
+
+
+def _rows(t: Any, what: str, path: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ForensicsError(f"{what} is {type(t).__name__}, expected a tensor", path=path)
+    if not t.is_floating_point():
+        raise ForensicsError(f"{what} holds {t.dtype} values; hidden states must be floating point", path=path)
+    if t.dim() == 3 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() == 3:
+        raise ForensicsError(f"{what} has a batch of {t.shape[0]} sequences; capture one sequence", path=path)
+    if t.dim() != 2:
+        raise ForensicsError(f"{what} has shape {list(t.shape)}; expected [T, H] or [1, T, H]", path=path)
+    return t.detach()  # a file may carry requires_grad; the data is all we read
+
+
+def _ids(t: Any, path: str) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or t.is_floating_point():
+        raise ForensicsError("input_ids must be an integer tensor", path=path)
+    return t.reshape(-1).to(torch.int64)
+
+
+def _position_of(num: int, convention: str, top: int | None) -> Position:
+    """Translate a stored integer into a residual-stream position under ``convention``."""
+    if convention == "hf":
+        return Position(num, normed=top is not None and num == top)
+    if convention == "vllm":
+        return Position(num)
+    if convention == "sglang":
+        return Position(num + 1)
+    if convention == "trtllm":
+        return Position(-1) if num == -1 else Position(num + 1)  # -1 fixed up once N is known
+    raise ForensicsError(f"unknown capture convention {convention!r}; choose one of {', '.join(CONVENTIONS)}")
+
+
+def _build(
+    path: str, convention: str, numbered: dict[int, Callable[[], torch.Tensor]],
+    shapes: dict[int, tuple[int, ...]], dtypes: dict[int, torch.dtype], input_ids: torch.Tensor | None,
+    num_layers: int | None, metadata: dict[str, Any],
+) -> Capture:
+    if not numbered:
+        raise ForensicsError("no hidden-state positions found (expected a list of tensors or keys like 'hidden_states.3')", path=path)
+    top = max(numbered)
+    readers: dict[Position, Callable[[], torch.Tensor]] = {}
+    for num, reader in numbered.items():
+        pos = _position_of(num, convention, top)
+        readers[pos] = reader
+    source = "given" if num_layers is not None else "HF tuple: entries - 1"
+    if num_layers is None:
+        # the deepest position stored; an engine-side dump may stop short of p=N
+        num_layers = max((p.p for p in readers if p.p >= 0), default=0)
+        if convention != "hf":
+            source = "inferred from the deepest position (pass --num-layers if the sweep stops short)"
+    if Position(-1) in readers:  # TensorRT-LLM's -1: post-norm final
+        readers[Position(num_layers, normed=True)] = readers.pop(Position(-1))
+    shape_set = {(s[-2], s[-1]) for s in shapes.values()}
+    if len(shape_set) != 1:
+        raise ForensicsError(_ragged(shapes), path=path)
+    ((t, h),) = shape_set
+    if t == 0 or h == 0:
+        raise ForensicsError(f"capture positions are empty (shape [{t}, {h}])", path=path)
+    if input_ids is not None and int(input_ids.shape[0]) != t:
+        raise ForensicsError(f"input_ids has {int(input_ids.shape[0])} tokens but the hidden states have {t}", path=path)
+    lowest = min(dtypes.values(), key=lambda d: torch.finfo(d).bits)
+    return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata)
+
+
+def _ragged(shapes: dict[int, tuple[int, ...]]) -> str:
+    """Name the shape most positions share and the positions that differ (T or H)."""
+    counts: dict[tuple[int, int], list[int]] = {}
+    for n, s in sorted(shapes.items()):
+        counts.setdefault((s[-2], s[-1]), []).append(n)
+    common = max(counts, key=lambda k: len(counts[k]))
+    odd = [f"entry {n} is {list(k)}" for k, ns in counts.items() if k != common for n in ns]
+    what = " and ".join(w for w, i in (("token count T", 0), ("hidden size H", 1))
+                        if any(k[i] != common[i] for k in counts))
+    return (f"ragged capture: positions differ in {what}; most are [T, H] = {list(common)} but "
+            f"{', '.join(odd[:6])}{' ...' if len(odd) > 6 else ''}; all positions must come from one forward pass")
+
+
+def _from_sequence(seq: list[Any], path: str, convention: str, ids: Any, num_layers: int | None, meta: dict[str, Any]) -> Capture:
+    if convention == "hf" and num_layers is not None and len(seq) != num_layers + 1:
+        raise ForensicsError(f"holds {len(seq)} hidden states but a model of {num_layers} layers gives "
+                             f"{num_layers + 1} (output_hidden_states): entries are missing or extra, so every "
+                             "position after the gap would be mislabelled", path=path)
+    tensors = {i: _rows(t, f"entry {i}", path) for i, t in enumerate(seq)}
+    return _build(
+        path, convention, {i: PositionSource.of_tensor(t) for i, t in tensors.items()},
+        {i: tuple(t.shape) for i, t in tensors.items()}, {i: t.dtype for i, t in tensors.items()},
+        _ids(ids, path), num_layers, meta,
+    )
+
+
+def _numbered_keys(keys: list[str], path: str) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for k in keys:
+        m = _INT_SUFFIX.match(k)
+        if not m:
+            continue
+        num = int(m.group("num"))
+        if num in out:
+            raise ForensicsError(f"keys {out[num]!r} and {k!r} both claim position {num}", path=path)
+        out[num] = k
+    return out
+
+
+def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: int | None) -> Capture:
+    if isinstance(obj.get("hidden_states"), (list, tuple)):
+        meta = {k: v for k, v in obj.items() if isinstance(v, (str, int, float, bool))}
+        return _from_sequence(list(obj["hidden_states"]), path, convention, obj.get("input_ids"), num_layers, meta)
+    floats = [k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    _refuse_integer_states({k: v.dtype for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() >= 2
+                            and not v.is_floating_point()}, path)
+    numbered = _numbered_keys(floats, path)
+    tensors = {n: _rows(obj[k], repr(k), path) for n, k in numbered.items()}
+    meta = {str(k): v for k, v in (obj.get("__metadata__") or {}).items()}
+    return _build(
+        path, convention, {n: PositionSource.of_tensor(t) for n, t in tensors.items()},
+        {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()},
+        _ids(obj.get("input_ids"), path), num_layers, meta,
+    )
+
+
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Capture:
+    """Lazy safetensors capture: only the header is read here; tensors on demand."""
+    from .safeload import read_safetensors_header
+
+    header = read_safetensors_header(p)
+    handle = open_safetensors(p)
+    meta = dict(header.get("__metadata__") or {})
+    path = str(p)
+    ids = read_tensor(handle, "input_ids", p) if "input_ids" in header else None
+    own = _own_metadata(meta, p)
+    if own is not None:
+        meta = own
+        return _from_own_format(p, handle, header, meta, ids, num_layers)
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    floats = [k for k, v in entries.items() if v.get("dtype") in _ST_DTYPES]
+    bad = [k for k, v in entries.items() if k != "input_ids" and v.get("dtype") not in _ST_DTYPES]
+    _refuse_integer_states({k: entries[k].get("dtype") for k in bad if len(entries[k].get("shape", [])) >= 2}, path)
+    numbered = _numbered_keys(floats, path)
+    if not numbered and bad:
+        raise ForensicsError(f"tensor {bad[0]!r} holds {entries[bad[0]].get('dtype')} values; hidden states must be floating point", path=p)
+    shapes = {n: _squeeze_shape(entries[k]["shape"], k, path) for n, k in numbered.items()}
+    return _build(
+        path, convention, {n: PositionSource(lambda k=k: _rows(read_tensor(handle, k, p), repr(k), path),
+                                             safetensors_rows(p, header, k, _ST_DTYPES[entries[k]["dtype"]]).read)
+                           for n, k in numbered.items()},
+        shapes, {n: _ST_DTYPES[entries[k]["dtype"]] for n, k in numbered.items()}, _ids(ids, path), num_layers, meta,
+    )
+
+
+def _refuse_integer_states(dtypes: dict[str, Any], path: str, numbered_only: bool = True) -> None:
+    """A numbered [T, H]-like tensor of integers or bools is a hidden state stored wrongly, not metadata."""
+    for key, dtype in dtypes.items():
+        if not numbered_only or _INT_SUFFIX.match(str(key)):
+            raise ForensicsError(f"{key!r} holds {dtype} values; hidden states must be floating point", path=path)
+
+
+def _own_metadata(meta: dict[str, Any], p: Path) -> dict[str, Any] | None:
+    """The capture helper's metadata if this file is one of its captures, else None."""
+    raw = meta.get(META_KEY)
+    if raw is None:
+        return None
+    try:
+        own = json.loads(raw)
+        int(own["num_hidden_layers"])
+    except (ValueError, TypeError, KeyError):
+        raise ForensicsError(f"corrupt {META_KEY!r} metadata in the capture file", path=p) from None
+    return own if own.get("format") == CAPTURE_FORMAT else None
+
+
+def _squeeze_shape(shape: list[int], key: str, path: str) -> tuple[int, ...]:
+    if len(shape) == 3 and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) != 2:
+        raise ForensicsError(f"{key!r} has shape {list(shape)}; expected [T, H] or [1, T, H]", path=path)
+    return tuple(shape)
+
+
+def _from_own_format(p: Path, handle: Any, header: dict[str, Any], meta: dict[str, Any], ids: Any, num_layers: int | None) -> Capture:
+    path = str(p)
+    n = int(meta.get("num_hidden_layers", -1))
+    readers: dict[int, str] = {}
+    for key in header:
+        m = re.fullmatch(r"hidden\.(\d+)", key)
+        if m:
+            readers[int(m.group(1))] = key
+    _refuse_integer_states({k: header[k].get("dtype") for k in [*readers.values(), "final_norm"]
+                            if k in header and header[k].get("dtype") not in _ST_DTYPES}, path, numbered_only=False)
+    if n < 1 or (readers and max(readers) != n):
+        raise ForensicsError(f"capture metadata says num_hidden_layers={n} but the file holds hidden.0.."
+                             f"hidden.{max(readers, default=-1)}: corrupt capture (the helper writes p=0..N)", path=p)
+    if "final_norm" in header:
+        readers[n + 1] = "final_norm"  # placeholder integer, relabelled below
+    cap = _build(
+        path, "vllm",
+        {k: PositionSource(lambda key=key: _rows(read_tensor(handle, key, p), repr(key), path),
+                           safetensors_rows(p, header, key, _ST_DTYPES.get(header[key]["dtype"], torch.float32)).read)
+         for k, key in readers.items()},
+        {k: _squeeze_shape(header[key]["shape"], key, path) for k, key in readers.items()},
+        {k: _ST_DTYPES.get(header[key]["dtype"], torch.float32) for k, key in readers.items()},
+        _ids(ids, path), num_layers if num_layers is not None else n, meta,
+    )
+    if "final_norm" in header:
+        cap.readers[Position(n, normed=True)] = cap.readers.pop(Position(n + 1))
+    cap.convention = "eagleforensics"
+    cap.num_layers_source = "given" if num_layers is not None else "capture metadata"
+    return cap
+
+
+def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsafe: bool) -> Capture:
+    files = [f for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith(".")]
+    ids = None
+    numbered: dict[int, Path] = {}
+    for f in files:
+        stem = f.name.split(".")[0]
+        if stem in ("input_ids", "token_ids"):
+            ids = _single(load_object(f, allow_unsafe=allow_unsafe), f, want_float=False)
+            continue
+        m = _INT_SUFFIX.match(stem)
+        if m:
+            numbered[int(m.group("num"))] = f
+    if not numbered:
+        raise ForensicsError("directory holds no files named with a position number (like layer_3.pt)", path=d)
+    cache: dict[int, torch.Tensor] = {}
+
+    def reader(n: int) -> Callable[[], torch.Tensor]:
+        def read() -> torch.Tensor:
+            return _rows(_single(load_object(numbered[n], allow_unsafe=allow_unsafe), numbered[n]), numbered[n].name, str(numbered[n]))
+        return read
+
+    # shapes need one read per file; tensors are dropped right after (mmap keeps this cheap)
+    sources: dict[int, PositionSource] = {}
+    for n, f in numbered.items():
+        obj = load_object(f, allow_unsafe=allow_unsafe)
+        cache[n] = _rows(_single(obj, f), f.name, str(f))
+        locate = file_locator(f, obj)
+        rows = locate(cache[n]) if locate is not None else None
+        sources[n] = PositionSource(reader(n), rows.read if rows is not None else None)
+        del obj
+    shapes = {n: tuple(t.shape) for n, t in cache.items()}
+    dtypes = {n: t.dtype for n, t in cache.items()}
+    cache.clear()
+    return _build(str(d), convention, sources, shapes, dtypes, _ids(ids, str(d)), num_layers, {})
+
+
+def _single(obj: Any, f: Path, want_float: bool = True) -> Any:
+    """The one tensor a per-position file holds (a bare tensor, or a dict/list with one)."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    values = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else []
+    tensors = [v for v in values if isinstance(v, torch.Tensor) and (v.is_floating_point() == want_float)]
+    if len(tensors) != 1:
+        raise ForensicsError(f"expected exactly one {'float' if want_float else 'integer'} tensor, found {len(tensors)}", path=f)
+    return tensors[0]
+
+
+def load_capture(
+    path: str | Path, *, convention: str = "hf", num_layers: int | None = None, allow_unsafe: bool = False
+) -> Capture:
+    """Open a capture sweep lazily from a file or directory."""
+    if convention not in CONVENTIONS:
+        raise ForensicsError(f"unknown capture convention {convention!r}; choose one of {', '.join(CONVENTIONS)}")
+    p = Path(path)
+    if p.is_dir():
+        return _from_directory(p, convention, num_layers, allow_unsafe)
+    check_file(p)
+    if sniff(p) == "safetensors":
+        return _from_safetensors(p, convention, num_layers)
+    obj = load_object(p, allow_unsafe=allow_unsafe)
+    if isinstance(obj, (list, tuple)):
+        return _stream_from_file(_from_sequence(list(obj), str(p), convention, None, num_layers, {}), p, obj)
+    if isinstance(obj, dict):
+        return _stream_from_file(_from_mapping(obj, str(p), convention, num_layers), p, obj)
+    raise ForensicsError(f"holds a {type(obj).__name__}; expected a list of hidden states or a dict", path=p)
+
+
+def _stream_from_file(cap: Capture, p: Path, obj: Any) -> Capture:
+    """Let a memory-mapped .pt capture's rows be read from the file instead (see ``filerows``)."""
+    locate = file_locator(p, obj)
+    if locate is None:
+        return cap
+    for pos, src in list(cap.readers.items()):
+        rows = locate(src()) if isinstance(src, PositionSource) else None
+        if rows is not None:
+            cap.readers[pos] = src.with_rows(rows.read)
+    return cap

@@ -1,0 +1,102 @@
+"""The capture helper: run a local HF transformers model and save the full residual-stream sweep.
+
+It writes one safetensors file holding ``hidden.{p}`` for every position p = 0..N *raw*
+(the last one taken from the final norm's input, which HF's ``output_hidden_states`` does
+not return), ``final_norm`` (the post-norm state the lm_head reads), ``input_ids``, and
+metadata (format, model type, N, H, dtype). It is the reference to compare training data
+against when the serving engine cannot dump its own states. Needs ``transformers``;
+loads only local files, never downloads.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ForensicsError
+from .capture import CAPTURE_FORMAT, META_KEY
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder's final norm module (``model.model.norm`` in Llama/Qwen/DeepSeek)."""
+    base = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
+    norm = getattr(base, "norm", None)
+    if norm is None:
+        raise ForensicsError(f"{type(model).__name__}: cannot find the final norm (expected model.model.norm)")
+    return norm
+
+
+@torch.no_grad()
+def sweep(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Run one forward pass; return ``hidden.{p}`` for p=0..N raw, ``final_norm`` and ``input_ids``."""
+    ids = input_ids.reshape(1, -1).to(torch.int64)
+    grabbed: dict[str, torch.Tensor] = {}
+
+    def hook(_module: Any, args: tuple[Any, ...], output: torch.Tensor) -> None:
+        grabbed["raw"] = args[0].detach()
+        grabbed["normed"] = output.detach()
+
+    handle = _final_norm(model).register_forward_hook(hook)
+    try:
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    finally:
+        handle.remove()
+    hs = out.hidden_states
+    n = len(hs) - 1
+    tensors = {f"hidden.{p}": hs[p][0] for p in range(n)}
+    tensors[f"hidden.{n}"] = grabbed["raw"][0]
+    tensors["final_norm"] = grabbed["normed"][0]
+    tensors["input_ids"] = ids[0]
+    return tensors
+
+
+def write_capture(path: str | Path, tensors: dict[str, torch.Tensor], model: torch.nn.Module, dtype: str = "float32") -> Path:
+    """Save a sweep in the capture helper's self-describing safetensors format."""
+    from safetensors.torch import save_file
+
+    if dtype not in DTYPES:
+        raise ForensicsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    cfg = model.config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    out = {k: (v if k == "input_ids" else v.to(DTYPES[dtype])).contiguous() for k, v in tensors.items()}
+    meta = {
+        "format": CAPTURE_FORMAT,
+        "model_type": str(getattr(cfg, "model_type", "unknown")),
+        "num_hidden_layers": str(cfg.num_hidden_layers),
+        "hidden_size": str(cfg.hidden_size),
+        "dtype": dtype,
+    }
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    # one metadata key holding sorted JSON: safetensors orders several keys arbitrarily,
+    # which would break byte-for-byte regeneration of the samples
+    save_file(out, str(p), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+    return p
+
+
+def load_local_model(model_dir: str | Path) -> torch.nn.Module:
+    """Load a causal LM from a local directory only (no hub access, no remote code)."""
+    import transformers as tf
+
+    d = Path(model_dir)
+    if not (d / "config.json").is_file():
+        raise ForensicsError("not a model directory (no config.json)", path=d)
+    try:
+        return tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=torch.float32).eval()
+    except Exception as exc:
+        raise ForensicsError(f"cannot load the model: {' '.join(str(exc).split())[:200]}", path=d) from None
+
+
+def tokenize(model_dir: str | Path, prompt: str) -> torch.Tensor:
+    """Token ids of ``prompt`` with the model directory's own tokenizer."""
+    import transformers as tf
+
+    try:
+        tok = tf.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:
+        raise ForensicsError(f"no usable tokenizer ({' '.join(str(exc).split())[:160]}); pass --input-ids instead", path=model_dir) from None
+    return torch.tensor(tok(prompt)["input_ids"], dtype=torch.int64)

@@ -1,0 +1,359 @@
+"""Notebook reports: papermill -> nbconvert to one offline HTML file, and the align report's parameters.
+
+``render`` is the one pipeline every report uses (align here, runs in ``runs_report``): it runs a
+notebook with papermill (kernel ``python3`` = this interpreter's ipykernel, whatever other
+python3 kernel is installed) and converts the executed notebook with nbconvert into a single
+self-contained HTML file: plotly.js inline, no CDN script, no require.js/MathJax/mermaid/widget
+loaders from the web. Each report validates its parameters before any kernel starts.
+
+How a notebook records its result (the "glue"): one display output carries
+``{"eagleforensics": <summary>}`` in its output *metadata* (nbformat's standard per-output
+metadata, which every notebook tool keeps and no HTML exporter renders). Every summary names
+its schema, and ``read_summary`` finds the one of the schema asked for. The align summary is
+``AlignmentResult.to_dict()`` plus the parameters; every summary has ``verdict`` and ``exit_code``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ..engines.crosscheck import check_request
+from ..engines.rules import ENGINES as SERVING_ENGINES
+from ..errors import ForensicsError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..io.capture import Capture
+    from ..io.training import TrainingRecord
+    from ..results import AlignmentResult
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+SAMPLES_DIR = Path(__file__).resolve().parents[2] / "data_samples"
+SUMMARY_KEY = "eagleforensics"
+SUMMARY_SCHEMA = "eagleforensics-notebook-summary-v1"
+KERNEL_NAME = "python3"
+DEVICES = ("auto", "cpu")
+CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")  # keys of capture.CONVENTIONS (kept here: no torch import)
+ENGINES = tuple(SERVING_ENGINES)  # the engines align() can check serving for (align --engine)
+INSTALL_HINT = "pip install 'eagleforensics[report]'"
+
+# nbconvert's lab template minus everything it would fetch from the web (require.js,
+# MathJax, mermaid, the widget manager); plotly.js is already inline in the outputs.
+_TEMPLATE_NAME = "eagleforensics_report.html.j2"
+_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+"""
+
+
+@dataclass(frozen=True)
+class ReportParams:
+    """The notebook parameters after validation: absolute paths, checked types and choices."""
+
+    shard: str
+    capture: str
+    capture_convention: str = "hf"
+    engine: str | None = None
+    max_tokens: int | None = None
+    device: str = "auto"
+    title: str | None = None
+    draft_config: str | None = None
+    engine_version: str | None = None
+    model_type: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def heading(self) -> str:
+        """The report's title: the given one, else ``<shard> vs <capture>``."""
+        return self.title or f"Alignment: {Path(self.shard).name} vs {Path(self.capture).name}"
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """What a report wrote and what its notebook recorded; ``exit_code`` is the summary's (the alignment's)."""
+
+    html: Path
+    notebook: Path | None
+    summary: dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.summary["exit_code"])
+
+    @property
+    def verdict(self) -> str:
+        return str(self.summary["verdict"])
+
+
+class NotebookFailed(ForensicsError):
+    """The notebook raised something other than a ForensicsError: a bug, not bad input (exit 3)."""
+
+    exit_code = 3
+
+
+def sample_inputs() -> tuple[str, str]:
+    """The bundled demo pair (data_samples/record_layer_outputs.pt, capture.pt) of a source checkout."""
+    shard, capture = SAMPLES_DIR / "record_layer_outputs.pt", SAMPLES_DIR / "capture.pt"
+    if not (shard.is_file() and capture.is_file()):
+        raise ForensicsError("shard and capture are required (no data_samples/ next to this installation)")
+    return str(shard), str(capture)
+
+
+def input_path(value: Any, name: str, want_file: bool) -> str:
+    """An existing, readable, non-empty input as an absolute path; ``name`` is the parameter it came from."""
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ForensicsError(f"parameter {name} must be a path (a string), got {type(value).__name__} {value!r}")
+    p = Path(value).expanduser()
+    if not p.exists():
+        raise ForensicsError(f"no such file or directory (parameter {name})", path=p)
+    if want_file and not p.is_file():
+        raise ForensicsError(f"is not a regular file (parameter {name})", path=p)
+    if p.is_file() and p.stat().st_size == 0:
+        raise ForensicsError(f"is empty (parameter {name})", path=p)
+    if not os.access(p, os.R_OK):
+        raise ForensicsError(f"is not readable (parameter {name})", path=p)
+    return str(p.resolve())
+
+
+def _choice(value: Any, name: str, choices: tuple[str, ...], optional: bool = False) -> Any:
+    if optional and value is None:
+        return None
+    if not isinstance(value, str) or value not in choices:
+        raise ForensicsError(f"parameter {name} must be one of {', '.join(choices)}"
+                             f"{' or None' if optional else ''}, got {value!r}")
+    return value
+
+
+def _optional_text(value: Any, name: str, example: str) -> str | None:
+    """None, or a non-empty string (a number such as papermill's ``-p engine_version 0.5`` becomes its text)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ForensicsError(f"parameter {name} must be a string such as {example!r} or None, "
+                             f"got {type(value).__name__} {value!r}")
+    return value.strip()
+
+
+def _serving_params(engine: str | None, draft_config: Any, engine_version: Any, model_type: Any
+                    ) -> tuple[str | None, str | None, str | None]:
+    """The serving-check parameters, checked as ``align --engine`` checks them; they all need an engine."""
+    version = _optional_text(engine_version, "engine_version", "0.5.12")
+    mtype = _optional_text(model_type, "model_type", "llama")
+    if engine is None:
+        given = [n for n, v in (("draft_config", draft_config), ("engine_version", version), ("model_type", mtype))
+                 if v is not None]
+        if given:
+            raise ForensicsError(f"parameter {', '.join(given)} needs engine (one of {', '.join(ENGINES)}): "
+                                 "the engine whose reading of the draft config to check")
+        return None, None, None
+    config = None if draft_config is None else input_path(draft_config, "draft_config", want_file=False)
+    check_request(config, engine, version, mtype)  # version syntax, SGLang model type
+    return config, version, mtype
+
+
+def validate_params(shard: Any = None, capture: Any = None, capture_convention: Any = "hf", engine: Any = None,
+                    max_tokens: Any = None, device: Any = "auto", title: Any = None, *, draft_config: Any = None,
+                    engine_version: Any = None, model_type: Any = None) -> ReportParams:
+    """Check every notebook parameter before any tensor is read; a bad one is a one-line ForensicsError.
+
+    ``shard`` and ``capture`` both None selects the bundled demo pair. ``engine`` turns on the
+    serving check (as ``align --engine``): what that engine captures for ``draft_config`` (its
+    default when None), read with the rule of ``engine_version`` and ``model_type``.
+    """
+    if shard is None and capture is None:
+        shard, capture = sample_inputs()
+    if shard is None or capture is None:
+        raise ForensicsError(f"parameter {'shard' if shard is None else 'capture'} is required")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ForensicsError(f"parameter max_tokens must be a whole number >= 1 or None, got {max_tokens!r}")
+    if isinstance(device, str) and device not in DEVICES and device.split(":")[0] in ("cuda", "mps", "xpu", "gpu"):
+        raise ForensicsError(f"parameter device {device!r} is not supported yet: scoring runs on the CPU; "
+                             "use 'cpu' or 'auto'")
+    if title is not None and not isinstance(title, str):
+        raise ForensicsError(f"parameter title must be a string or None, got {type(title).__name__} {title!r}")
+    engine = _choice(engine, "engine", ENGINES, True)
+    serving = _serving_params(engine, draft_config, engine_version, model_type)
+    return ReportParams(
+        input_path(shard, "shard", want_file=True), input_path(capture, "capture", want_file=False),
+        _choice(capture_convention, "capture_convention", CONVENTIONS), engine,
+        max_tokens, _choice(device, "device", DEVICES), title, *serving,
+    )
+
+
+def run_alignment(params: ReportParams) -> tuple[AlignmentResult, TrainingRecord, Capture]:
+    """Load both inputs once and align them (with the serving check when an engine is given)."""
+    from ..alignment import align
+    from ..io.capture import load_capture
+    from ..io.training import load_training
+
+    record = load_training(params.shard)
+    capture = load_capture(params.capture, convention=params.capture_convention)
+    result = align(record, capture, max_tokens=params.max_tokens, draft_config=params.draft_config,
+                   engine=params.engine, engine_version=params.engine_version, model_type=params.model_type)
+    return result, record, capture
+
+
+def notebook_summary(result: AlignmentResult, params: ReportParams | None = None) -> dict[str, Any]:
+    """What the align notebook records for tests and the CLI: the result's dict, the parameters, a schema name."""
+    return {"schema": SUMMARY_SCHEMA, **result.to_dict(), "parameters": None if params is None else params.as_dict()}
+
+
+def read_summary(nb: Any, schema: str = SUMMARY_SCHEMA) -> dict[str, Any]:
+    """The summary of ``schema`` an executed notebook recorded (see the module docstring), from a path or a notebook."""
+    if isinstance(nb, (str, os.PathLike)):
+        import nbformat
+
+        nb = nbformat.read(str(nb), as_version=4)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            found = out.get("metadata", {}).get(SUMMARY_KEY)
+            if isinstance(found, dict) and found.get("schema") == schema:
+                return dict(found)
+    raise NotebookFailed(f"the executed notebook recorded no summary of schema {schema} (did its verdict cell run?)")
+
+
+def find_notebook(name: str = "align.ipynb") -> Path:
+    """A notebook of this source checkout's ``notebooks/`` folder."""
+    p = NOTEBOOK_DIR / name
+    if not p.is_file():
+        raise ForensicsError(f"notebook {name} not found in {NOTEBOOK_DIR} (the report runs from a source checkout)")
+    return p
+
+
+def safe_stem(text: str, fallback: str) -> str:
+    """A file-name-safe stem: anything but letters, digits, '.', '_' and '-' becomes '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")[:80] or fallback
+
+
+def default_output(params: ReportParams, cwd: Path | None = None) -> Path:
+    """``reports/align-<shard stem>.html`` under the current directory: never beside the inputs."""
+    return (cwd or Path.cwd()) / "reports" / f"align-{safe_stem(Path(params.shard).stem, 'record')}.html"
+
+
+def kernel_manager_class() -> type:
+    """A kernel manager whose ``python3`` kernel is this interpreter's ipykernel, not a python3 found elsewhere.
+
+    Its sockets are Unix domain sockets where the OS has them, so the kernel opens no TCP port.
+    """
+    try:
+        from ipykernel.kernelspec import RESOURCES, get_kernel_dict
+        from jupyter_client import AsyncKernelManager
+        from jupyter_client.kernelspec import (
+            NATIVE_KERNEL_NAME,
+            KernelSpec,
+            KernelSpecManager,
+        )
+        from traitlets import default
+    except ImportError as exc:
+        raise ForensicsError(f"the report needs ipykernel and jupyter_client ({exc}); {INSTALL_HINT}") from None
+
+    class HereSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            if kernel_name == NATIVE_KERNEL_NAME:
+                return KernelSpec(resource_dir=RESOURCES, **get_kernel_dict())
+            return super().get_kernel_spec(kernel_name)
+
+    class HereKernelManager(AsyncKernelManager):
+        @default("kernel_spec_manager")
+        def _here_specs(self) -> KernelSpecManager:
+            return HereSpecs(data_dir=self.data_dir)
+
+        @default("transport")
+        def _local_sockets(self) -> str:
+            return "ipc" if os.name == "posix" else "tcp"  # Unix sockets: no TCP port, no plain-text warning
+
+    return HereKernelManager
+
+
+def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path) -> Any:
+    """Run ``notebook`` with papermill (report mode) into ``out``; errors in it become ForensicsError/NotebookFailed."""
+    try:
+        import papermill
+        from papermill.exceptions import PapermillExecutionError
+    except ImportError:
+        raise ForensicsError(f"the report needs papermill; {INSTALL_HINT}") from None
+    try:
+        return papermill.execute_notebook(
+            str(notebook), str(out), parameters=parameters, kernel_name=KERNEL_NAME, report_mode=True,
+            progress_bar=False, cwd=str(cwd), kernel_manager_class=kernel_manager_class(),
+        )
+    except PapermillExecutionError as exc:
+        if exc.ename == "ForensicsError":
+            raise ForensicsError(str(exc.evalue)) from None
+        raise NotebookFailed(f"{notebook.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}") from None
+
+
+def to_html(nb: Any, with_input: bool = False) -> str:
+    """One self-contained HTML page of an executed notebook; parameter cells are always left out."""
+    try:
+        from jinja2 import DictLoader
+        from nbconvert import HTMLExporter
+        from nbconvert.preprocessors import TagRemovePreprocessor
+    except ImportError:
+        raise ForensicsError(f"the report needs nbconvert; {INSTALL_HINT}") from None
+    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE_NAME: _TEMPLATE})],
+                            exclude_input=not with_input, exclude_input_prompt=True, exclude_output_prompt=True)
+    exporter.template_file = _TEMPLATE_NAME
+    exporter.register_preprocessor(
+        TagRemovePreprocessor(remove_cell_tags={"parameters", "injected-parameters"}, enabled=True), enabled=True)
+    body, _ = exporter.from_notebook_node(nb)
+    return body
+
+
+def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schema: str, heading: str,
+           inputs: Iterable[str] = (), with_input: bool = False, keep_notebook: bool = False) -> ReportOutcome:
+    """Execute ``notebook`` with validated ``parameters``, read its ``schema`` summary, write one offline HTML file.
+
+    The executed notebook is written beside the HTML (``.ipynb``) only if kept, or as
+    ``.failed.ipynb`` when the notebook crashed. Neither may overwrite one of ``inputs``.
+    """
+    html_path = Path(html_path).expanduser().resolve()
+    if html_path.is_dir():
+        raise ForensicsError("is a directory; give the report file name (e.g. reports/report.html)", path=html_path)
+    executed_path = html_path.with_suffix(".ipynb")
+    failed_path = html_path.with_suffix(".failed.ipynb")
+    taken = {str(Path(p).resolve()) for p in inputs}
+    for p in (html_path, executed_path, failed_path):
+        if str(p) in taken:
+            raise ForensicsError("would overwrite an input file; choose another report name", path=p)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="eagleforensics-report-") as tmp:
+        work = Path(tmp) / f"{notebook.stem}.executed.ipynb"
+        try:
+            nb = execute(notebook, work, parameters, cwd=Path(tmp))
+        except NotebookFailed as exc:
+            if not work.exists():
+                raise
+            shutil.copyfile(work, failed_path)
+            raise NotebookFailed(f"{exc.detail} (executed notebook kept at {failed_path})") from None
+        summary = read_summary(nb, schema)
+        nb.metadata["title"] = heading
+        html_path.write_text(to_html(nb, with_input), encoding="utf-8")
+        if keep_notebook:
+            shutil.copyfile(work, executed_path)
+    return ReportOutcome(html_path, executed_path if keep_notebook else None, summary)
+
+
+def build_report(shard: Any, capture: Any, out: str | Path | None = None, *, capture_convention: str = "hf",
+                 engine: str | None = None, max_tokens: int | None = None, device: str = "auto",
+                 title: str | None = None, draft_config: str | Path | None = None,
+                 engine_version: str | None = None, model_type: str | None = None, with_input: bool = False,
+                 keep_notebook: bool = False, notebook: str | Path | None = None) -> ReportOutcome:
+    """Validate, execute the align notebook, write one HTML file; the executed notebook goes beside it if kept."""
+    params = validate_params(shard, capture, capture_convention, engine, max_tokens, device, title,
+                             draft_config=draft_config, engine_version=engine_version, model_type=model_type)
+    html_path = Path(out) if out is not None else default_output(params)
+    source = Path(notebook) if notebook is not None else find_notebook()
+    inputs = [x for x in (params.shard, params.capture, params.draft_config) if x is not None]
+    return render(source, params.as_dict(), html_path, schema=SUMMARY_SCHEMA, heading=params.heading,
+                  inputs=inputs, with_input=with_input, keep_notebook=keep_notebook)

@@ -1,0 +1,214 @@
+"""The result records: what an alignment found, as frozen data every room can import.
+
+``Finding`` (one statement with a stable code), ``SlotMatch`` (one slot's placement) and
+``AlignmentResult`` (the whole answer, with its dict/JSON/text forms) live here, below the
+pipeline, so the rooms that derive findings (evidence, engines) and the rooms that show them
+(report, cli) depend on the records rather than on the pipeline that fills them. The field
+types that come from other rooms are named for type checkers only: no runtime import goes up.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .positions import Position
+
+if TYPE_CHECKING:  # pragma: no cover  (annotations only: results sit below every room)
+    from .engines.crosscheck import CrossCheck
+    from .evidence.confidence import Thresholds
+    from .evidence.match import ScoreMatrix
+    from .evidence.tokens import TokenAlignment
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One statement about the alignment: ``code`` is stable, ``message`` is for people."""
+
+    code: str
+    severity: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SlotMatch:
+    """Where one training slot sits in the residual stream, and how sure we are."""
+
+    key: str
+    index: int | None
+    role: str
+    dtype: str
+    best: Position | None
+    score: float
+    runner_up: Position | None
+    margin: float
+    confident: bool
+    reason: str
+    rel_diff: float
+    max_abs_err: float
+    norm_ratio: float
+    tokens: int
+    norm_cv: float
+    looks_post_norm: bool
+    nonfinite_rows: int
+
+    @property
+    def name(self) -> str:
+        return self.key if self.index is None else f"{self.key}[{self.index}]"
+
+    @property
+    def position(self) -> Position | None:
+        """The placed position, or None when the match is not confident."""
+        return self.best if self.confident else None
+
+    def to_dict(self, num_layers: int) -> dict[str, Any]:
+        pos = self.position
+        return {
+            "key": self.key, "index": self.index, "name": self.name, "role": self.role, "dtype": self.dtype,
+            "position": None if pos is None else pos.p,
+            "post_norm": None if pos is None else pos.normed,
+            "holds": None if pos is None else pos.describe(num_layers),
+            "score": _num(self.score), "margin": _num(self.margin), "confident": self.confident,
+            "reason": self.reason or None,
+            "best_candidate": None if self.best is None else {"position": self.best.p, "post_norm": self.best.normed},
+            "runner_up": None if self.runner_up is None else {"position": self.runner_up.p, "post_norm": self.runner_up.normed},
+            "rel_diff": _num(self.rel_diff), "max_abs_err": _num(self.max_abs_err), "norm_ratio": _num(self.norm_ratio),
+            "tokens": self.tokens, "norm_cv": _num(self.norm_cv), "looks_post_norm": self.looks_post_norm,
+            "nonfinite_rows": self.nonfinite_rows,
+        }
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+@dataclass(frozen=True)
+class AlignmentResult:
+    """Everything one alignment found; render with ``to_dict``, ``to_json``, ``to_text``."""
+
+    train_path: str
+    train_format: str
+    capture_path: str
+    capture_convention: str
+    num_layers: int
+    num_layers_source: str
+    hidden_size: int
+    tokens: TokenAlignment
+    matches: list[SlotMatch]
+    scores: ScoreMatrix
+    slot_norms: list[np.ndarray]
+    engine_ids: dict[str, list[int] | None]
+    engine_notes: dict[str, list[str]]
+    findings: list[Finding]
+    thresholds: Thresholds
+    metadata: dict[str, Any] = field(default_factory=dict)
+    serving: CrossCheck | None = None  # engine config vs training, when an engine was given
+
+    @property
+    def columns(self) -> list[Position]:
+        return self.scores.columns
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every slot is placed and nothing is miswired beyond repair, else 1."""
+        bad = any(not m.confident for m in self.matches) or any(f.severity == "error" for f in self.findings)
+        bad = bad or (self.serving is not None and not self.serving.match)
+        return 1 if bad else 0
+
+    @property
+    def verdict(self) -> str:
+        """One sentence a tired engineer can act on."""
+        n_bad = sum(not m.confident for m in self.matches)
+        errors = [f for f in self.findings if f.severity == "error"]
+        if self.tokens.length < self.thresholds.min_tokens:
+            return f"No confident match: only {self.tokens.length} tokens could be paired ({self.tokens.note})."
+        if n_bad == len(self.matches):
+            return ("No confident match for any slot: this record and this capture do not come from the same "
+                    "model and prompt, or the capture misses the layers the record holds.")
+        placed = "; ".join(f"{m.name} = {m.position.label}" for m in self.matches if m.position is not None)
+        if errors:
+            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}."
+        if n_bad:
+            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}."
+        ids = ", ".join(f"{k} {v}" for k, v in self.engine_ids.items() if v is not None and k in ("sglang", "vllm"))
+        warn = " Note: not the engines' default layers, so set the ids explicitly." if any(
+            f.code == "off-by-default" for f in self.findings) else ""
+        return f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "training": {"path": self.train_path, "format": self.train_format, "metadata": _jsonable(self.metadata)},
+            "capture": {"path": self.capture_path, "convention": self.capture_convention,
+                        "num_layers": self.num_layers, "num_layers_source": self.num_layers_source,
+                        "hidden_size": self.hidden_size, "positions": [c.label for c in self.columns]},
+            "tokens": self.tokens.to_dict(),
+            "thresholds": self.thresholds.to_dict(),
+            "mapping": [m.to_dict(self.num_layers) for m in self.matches],
+            "engine_ids": self.engine_ids,
+            "engine_notes": self.engine_notes,
+            "findings": [f.to_dict() for f in self.findings],
+            "serving": None if self.serving is None else self.serving.to_dict(),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self) -> "Any":
+        """The mapping as a pandas DataFrame (one row per slot)."""
+        import pandas as pd
+
+        rows = [m.to_dict(self.num_layers) for m in self.matches]
+        cols = ["name", "role", "position", "post_norm", "holds", "score", "margin", "confident", "tokens", "reason"]
+        return pd.DataFrame(rows)[cols]
+
+    def to_text(self) -> str:
+        text = render_text(self)
+        return text if self.serving is None else text + "\n\n" + self.serving.to_text()
+
+
+def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
+    return {str(k): (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in meta.items()}
+
+
+
+def _fmt(x: float | None, spec: str = ".4f") -> str:
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def render_text(result: AlignmentResult) -> str:
+    """The verdict, the slot table, the engine id lists and the findings, as terminal text."""
+    r = result
+    lines = [f"training: {r.train_path} ({r.train_format})",
+             f"capture:  {r.capture_path} (convention {r.capture_convention}, N={r.num_layers} "
+             f"[{r.num_layers_source}], H={r.hidden_size})",
+             f"tokens:   {r.tokens.length} compared ({r.tokens.method})", "",
+             "VERDICT: " + r.verdict, ""]
+    header = ("slot", "role", "holds", "score", "margin", "confident", "tokens")
+    rows = []
+    for m in r.matches:
+        pos = m.position
+        holds = pos.describe(r.num_layers) if pos else f"no confident match (best {m.best.label if m.best else '-'})"
+        rows.append((m.name, m.role, holds, _fmt(m.score), _fmt(m.margin), "yes" if m.confident else "NO", str(m.tokens)))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    if r.engine_ids:
+        lines += ["", "ids each engine needs (eagle_aux_hidden_state_layer_ids):"]
+        for label, ids in r.engine_ids.items():
+            why = "; ".join(r.engine_notes.get(label, []))
+            lines.append(f"  {label:<26} {ids if ids is not None else 'none works'}" + (f"  ({why})" if why else ""))
+    if r.findings:
+        lines += ["", "findings:"]
+        lines += [f"  [{f.severity}] {f.code}: {f.message}" for f in r.findings]
+    return "\n".join(lines)

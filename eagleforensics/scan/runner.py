@@ -1,0 +1,238 @@
+"""Scan a whole training dataset: every record inspected once, in parallel, resumably; outliers with reasons.
+
+``scan(DATASET_DIR)`` finds the records (SpecForge ``rows_*/data_*.ckpt[.gz]``, speculators
+``hs_*.safetensors``, ModelOpt ``*.pt``), inspects each (``scan_signature``: layout, NaN/Inf,
+padding against the ids, per-slot norm signature; with a reference, ``scan_reference``), and
+appends one JSON line per record to the results file as results come in. Records run in a
+local process pool, or on an existing Dask cluster when ``scheduler`` is given (the workers
+must see the dataset at the same path). A results file that already holds lines is
+continued: records recorded there are skipped, a half-written last line is dropped. The
+dataset-wide judgement (``scan_summary``) is made from the lines at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from ..errors import ForensicsError
+from .results import (
+    ScanResult,
+    build_result,
+    check_output,
+    load_results,
+    make_header,
+    natural_key,
+    open_results,
+)
+from .summary import compact
+
+if TYPE_CHECKING:
+    from .reference import Reference
+
+__all__ = ["scan", "find_records", "inspect_batch", "ScanResult", "load_results", "build_result"]
+
+RECORD_SUFFIXES = (".ckpt", ".ckpt.gz", ".safetensors", ".pt")
+CONNECT_TIMEOUT = "10s"  # to reach a Dask scheduler
+IN_PROCESS_BELOW = 64  # fewer records than this: a pool costs more than it saves
+_WORKER_REFERENCE: Any = None
+
+
+def find_records(root: str | Path) -> list[str]:
+    """Record files under ``root`` (recursively, hidden names skipped), relative, in natural order."""
+    base = Path(root)
+    if not base.exists():
+        raise ForensicsError("no such dataset directory", path=base)
+    if not base.is_dir():
+        raise ForensicsError("is not a directory; scan takes the dataset's top directory", path=base)
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if not name.startswith(".") and name.endswith(RECORD_SUFFIXES):
+                found.append(os.path.relpath(os.path.join(dirpath, name), base))
+    if not found:
+        raise ForensicsError(f"no training records found (looked for {', '.join('*' + s for s in RECORD_SUFFIXES)})",
+                             path=base)
+    return sorted(found, key=natural_key)
+
+
+# ---------------------------------------------------------------- execution
+
+def inspect_batch(root: str, rels: list[str], reference: "Reference | None", allow_unsafe: bool = False) -> list[dict[str, Any]]:
+    """Inspect a batch of records (the unit of work shipped to a pool or Dask worker)."""
+    from .signature import inspect_file
+
+    return [inspect_file(root, rel, reference, allow_unsafe) for rel in rels]
+
+
+def _init_worker(reference: "Reference | None") -> None:
+    import torch
+
+    global _WORKER_REFERENCE
+    torch.set_num_threads(1)
+    _WORKER_REFERENCE = reference
+
+
+def _worker_batch(root: str, rels: list[str], allow_unsafe: bool) -> list[dict[str, Any]]:
+    return inspect_batch(root, rels, _WORKER_REFERENCE, allow_unsafe)
+
+
+def _batches(rels: list[str], workers: int) -> list[list[str]]:
+    size = max(1, min(64, len(rels) // (workers * 8) or 1))
+    return [rels[i:i + size] for i in range(0, len(rels), size)]
+
+
+def _run_local(root: str, rels: list[str], reference: "Reference | None", workers: int,
+               allow_unsafe: bool) -> Iterator[list[dict[str, Any]] | BaseException]:
+    if workers <= 1 or len(rels) < IN_PROCESS_BELOW:
+        import torch
+
+        # one thread: per-record tensors are tiny, and a thread pool on a busy machine makes them 5x slower
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for batch in _batches(rels, 1):
+                yield inspect_batch(root, batch, reference, allow_unsafe)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(reference,))
+    try:
+        futures = [pool.submit(_worker_batch, root, b, allow_unsafe) for b in _batches(rels, workers)]
+        for fut in as_completed(futures):
+            exc = fut.exception()
+            yield exc if exc is not None else fut.result()
+    finally:  # on Ctrl-C, return now: queued batches are dropped, not run to the end unseen
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _run_dask(root: str, rels: list[str], reference: "Reference | None", scheduler: Any,
+              allow_unsafe: bool) -> Iterator[list[dict[str, Any]] | BaseException]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ForensicsError("running on a Dask cluster needs dask.distributed: pip install 'eagleforensics[scan]'") from None
+    own = not isinstance(scheduler, Client)
+    if own:
+        try:
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ForensicsError(f"cannot reach the Dask scheduler at {scheduler}: {' '.join(str(exc).split())[:160]}") from None
+    else:
+        client = scheduler
+    futures: list[Any] = []
+    try:
+        workers = max(1, len(client.scheduler_info().get("workers", {})))
+        ref = client.scatter(reference, broadcast=True) if reference is not None else None
+        futures = [client.submit(inspect_batch, root, b, ref, allow_unsafe, pure=False) for b in _batches(rels, workers)]
+        for fut in as_completed(futures, loop=client.loop):
+            exc = fut.exception()
+            yield exc if exc is not None else fut.result()
+    finally:
+        if futures:
+            client.cancel([f for f in futures if not f.done()])
+        if own:
+            client.close()
+
+
+# ---------------------------------------------------------------- entry point
+
+def _progress_bar(total: int, progress: bool | None) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="record", desc="scan", disable=None if progress is None else not progress,
+                mininterval=0.5)
+
+
+def _default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 16))
+
+
+def _collect(source: Iterable[Any], total: int, out_path: Path | None, header: dict[str, Any] | None,
+             progress: bool | None) -> tuple[dict[str, dict[str, Any]], list[BaseException]]:
+    """Take batches as they finish: keep them, append them to the results file, move the bar.
+
+    The file is opened on the first result (a scan that fails to start leaves none behind);
+    ``header`` is written first when the file is new.
+    """
+    new: dict[str, dict[str, Any]] = {}
+    failures: list[BaseException] = []
+    bar = _progress_bar(total, progress)
+    fh = None
+    try:
+        for batch in source:
+            if isinstance(batch, BaseException):
+                failures.append(batch)
+                continue
+            for line in batch:
+                new[line["path"]] = compact(line)  # the file keeps the full line
+            if out_path is not None and fh is None:
+                out_path.parent.mkdir(parents=True, exist_ok=True)
+                fh = out_path.open("w" if header is not None else "a", encoding="utf-8")
+                if header is not None:
+                    fh.write(json.dumps(header) + "\n")
+            if fh is not None:
+                fh.write("".join(json.dumps(line) + "\n" for line in batch))
+                fh.flush()
+            bar.update(len(batch))
+    finally:
+        bar.close()
+        if fh is not None:
+            fh.close()
+    return new, failures
+
+
+def scan(
+    dataset: str | Path, *, reference: "str | Path | Reference | None" = None, output: str | Path | None = None,
+    resume: bool = False, workers: int | None = None, scheduler: Any = None, progress: bool | None = None,
+    allow_unsafe: bool = False, convention: str = "hf",
+) -> ScanResult:
+    """Inspect every record of ``dataset`` and judge them together (see the module docstring).
+
+    ``output``: the JSONL results file (``None`` keeps results in memory only); ``resume``
+    continues it. ``workers``: local processes (default: CPU count); ``scheduler``: a Dask
+    scheduler address or ``distributed.Client`` to run on instead. ``progress``: a tqdm bar
+    (``None``: only on a terminal). The local pool starts fresh interpreters (``spawn``, safe
+    after torch has started threads), so a script that calls this with ``workers > 1`` needs
+    the usual ``if __name__ == "__main__":`` guard.
+    """
+    from .reference import Reference, load_reference
+
+    root = Path(dataset)
+    rels = find_records(root)
+    if workers is not None and workers < 1:
+        raise ForensicsError(f"workers must be at least 1, got {workers}")
+    ref = reference if isinstance(reference, Reference) or reference is None else load_reference(
+        reference, convention=convention, allow_unsafe=allow_unsafe)
+    if ref is not None:  # a reference kept inside the dataset directory is not a record
+        rels = [r for r in rels if (root / r).resolve() != Path(ref.path).resolve()]
+        if not rels:
+            raise ForensicsError("holds no training records besides the reference capture", path=root)
+    header = make_header(root, None if ref is None else ref.path)
+    done: dict[str, dict[str, Any]] = {}
+    out_path = None if output is None else Path(output)
+    fresh = False
+    if out_path is not None:
+        check_output(out_path, root)
+        found = open_results(out_path, header, resume)
+        fresh, done = found is None, found or {}
+    todo = [r for r in rels if r not in done]
+    source: Iterable[Any] = (
+        _run_dask(str(root.resolve()), todo, ref, scheduler, allow_unsafe) if scheduler is not None
+        else _run_local(str(root.resolve()), todo, ref, workers or _default_workers(), allow_unsafe)) if todo else []
+    new, failures = _collect(source, len(todo), out_path, None if not fresh else header, progress)
+    missing = [r for r in todo if r not in new]
+    if missing:
+        first = failures[0] if failures else "no result"
+        where = f"; the lines so far are in {out_path}: run again with --resume" if out_path else ""
+        raise ForensicsError(f"{len(missing)} records were not scanned (a worker failed: "
+                             f"{type(first).__name__}: {' '.join(str(first).split())[:160]}){where}")
+    lines = [new[r] if r in new else done[r] for r in rels]
+    return build_result(str(root), None if ref is None else ref.to_dict(), None if out_path is None else str(out_path),
+                        lines, len(new), len(rels) - len(new))
