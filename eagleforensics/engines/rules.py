@@ -21,7 +21,7 @@ source column names a version, and say "not re-read" where they were not.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from packaging.version import InvalidVersion, Version
 
