@@ -298,8 +298,8 @@ def parse_version(version: str) -> Version:
     try:
         return Version(text)
     except InvalidVersion:
-        raise ForensicsError(f"version {version!r} is not a release number like 0.5.13 or "
-                             "0.5.12.post1 (X.Y.Z)") from None
+        raise ForensicsError(f"version {version!r} is not of the form X.Y.Z (a release number "
+                             "like 0.5.13 or 0.5.12.post1)") from None
 
 
 def _v(version: str) -> Version:
@@ -503,6 +503,9 @@ def _outcome(rule: Rule, k: int, idx: int, n: int) -> CaptureOutcome:
                               f"({row.label})", "nothing")
     if 0 < idx < n:
         return CaptureOutcome(k, Position(idx))
+    if idx > n and row.at_n == "raises":
+        return CaptureOutcome(k, None, f"id {k} asks for layer index {idx} > {n}: {name} raises "
+                              f"IndexError at start-up ({row.label})", "raises")
     return CaptureOutcome(k, None, f"id {k} is outside the ids {name} can capture for N={n}: "
                           "captures nothing", "nothing")
 
