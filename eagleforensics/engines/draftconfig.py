@@ -352,7 +352,9 @@ def _by_version(rule: Rule, draft: _Draft, n: int, runner: str | None, mode: str
     """The answer over every version range the rules know, when it is not the same everywhere."""
     def ask(r: Rule) -> tuple:
         _, key, off, served = _serve(r, draft, n)
-        return key, tuple(q.label for q in served), off, r.supported
+        if not r.supported:
+            return None, (), False, False
+        return key, tuple(q.label for q in served), off, True
 
     answers = answers_by_version(rule.engine, rule.model_type, ask, runner, mode)
     if len(answers) < 2:

@@ -641,6 +641,8 @@ def _segments(engine: str, family: str, runner_fixed: bool) -> list[tuple[str, s
     starts = {r.since for r in caps} | {r.since for r in KEY_RULES if r.engine == engine}
     if engine == "vllm" and not runner_fixed:
         starts |= {r.since for r in RUNNER_RULES}
+    first = min((_v(r.since) for r in caps), default=Version("0"))
+    starts = {s for s in starts if _v(s) >= first}  # no row for this family before its first
     rows: list = [*caps, *[k for k in KEY_RULES if k.engine == engine]]
     if engine == "vllm" and not runner_fixed:
         rows += list(RUNNER_RULES)
