@@ -210,13 +210,14 @@ CAPTURE_RULES: tuple[CaptureRow, ...] = (
                duplicates="captured once (ids de-duplicated)"),
     # TensorRT-LLM: id k is captured at the END of decoder layer k (p = k+1); -1 = post-norm.
     CaptureRow("trtllm", FAMILIES, TRT_MAIN, None, "k+1", "nothing", "raw",
-               "conventions.md: TensorRT-LLM main _torch/speculative/eagle3.py "
-               "Eagle3SpecMetadata (ids sorted) and maybe_capture_hidden_states; -1 = model "
-               "output after the norm (no released wheel read)",
+               "TensorRT-LLM main tensorrt_llm/_torch/speculative/eagle3.py (source, no wheel): "
+               "Eagle3OneModelSpecMetadata.__post_init__ only sorts the ids (-1 lands first); "
+               "maybe_capture_hidden_states saves hidden_states + residual after layer k; -1 = "
+               "model output after the norm (conventions.md)",
                order="sorted: -1 (post-norm) FIRST", mode="one-model"),
     CaptureRow("trtllm", FAMILIES, TRT_MAIN, None, "k+1", "nothing", "raw",
-               "conventions.md: TensorRT-LLM main _torch/speculative/eagle3.py, two-model "
-               "path moves -1 last (no released wheel read)",
+               "TensorRT-LLM main tensorrt_llm/_torch/speculative/eagle3.py (source, no wheel): "
+               "Eagle3SpecMetadata.__post_init__ sorts, then moves a leading -1 to the end",
                order="sorted: -1 (post-norm) last", mode="two-model"),
 )
 
