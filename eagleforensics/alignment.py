@@ -63,15 +63,16 @@ def align(
     allow_unsafe: bool = False, progress: Callable[[Position], None] | None = None,
     min_score: float | None = None, min_margin: float | None = None,
     draft_config: str | Path | None = None, engine: str | None = None, engine_version: str | None = None,
-    model_type: str | None = None, device: str = "cpu",
+    model_type: str | None = None, device: str = "cpu", vllm_runner: str | None = None,
 ) -> AlignmentResult:
     """Place every slot of a training record in the residual stream of a capture sweep.
 
     With ``engine`` (and optionally ``draft_config``), also check what that engine will capture
     for the drafter against what the record holds (``crosscheck``; no config = engine default).
     ``device`` (cpu, cuda, auto) is where the per-position reduction runs (see ``match``).
+    ``vllm_runner`` (v1, v2) overrides the model runner vLLM would pick for that version.
     """
-    check_request(draft_config, engine, engine_version, model_type)
+    check_request(draft_config, engine, engine_version, model_type, vllm_runner)
     record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
     from .evidence.fingerprint import Fingerprint, is_fingerprint, load_fingerprint
 
@@ -86,7 +87,8 @@ def align(
     if max_tokens is not None and max_tokens < 1:
         raise ForensicsError(f"max_tokens must be at least 1, got {max_tokens}")
     audit = None if engine is None else serving_audit(
-        draft_config, engine, cap.num_layers, engine_version=engine_version, model_type=model_type)
+        draft_config, engine, cap.num_layers, engine_version=engine_version, model_type=model_type,
+        vllm_runner=vllm_runner)
     slots = record.slots(cap.hidden_size)
     padding = trailing_padding(record.input_ids, record.loss_mask)
     tok = align_tokens(record.input_ids, record.num_tokens, padding, cap.input_ids, cap.num_tokens)
@@ -120,7 +122,9 @@ def align(
     matches = [_resolve_role(m, cap.num_layers) for m in matches]
     findings = _token_findings(tok, record, sm, slots) + slot_findings(matches, cap.num_layers)
     findings += _row_findings(matches, sm, tok, thr)
-    engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers)
+    rule_type = model_type if model_type is not None else (audit.model_type if audit is not None else None)
+    engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers, rule_type, engine, engine_version,
+                                                 vllm_runner)
     findings += more
     if isinstance(cap, Fingerprint):
         from .evidence.fpmatch import estimate_finding
@@ -231,8 +235,15 @@ def _rows_at(rows: list[int], show: int = 8) -> str:
     return f"{len(rows)} rows: {', '.join(map(str, rows[:show]))}{more}"
 
 
-def _engine_ids(matches: list[SlotMatch], n: int) -> tuple[dict[str, list[int] | None], dict[str, list[str]], list[Finding]]:
-    """The id list each engine target needs to capture exactly the aux positions, or why none works."""
+def _engine_ids(matches: list[SlotMatch], n: int, model_type: str | None = None, engine: str | None = None,
+                version: str | None = None, runner: str | None = None,
+                ) -> tuple[dict[str, list[int] | None], dict[str, list[str]], list[Finding]]:
+    """The id list each engine needs for the aux positions, by the rules of this family.
+
+    Each engine is answered at ``version`` when it is the ``engine`` asked about, else at its
+    newest release (said in the notes), with the version ranges where the answer differs.
+    Findings come only from ``engine`` (every engine when none is given) and this family.
+    """
     aux = [m for m in matches if m.role == "aux"]
     ids: dict[str, list[int] | None] = {}
     notes: dict[str, list[str]] = {}
@@ -240,15 +251,28 @@ def _engine_ids(matches: list[SlotMatch], n: int) -> tuple[dict[str, list[int] |
     if not aux:
         return ids, notes, findings
     if any(m.position is None or m.position.normed for m in aux):
-        reason = "not every aux slot has a confident raw-position match"
-        for t in rules.ENGINE_TARGETS:
-            ids[t.label], notes[t.label] = None, [reason]
+        for eng in rules.ENGINES:
+            ids[eng], notes[eng] = None, ["not every aux slot has a confident raw-position match"]
         return ids, notes, findings
     wanted = [m.position.p for m in aux if m.position is not None]
-    for t in rules.ENGINE_TARGETS:
-        plan = rules.ids_for_positions(t, wanted, n)
-        ids[t.label], notes[t.label] = plan.ids, list(plan.reasons)
-        if plan.ids is None:
+    for eng in rules.ENGINES:
+        asked = eng == engine
+        rule = rules.resolve(eng, model_type, version if asked else None, runner if asked else None)
+        plan = rules.ids_for_positions(rule, wanted, n)
+        ids[eng] = plan.ids
+        notes[eng] = [f"rule {rule.label}"] + list(plan.reasons) + list(plan.notes)
+        notes[eng] += [r for r in rule.notes if not r.startswith("model type")]
+        if not (asked and version is not None):
+            answers = rules.answers_by_version(
+                eng, model_type, lambda r: tuple(rules.ids_for_positions(r, wanted, n).ids or ()),
+                runner if asked else None)
+            if len(answers) > 1:
+                notes[eng].append("ids by version: " + "; ".join(
+                    f"{v}: {list(a) if a else 'none works'}" for v, a in answers))
+        if plan.ids is None and (engine is None or asked):
             findings.append(Finding("engine-cannot-serve", "warning",
-                                    f"{t.label}: no id list captures p={wanted}: {'; '.join(plan.reasons)}"))
+                                    f"{rule.label}: no id list captures p={wanted}: {'; '.join(plan.reasons)}"))
+    if model_type is None:
+        for eng in rules.ENGINES:
+            notes[eng].append("model type unknown: Llama rules assumed (pass --model-type)")
     return ids, notes, findings

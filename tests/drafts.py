@@ -44,3 +44,30 @@ def trtllm_yaml(tmp: Path, ids: list[int] | None, model_dir: Path | None = None,
     p = tmp / name
     p.write_text("\n".join(lines) + "\n")
     return p
+
+
+def draft_config(tmp: Path, name: str, *, top: list[int] | None = None,
+                 nested: list[int] | None = None, use_aux: bool | None = None) -> Path:
+    """A draft dir with any mix of the two id keys and ``eagle_config.use_aux_hidden_state``."""
+    d = tmp / name
+    d.mkdir()
+    cfg: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168,
+                           "num_hidden_layers": 1, "model_type": "llama"}
+    eagle: dict[str, Any] = {}
+    if nested is not None:
+        eagle["eagle_aux_hidden_state_layer_ids"] = nested
+    if use_aux is not None:
+        eagle["use_aux_hidden_state"] = use_aux
+    if eagle:
+        cfg["eagle_config"] = eagle
+    if top is not None:
+        cfg["eagle_aux_hidden_state_layer_ids"] = top
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def trtllm_mode_yaml(tmp: Path, ids: list[int], one_model: bool, name: str) -> Path:
+    """A TensorRT-LLM YAML that sets eagle3_one_model explicitly (true is TRT-LLM's default)."""
+    p = trtllm_yaml(tmp, ids, name=name)
+    p.write_text(p.read_text() + f"  eagle3_one_model: {'true' if one_model else 'false'}\n")
+    return p

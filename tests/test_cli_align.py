@@ -30,7 +30,7 @@ def test_json_contract_for_every_slot():
     assert [(m["key"], m["index"], m["position"], m["post_norm"], m["confident"]) for m in doc["mapping"]] == [
         ("hidden_states", 0, 0, False, True), ("hidden_states", 1, 2, False, True),
         ("hidden_states", 2, 6, False, True), ("hidden_states", 3, 12, True, True)]
-    assert doc["engine_ids"]["vllm"] == [0, 2, 6] and doc["engine_ids"]["sglang"] is None
+    assert doc["engine_ids"]["vllm"] == [0, 2, 6] and doc["engine_ids"]["trtllm"] is None
     assert any(f["code"] == "embedding-included" and f["severity"] == "error" for f in doc["findings"])
 
 

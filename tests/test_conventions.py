@@ -1,273 +1,351 @@
-"""Tests for eagleforensics.engines.rules: one test per engine rule, round trips, the concrete cases."""
+"""Tests for eagleforensics.engines.rules: one test per table row (naming its source), versions,
+the generic appliers and round trips. Expected values are worked out by hand from
+shared/reference/conventions.md and the wheels the row cites, never computed from the table."""
 from __future__ import annotations
+
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eagleforensics.engines import rules
 from eagleforensics.engines.rules import (
-    ALL_TARGETS, ENGINE_TARGETS, RULES, SGLANG, SGLANG_DS_NEW, SGLANG_DS_OLD, SGLANG_GPT_OSS,
-    TRTLLM, VLLM, Target, concat_order, default_ids, describe_rules, ids_for_positions,
-    parse_version, positions_for_ids, resolve_target, trainer_final_expectation,
+    CAPTURE_RULES, KEY_RULES, NESTED_KEY, NESTED_LAYER_IDS_KEY, RUNNER_RULES, TOP_KEY, YAML_KEY,
+    Rule, answers_by_version, concat_order, default_ids, describe_rules, ids_for_positions,
+    parse_version, positions_for_ids, resolve, served_positions, trainer_final_expectation,
 )
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position, default_aux_positions
 
-
-def _ps(target: Target, ids: list[int], n: int) -> list[int | None]:
-    """Raw positions captured per id (None when nothing is captured)."""
-    return [o.position.p if o.position is not None else None
-            for o in positions_for_ids(target, ids, n)]
-
-
-# --- the table -------------------------------------------------------------------------------
-
-def test_engine_targets_order_and_labels():
-    """The matcher reports these five targets, in this order."""
-    assert [t.label for t in ENGINE_TARGETS] == [
-        "vllm", "sglang", "sglang-deepseek<0.5.13", "sglang-deepseek>=0.5.13", "trtllm"]
+N = 12
+R, X, U = "raises", "-", "unsupported"  # an id that raises, captures nothing, family unsupported
+# probes: [2,6,9], [1,5,8] (first id 1), then single ids -1, 0, N-1, N
+PROBES = ([2, 6, 9], [1, 5, 8], [-1], [0], [N - 1], [N])
+_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen_moe": "qwen3_moe",
+         "deepseek": "deepseek_v3", "gpt_oss": "gpt_oss"}
 
 
-def test_every_target_has_a_sourced_rule():
-    """Every target's row in RULES names a source; describe_rules renders plain dicts."""
-    labels = {r.label for r in RULES}
-    assert {t.label for t in ALL_TARGETS} <= labels
-    assert all(r.source for r in RULES)
+def _res(rule: Rule, ids: list[int]) -> list:
+    """Per id: p, 'p12n' for post-norm, or R / X / U."""
+    out = []
+    for o in positions_for_ids(rule, ids, N):
+        if o.position is not None:
+            out.append(f"p{o.position.p}n" if o.position.normed else o.position.p)
+        else:
+            out.append({"raises": R, "unsupported": U}.get(o.effect, X))
+    return out
+
+
+def _flat(rule: Rule) -> list:
+    return [_res(rule, p) for p in PROBES]
+
+
+S1 = [[3, 7, 10], [2, 6, 9]]  # id k -> p k+1
+V0 = [[2, 6, 9], [1, 5, 8]]   # id k -> p k
+UNSUP = [[U] * 3, [U] * 3, [U], [U], [U], [U]]
+
+# Hand-worked answers per capture row (label -> probes), from conventions.md and the cited files.
+CAPTURE_EXPECT = {
+    "sglang llama 0.4.10 - 0.5.21": S1 + [[R], [1], [X], [X]],
+    "sglang llama >= 0.5.22": S1 + [[0], [1], [X], [X]],
+    "sglang qwen3 >= 0.4.10": S1 + [[0], [1], [X], [X]],
+    "sglang qwen2 0.4.10 - 0.5.2": UNSUP,
+    "sglang qwen2 >= 0.5.3": S1 + [[0], [1], [X], [X]],
+    "sglang qwen_moe 0.5.3": S1 + [[0], [1], [X], [X]],
+    "sglang qwen_moe >= 0.5.4.post2": S1 + [[0], [1], [R], [R]],
+    "sglang deepseek 0.4.10 - 0.5.4.post1": UNSUP,
+    "sglang deepseek 0.5.4.post2 - 0.5.12.post1": S1 + [[R], [1], [X], [X]],
+    "sglang deepseek 0.5.13": [[2, 6, 9], [2, 6, 9], [X], [R], [11], [X]],
+    "sglang deepseek 0.5.14 - 0.5.17": [[2, 6, 9], [2, 6, 9], [X], [0], [11], [X]],
+    "sglang deepseek >= 0.5.18": [[2, 6, 9], [2, 6, 9], [X], [0], [11], [X]],
+    "sglang gpt_oss 0.5.3 - 0.5.16": S1 + [[R], [1], [X], [X]],
+    "sglang gpt_oss >= 0.5.17": S1 + [[0], [1], [12], [12]],
+    "vllm llama/qwen2/qwen3/qwen_moe 0.10.1.1 - 0.17.1": V0 + [[X], [R], [11], [X]],
+    "vllm llama/qwen2/qwen3/qwen_moe >= 0.18.0": V0 + [[X], [0], [11], [12]],
+    "vllm gpt_oss 0.10.1.1 - 0.10.2": UNSUP,
+    "vllm gpt_oss 0.11.0 - 0.17.1": V0 + [[X], [0], [11], [X]],
+    "vllm gpt_oss >= 0.18.0": V0 + [[X], [0], [11], [12]],
+    "vllm deepseek 0.10.1.1 - 0.17.1": UNSUP,
+    "vllm deepseek 0.18.0 - 0.25.1": V0 + [[X], [R], [11], [X]],
+    "vllm deepseek >= 0.26.0": V0 + [[X], [R], [11], [12]],
+    "trtllm llama/qwen2/qwen3/qwen_moe/deepseek/gpt_oss one-model >= main":
+        S1 + [["p12n"], [1], [12], [X]],
+    "trtllm llama/qwen2/qwen3/qwen_moe/deepseek/gpt_oss two-model >= main":
+        S1 + [["p12n"], [1], [12], [X]],
+}
+# what [-1, 2, 9] comes out as (concatenation order) on the two TRT-LLM modes
+TRT_ORDER = {"one-model": ["p12 post-norm", "p3", "p10"], "two-model": ["p3", "p10", "p12 post-norm"]}
+
+
+def _cites(source: str) -> bool:
+    """A source names a version (or main / conventions.md) and a file."""
+    return bool(re.search(r"(\d+\.\d+\.\d+|main|conventions\.md)", source)) and (
+        ".py" in source or "conventions.md" in source)
+
+
+def _rule_for_capture(row) -> Rule:
+    mode = row.mode
+    fam = row.families[0]
+    return resolve(row.engine, _TYPE[fam], None if row.engine == "trtllm" else row.since, mode=mode)
+
+
+@pytest.mark.parametrize("row", CAPTURE_RULES, ids=lambda r: f"{r.label} [{r.source[:60]}]")
+def test_capture_row(row):
+    """One test per capture row: the row resolves at its first version and gives the hand answers."""
+    assert _cites(row.source), row.source
+    for fam in row.families:
+        rule = resolve(row.engine, _TYPE[fam], None if row.engine == "trtllm" else row.since,
+                       mode=row.mode)
+        assert rule.capture is row, (fam, rule.capture.label, row.source)
+        if row.until is not None and row.engine != "trtllm":
+            assert resolve(row.engine, _TYPE[fam], row.until, mode=row.mode).capture is row
+    assert _flat(_rule_for_capture(row)) == CAPTURE_EXPECT[row.label], row.source
+    if row.engine == "trtllm":
+        got = [q.label for q in served_positions(_rule_for_capture(row), [-1, 2, 9], N)]
+        assert got == TRT_ORDER[row.mode], row.source
+
+
+def test_every_capture_row_has_a_hand_answer():
+    """The expectations above cover every row and nothing else (a new row needs its own)."""
+    assert {r.label for r in CAPTURE_RULES} == set(CAPTURE_EXPECT)
+
+
+# Key rows: (version to resolve at, runner) -> what each draft gives: key read, capture off.
+# Drafts: top [1,2,3] + nested [4,5,6] (both); nested only; eagle_config.layer_ids only;
+# nested []; nested + use_aux_hidden_state false.
+KEY_EXPECT = {
+    "sglang keys 0.4.10 - 0.5.12": (NESTED_KEY, NESTED_KEY, None, "fails", False),
+    "sglang keys >= 0.5.12.post1": (NESTED_KEY, NESTED_KEY, None, "fails", True),
+    "vllm v1 runner keys 0.10.1.1 - 0.11.0": (None, None, None, "absent", False),
+    "vllm v1 runner keys 0.11.1 - 0.17.0": (TOP_KEY, None, None, "absent", False),
+    "vllm v1 runner keys 0.17.1 - 0.21.0": (TOP_KEY, None, None, "absent", True),
+    "vllm v1 runner keys >= 0.22.0": (TOP_KEY, NESTED_KEY, None, "absent", True),
+    "vllm v2 runner keys 0.17.1 - 0.27.1": (TOP_KEY, None, None, "absent", False),
+    "vllm v2 runner keys 0.28.0 - 0.32.0": (TOP_KEY, None, NESTED_LAYER_IDS_KEY, "absent", False),
+    "vllm v2 runner keys >= 0.33.0": (TOP_KEY, None, NESTED_LAYER_IDS_KEY, "absent", True),
+    "trtllm keys >= main": (None, None, None, "absent", False),
+}
+
+
+def _first_read(keys: tuple[str, ...], present: set[str]) -> str | None:
+    return next((k for k in keys if k in present), None)
+
+
+@pytest.mark.parametrize("row", KEY_RULES, ids=lambda r: f"{r.label} [{r.source[:60]}]")
+def test_key_row(row):
+    """One test per key row: which key wins for each draft kind, empty list, use_aux flag."""
+    assert _cites(row.source), row.source
+    rule = resolve(row.engine, "llama", None if row.engine == "trtllm" else row.since, row.runner)
+    assert rule.keys is row, row.source
+    both, nested, layer_ids, empty, off = KEY_EXPECT[row.label]
+    assert _first_read(row.keys, {TOP_KEY, NESTED_KEY}) == both, row.source
+    assert _first_read(row.keys, {NESTED_KEY}) == nested, row.source
+    assert _first_read(row.keys, {NESTED_LAYER_IDS_KEY}) == layer_ids, row.source
+    assert row.empty_list == empty and row.use_aux_off is off, row.source
+    if row.engine == "trtllm":
+        assert row.keys == (YAML_KEY,)
+
+
+def test_every_key_row_has_a_hand_answer():
+    assert {r.label for r in KEY_RULES} == set(KEY_EXPECT)
+
+
+# Runner rows: which runner a plain `vllm serve` picks for these model types (hand from config/vllm.py)
+_RUN_TYPES = ("llama", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss")
+RUNNER_EXPECT = {
+    "vllm default runner 0.10.1.1 - 0.21.0": ("v1", "v1", "v1", "v1", "v1", "v1", "v1"),
+    "vllm default runner 0.22.0 - 0.23.0": ("v1", "v2", "v1", "v1", "v1", "v1", "v1"),
+    "vllm default runner 0.24.0 - 0.25.1": ("v2", "v2", "v1", "v2", "v1", "v1", "v1"),
+    "vllm default runner 0.26.0 - 0.28.0": ("v2", "v2", "v1", "v2", "v1", "v1", "v1"),
+    "vllm default runner >= 0.29.0": ("v2", "v2", "v2", "v2", "v2", "v2", "v2"),
+}
+
+
+@pytest.mark.parametrize("row", RUNNER_RULES, ids=lambda r: f"{r.label} [{r.source[:60]}]")
+def test_runner_row(row):
+    """One test per runner row: the default vLLM model runner per architecture."""
+    assert _cites(row.source), row.source
+    got = tuple(resolve("vllm", mt, row.since).runner for mt in _RUN_TYPES)
+    assert got == RUNNER_EXPECT[row.label], row.source
+    if row.until is not None:
+        assert tuple(resolve("vllm", mt, row.until).runner for mt in _RUN_TYPES) == got
+
+
+def test_every_runner_row_has_a_hand_answer():
+    assert {r.label for r in RUNNER_RULES} == set(RUNNER_EXPECT)
+
+
+def test_describe_rules_lists_every_row_with_its_source():
     rows = describe_rules()
-    assert rows and {"label", "engine", "source", "id_k_captures", "default"} <= set(rows[0])
+    assert len(rows) == len(CAPTURE_RULES) + len(KEY_RULES) + len(RUNNER_RULES)
+    assert all(r["source"] and r["label"] for r in rows)
+    assert {r["table"] for r in rows} == {"capture", "keys", "runner"}
 
 
-# --- one test per engine rule -----------------------------------------------------------------
+# --- versions --------------------------------------------------------------------------------------
 
-def test_vllm_id_k_is_position_k():
-    """vLLM: id k -> p=k; 0 = embedding, N = raw last layer.
-
-    Source: vllm model_executor/models/interfaces.py EagleModelMixin._maybe_add_hidden_state,
-    called with 0 before the first layer and idx+1 after layer idx (docs.vllm.ai, ArceeModel).
-    """
-    out = positions_for_ids(VLLM, [0, 5, 12], 12)
-    assert [o.position for o in out] == [Position(0), Position(5), Position(12)]
-    assert "embedding" in out[0].note and "before the final norm" in out[2].note
-    assert _ps(VLLM, [13, -1], 12) == [None, None]
-
-
-def test_sglang_llama_adds_one():
-    """SGLang Llama/Qwen: id k -> p=k+1 (models/llama.py set_eagle3_layers_to_capture)."""
-    assert _ps(SGLANG, [2, 6, 9], 12) == [3, 7, 10]
-
-
-def test_sglang_llama_last_layer_captures_nothing():
-    """SGLang Llama: id N-1 asks for layer index N, never reached by the capture loop.
-
-    Source: models/llama.py LlamaModel.forward (check before layer i, i < end_layer);
-    layers/logits_processor.py::_check_aux_hidden_states comment.
-    """
-    out = positions_for_ids(SGLANG, [11], 12)[0]
-    assert out.position is None and "_check_aux_hidden_states" in out.note
-
-
-def test_sglang_embedding_is_not_capturable():
-    """SGLang: id -1 means layer index 0, where the residual is still None (models/llama.py)."""
-    out = positions_for_ids(SGLANG, [-1], 12)[0]
-    assert out.position is None and "None" in out.note
-
-
-def test_sglang_deepseek_before_0_5_13_always_adds_one():
-    """SGLang DeepSeek 0.5.5-0.5.12: unconditional +1 (models/deepseek_v2.py, pre PR #25454)."""
-    assert _ps(SGLANG_DS_OLD, [2, 30, 58], 61) == [3, 31, 59]
-    assert _ps(SGLANG_DS_OLD, [1, 29, 57], 61) == [2, 30, 58]
-
-
-def test_sglang_deepseek_from_0_5_13_adds_one_only_when_first_id_is_one():
-    """SGLang DeepSeek >= 0.5.13: +1 only if ids[0]==1 (PR #25454, models/deepseek_v2.py)."""
-    assert _ps(SGLANG_DS_NEW, [2, 30, 58], 61) == [2, 30, 58]
-    assert _ps(SGLANG_DS_NEW, [1, 29, 57], 61) == [2, 30, 58]
-
-
-def test_sglang_gpt_oss_rule():
-    """SGLang gpt-oss: p=k if max(ids)==N else k+1 (conventions.md; unverified in source)."""
-    assert _ps(SGLANG_GPT_OSS, [1, 11, 20], 24) == [2, 12, 21]
-    assert _ps(SGLANG_GPT_OSS, [2, 12, 24], 24) == [2, 12, 24]
-    assert "unverified" in (positions_for_ids(SGLANG_GPT_OSS, [2, 24], 24)[1].note or "")
-
-
-def test_trtllm_adds_one_and_minus_one_is_post_norm():
-    """TRT-LLM: id k captured at the end of layer k -> p=k+1; -1 = model output after the norm.
-
-    Source: _torch/speculative/eagle3.py maybe_capture_hidden_states (called after each decoder
-    layer); _torch/models/modeling_speculative.py SpecDecOneEngineForCausalLM (layer_idx -1).
-    """
-    out = positions_for_ids(TRTLLM, [-1, 2, 31], 32)
-    assert [o.position for o in out] == [Position(32, normed=True), Position(3), Position(32)]
-    assert concat_order(out) == [Position(3), Position(32), Position(32, normed=True)]
-    assert _ps(TRTLLM, [32, -2], 32) == [None, None]
-
-
-def test_duplicates_capture_once_on_every_engine():
-    """Each engine tests `layer in ids` once per layer, so a repeated id adds no state."""
-    for t in ALL_TARGETS:
-        out = positions_for_ids(t, [3, 3], 12)
-        assert out[1].position is None and "duplicate" in out[1].note
-
-
-def test_default_ids_capture_the_same_positions_everywhere():
-    """Defaults: vLLM (2,N//2,N-3); SGLang [2,N//2,N-3] unshifted; TRT-LLM {1,N//2-1,N-4}.
-
-    Sources: vllm models/llama.py get_eagle3_aux_hidden_state_layers; sglang models/llama.py
-    set_eagle3_layers_to_capture(None); trtllm speculative/eagle3.py __post_init__.
-    """
-    assert default_ids(VLLM, 32) == [2, 16, 29]
-    assert default_ids(TRTLLM, 32) == [1, 15, 28]
-    assert default_ids(SGLANG, 61) == [1, 29, 57]
-    for t in ALL_TARGETS:
-        for n in (8, 12, 32, 61):
-            assert _ps(t, default_ids(t, n), n) == default_aux_positions(n)
-
-
-def test_trtllm_default_needs_more_than_five_layers():
-    """TRT-LLM raises for N <= 5 ('Not enough hidden layers for default EAGLE3 capture')."""
-    with pytest.raises(ForensicsError, match="N > 5"):
-        default_ids(TRTLLM, 5)
-
-
-# --- resolve_target -----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("engine,model_type,version,label", [
-    ("vllm", "deepseek_v3", None, "vllm"),
-    ("sglang", "llama", None, "sglang"),
-    ("sglang", "qwen3_moe", "0.5.12", "sglang"),
-    ("sglang", "kimi_k2", "0.5.12", "sglang-deepseek<0.5.13"),
-    ("sglang", "deepseek_v3", "0.5.13", "sglang-deepseek>=0.5.13"),
-    ("sglang", "deepseek_v2", "0.5.13rc1", "sglang-deepseek>=0.5.13"),
-    ("sglang", "deepseek_v3", None, "sglang-deepseek>=0.5.13"),
-    ("sglang", "gpt_oss", None, "sglang-gpt-oss"),
-    ("TRTLLM", "mistral", None, "trtllm"),
-])
-def test_resolve_target(engine, model_type, version, label):
-    """Engine + model_type + version pick one convention."""
-    assert resolve_target(engine, model_type, version).label == label
-
-
-def test_resolve_target_rejects_unknowns_with_allowed_values():
-    """Unknown engine or model_type is a ForensicsError listing what is allowed."""
-    with pytest.raises(ForensicsError, match="vllm, sglang, trtllm"):
-        resolve_target("tgi")
-    with pytest.raises(ForensicsError, match="deepseek_v3"):
-        resolve_target("sglang", "falcon")
+def test_parse_version_orders_post_releases():
+    """packaging order: 0.5.4.post1 < 0.5.4.post2 < 0.5.5 and 0.5.12.post1 < 0.5.13."""
+    assert parse_version("0.5.4.post1") < parse_version("0.5.4.post2") < parse_version("0.5.5")
+    assert parse_version("0.5.12.post1") < parse_version("0.5.13")
+    assert parse_version("v0.33.0") == parse_version("0.33")
     with pytest.raises(ForensicsError, match="X.Y.Z"):
-        resolve_target("sglang", "llama", "latest")
+        parse_version("latest")
 
 
-def test_parse_version():
-    """Simple tuple parsing: leading numbers only."""
-    assert parse_version("0.5.13") == (0, 5, 13)
-    assert parse_version("v0.5.13rc1") == (0, 5, 13)
-    assert parse_version("0.33.post1") == (0, 33)
+@pytest.mark.parametrize("version,label", [
+    ("0.5.4.post1", "sglang deepseek 0.4.10 - 0.5.4.post1"),
+    ("0.5.4.post2", "sglang deepseek 0.5.4.post2 - 0.5.12.post1"),
+    ("0.5.12.post1", "sglang deepseek 0.5.4.post2 - 0.5.12.post1"),
+    ("0.5.13", "sglang deepseek 0.5.13"),
+    ("0.5.13.post1", "sglang deepseek 0.5.13"),
+    ("0.5.14", "sglang deepseek 0.5.14 - 0.5.17"),
+])
+def test_post_release_boundaries(version, label):
+    """DeepSeek/Kimi boundaries fall on post releases: compared properly, not by prefix."""
+    assert resolve("sglang", "kimi_k2", version).capture.label == label
 
 
-# --- ids_for_positions: concrete cases ------------------------------------------------------------
-
-def test_llama_n12_example():
-    """Llama N=12, P=[3,7,10]: SGLang ids [2,6,9], vLLM [3,7,10], TRT-LLM [2,6,9]."""
-    assert ids_for_positions(SGLANG, [3, 7, 10], 12).ids == [2, 6, 9]
-    assert ids_for_positions(VLLM, [3, 7, 10], 12).ids == [3, 7, 10]
-    assert ids_for_positions(TRTLLM, [3, 7, 10], 12).ids == [2, 6, 9]
+def test_no_version_means_newest_and_says_so():
+    rule = resolve("sglang", "llama")
+    assert rule.version == "0.5.23" and not rule.version_given
+    assert any("newest release" in n for n in rule.notes)
+    assert resolve("vllm", "llama").version == "0.33.0"
 
 
-def test_deepseek_n61_same_ids_move_one_layer_across_0_5_13():
-    """N=61 ids [2,30,58]: p [3,31,59] on SGLang 0.5.5-0.5.12, [2,30,58] from 0.5.13."""
-    assert _ps(resolve_target("sglang", "deepseek_v3", "0.5.12"), [2, 30, 58], 61) == [3, 31, 59]
-    assert _ps(resolve_target("sglang", "deepseek_v3", "0.5.13"), [2, 30, 58], 61) == [2, 30, 58]
+def test_versions_outside_the_table_are_flagged():
+    assert any("newer" in n for n in resolve("vllm", "llama", "0.40.0").notes)
+    assert any("older" in n for n in resolve("sglang", "gpt_oss", "0.4.10").notes)
 
 
-def test_deepseek_prefers_version_stable_ids():
-    """When P starts at 2, ids starting with 1 mean the same on both sides of 0.5.13."""
-    plan = ids_for_positions(SGLANG_DS_NEW, [2, 30, 58], 61)
-    assert plan.ids == [1, 29, 57] and "same" in plan.notes[0]
-    assert _ps(SGLANG_DS_OLD, plan.ids, 61) == [2, 30, 58]
+def test_kimi_answers_by_version():
+    """Kimi-K2 N=61 [2,30,58]: none before 0.5.4.post2, p 3,31,59 to 0.5.12.post1, p 2,30,58 from 0.5.13."""
+    got = answers_by_version("sglang", "kimi_k2",
+                             lambda r: tuple(q.p for q in served_positions(r, [2, 30, 58], 61)))
+    assert got == [("0.4.10 - 0.5.4.post1", ()), ("0.5.4.post2 - 0.5.12.post1", (3, 31, 59)),
+                   (">= 0.5.13", (2, 30, 58))]
 
 
-def test_embedding_position_rejected_except_on_vllm():
-    """P with 0: SGLang (all families) and TRT-LLM cannot; vLLM uses id 0."""
-    assert ids_for_positions(VLLM, [0, 3, 7], 12).ids == [0, 3, 7]
-    for t in (SGLANG, SGLANG_DS_OLD, SGLANG_DS_NEW, SGLANG_GPT_OSS, TRTLLM):
-        plan = ids_for_positions(t, [0, 3, 7], 12)
-        assert plan.ids is None and any("embedding" in r for r in plan.reasons)
+def test_minus_one_per_engine_family_version():
+    """[-1, 2, 30], N=61: what -1 reaches differs by engine, family and version (conventions.md)."""
+    def first(engine, mt, version=None, mode=None):
+        return positions_for_ids(resolve(engine, mt, version, mode=mode), [-1, 2, 30], 61)[0]
+
+    assert first("sglang", "llama", "0.5.21").effect == "raises"
+    assert first("sglang", "llama", "0.5.22").position == Position(0)
+    assert first("sglang", "qwen3", "0.4.10").position == Position(0)
+    assert first("sglang", "kimi_k2", "0.5.12.post1").effect == "raises"
+    assert first("sglang", "kimi_k2", "0.5.14").effect == "nothing"  # taken verbatim: index -1
+    assert first("sglang", "gpt_oss", "0.5.16").effect == "raises"
+    assert first("sglang", "gpt_oss", "0.5.17").position == Position(0)
+    assert first("vllm", "llama").effect == "nothing"
+    assert first("trtllm", "llama").position == Position(61, normed=True)
+    assert [q.label for q in served_positions(resolve("trtllm", "kimi_k2"), [-1, 2, 30], 61)] == [
+        "p61 post-norm", "p3", "p31"]
 
 
-def test_descending_positions_rejected_everywhere():
-    """P=[10,3,7]: no engine can (all concatenate ascending)."""
-    for t in ALL_TARGETS:
-        plan = ids_for_positions(t, [10, 3, 7], 12)
-        assert plan.ids is None and any("ascending" in r for r in plan.reasons)
+def test_resolve_rejects_unknowns_with_allowed_values():
+    with pytest.raises(ForensicsError, match="vllm, sglang, trtllm"):
+        resolve("tgi")
+    with pytest.raises(ForensicsError, match="deepseek_v3"):
+        resolve("sglang", "falcon")
+    with pytest.raises(ForensicsError, match="vLLM only"):
+        resolve("sglang", "llama", runner="v2")
+    with pytest.raises(ForensicsError, match="0.17.1"):
+        resolve("vllm", "llama", "0.11.2", "v2")
 
 
-def test_last_layer_position_on_sglang_llama_rejected():
-    """P with N: impossible on SGLang Llama/DeepSeek; vLLM id N; TRT-LLM id N-1."""
-    assert ids_for_positions(SGLANG, [3, 12], 12).ids is None
-    assert ids_for_positions(SGLANG_DS_NEW, [3, 12], 12).ids is None
-    assert ids_for_positions(VLLM, [3, 12], 12).ids == [3, 12]
-    assert ids_for_positions(TRTLLM, [3, 12], 12).ids == [2, 11]
+def test_kimi_k25_and_architectures_are_accepted_everywhere():
+    """kimi_k25 (multimodal wrapper of DeepSeek-V3) follows the DeepSeek rules on every engine."""
+    for eng in rules.ENGINES:
+        assert resolve(eng, "kimi_k25").family == "deepseek"
+    assert rules.family_of("DeepseekV3ForCausalLM") == "deepseek"
 
 
-def test_deepseek_new_cannot_start_at_position_one():
-    """DeepSeek >= 0.5.13 with P[0]==1: ids [1,..] get +1, ids [0,..] don't: no list works."""
-    plan = ids_for_positions(SGLANG_DS_NEW, [1, 5, 9], 12)
-    assert plan.ids is None and any("p=1" in r for r in plan.reasons)
-    assert ids_for_positions(SGLANG_DS_OLD, [1, 5, 9], 12).ids == [0, 4, 8]
+# --- the appliers ------------------------------------------------------------------------------------
+
+def test_duplicates_capture_once_and_deepseek_0_5_18_leaves_a_slot():
+    for eng, mt in (("vllm", "llama"), ("sglang", "llama"), ("trtllm", "llama")):
+        out = positions_for_ids(resolve(eng, mt), [3, 3], N)
+        assert out[1].effect == "duplicate"
+    assert "empty slot" in positions_for_ids(resolve("sglang", "deepseek_v3", "0.5.18"), [3, 3], N)[1].note
 
 
-def test_duplicates_and_out_of_range_rejected():
-    """Duplicates and positions outside 0..N have no id list."""
-    assert ids_for_positions(VLLM, [3, 3, 7], 12).ids is None
-    assert ids_for_positions(VLLM, [3, 13], 12).ids is None
-    assert ids_for_positions(VLLM, [-1, 3], 12).ids is None
+def test_default_ids_capture_the_default_positions_everywhere():
+    for eng in rules.ENGINES:
+        for mt in _TYPE.values():
+            rule = resolve(eng, mt)
+            for n in (8, 12, 32, 61):
+                got = [o.position.p for o in positions_for_ids(rule, default_ids(rule, n), n)]
+                assert got == default_aux_positions(n), (eng, mt, n)
+    assert default_ids(resolve("sglang", "llama"), 61) == [1, 29, 57]
+    with pytest.raises(ForensicsError, match="N > 5"):
+        default_ids(resolve("trtllm", "llama"), 5)
+
+
+def test_ids_for_positions_concrete_cases():
+    """Llama N=12 P=[3,7,10]: SGLang [2,6,9], vLLM [3,7,10], TRT-LLM [2,6,9]; embedding and p=N."""
+    assert ids_for_positions(resolve("sglang", "llama"), [3, 7, 10], N).ids == [2, 6, 9]
+    assert ids_for_positions(resolve("vllm", "llama"), [3, 7, 10], N).ids == [3, 7, 10]
+    assert ids_for_positions(resolve("trtllm", "llama"), [3, 7, 10], N).ids == [2, 6, 9]
+    assert ids_for_positions(resolve("sglang", "llama", "0.5.21"), [0, 3], N).ids is None
+    assert ids_for_positions(resolve("sglang", "llama", "0.5.22"), [0, 3], N).ids == [-1, 2]
+    assert ids_for_positions(resolve("vllm", "llama", "0.17.1"), [0, 3], N).ids is None
+    assert ids_for_positions(resolve("vllm", "llama", "0.18.0"), [0, 3], N).ids == [0, 3]
+    plan = ids_for_positions(resolve("sglang", "llama"), [3, N], N)
+    assert plan.ids is None and any(f"p={N}" in r for r in plan.reasons)
+    assert ids_for_positions(resolve("sglang", "gpt_oss"), [3, N], N).ids == [2, N - 1]
+    assert ids_for_positions(resolve("sglang", "kimi_k2", "0.5.13"), [2, 30, 58], 61).ids == [1, 29, 57]
+    assert ids_for_positions(resolve("sglang", "kimi_k2", "0.5.13"), [3, 31, 59], 61).ids == [3, 31, 59]
+    assert ids_for_positions(resolve("sglang", "kimi_k2", "0.5.13"), [1, 5, 9], N).ids is None
+    assert ids_for_positions(resolve("sglang", "kimi_k2", "0.5.3"), [2, 5], N).ids is None
+
+
+def test_descending_duplicate_and_out_of_range_positions_rejected():
+    for eng in rules.ENGINES:
+        rule = resolve(eng, "llama")
+        assert any("ascending" in r for r in ids_for_positions(rule, [10, 3, 7], N).reasons)
+        assert ids_for_positions(rule, [3, 3, 7], N).ids is None
+        assert ids_for_positions(rule, [3, 13], N).ids is None
+
+
+def test_concat_order_default_is_by_layer():
+    out = positions_for_ids(resolve("vllm", "llama"), [9, 2, 6], N)
+    assert concat_order(out) == [Position(2), Position(6), Position(9)]
 
 
 def test_bad_arguments_are_forensics_errors():
-    """Non-integer ids or a bad layer count are user errors."""
     with pytest.raises(ForensicsError):
-        positions_for_ids(VLLM, [1, "2"], 12)  # type: ignore[list-item]
+        positions_for_ids(resolve("vllm"), [1, "2"], N)  # type: ignore[list-item]
     with pytest.raises(ForensicsError):
-        ids_for_positions(VLLM, [1, 2], 0)
+        ids_for_positions(resolve("vllm"), [1, 2], 0)
 
 
-# --- round trips ----------------------------------------------------------------------------------
+_ALL_RULES = [resolve(e, mt, None if e == "trtllm" else v, mode=m)
+              for e, mt, v, m in (
+                  [("sglang", t, v, None) for t in _TYPE.values()
+                   for v in ("0.5.12.post1", "0.5.13", "0.5.14", "0.5.17", "0.5.23")]
+                  + [("vllm", t, v, None) for t in _TYPE.values() for v in ("0.17.1", "0.18.0", "0.26.0")]
+                  + [("trtllm", "llama", None, m) for m in ("one-model", "two-model")])]
 
-@settings(max_examples=300, deadline=None)
+
+@settings(max_examples=150, deadline=None)
 @given(st.integers(min_value=6, max_value=96).flatmap(
     lambda n: st.tuples(st.just(n), st.lists(st.integers(0, n), min_size=1, max_size=6,
                                              unique=True).map(sorted))))
 def test_round_trip_every_valid_ascending_list(case):
-    """For every ascending P that a target accepts, ids_for_positions -> positions_for_ids == P."""
+    """Whenever ids_for_positions answers, positions_for_ids maps the ids back onto P."""
     n, pos = case
-    for t in ALL_TARGETS:
-        plan = ids_for_positions(t, pos, n)
+    for rule in _ALL_RULES:
+        plan = ids_for_positions(rule, pos, n)
         if plan.ids is None:
             assert plan.reasons
             continue
-        assert _ps(t, plan.ids, n) == pos
+        assert [o.position for o in positions_for_ids(rule, plan.ids, n)] == [Position(p) for p in pos]
 
-
-@pytest.mark.parametrize("n", [6, 12, 32, 61, 80])
-def test_round_trip_exhaustive_triples(n):
-    """Every ascending triple inside 1..N-1 works on every target except DeepSeek>=0.5.13 at 1."""
-    for a in range(1, n - 1):
-        for b in range(a + 1, n, max(1, n // 7)):
-            for c in range(b + 1, n, max(1, n // 5)):
-                for t in ALL_TARGETS:
-                    plan = ids_for_positions(t, [a, b, c], n)
-                    if t is SGLANG_DS_NEW and a == 1:
-                        assert plan.ids is None
-                        continue
-                    assert plan.ids is not None, (t.label, a, b, c)
-                    assert _ps(t, plan.ids, n) == [a, b, c]
-
-
-# --- trainers ------------------------------------------------------------------------------------
 
 def test_trainer_final_expectation():
-    """SpecForge expects post-norm (lm_head only); speculators raw (applies verifier_norm)."""
     assert trainer_final_expectation("SpecForge").startswith("post-norm")
     assert trainer_final_expectation("speculators").startswith("raw")
     with pytest.raises(ForensicsError, match="specforge or speculators"):

@@ -115,9 +115,10 @@ class TestLibrary:
                                               model_type="deepseek_v3", num_layers=12))
         new = crosscheck(result, audit_config(draft, "sglang", engine_version="0.5.13",
                                               model_type="deepseek_v3", num_layers=12))
-        assert old.match and old.target == "sglang-deepseek<0.5.13"
+        assert old.match and old.rule == "sglang 0.5.12 deepseek"
         assert not new.match and new.fix_ids == [3, 7, 10]
-        assert any("0.5.5-0.5.12" in n for n in new.fix_notes)
+        # the fix works on the version asked about
+        assert new.fix_key == NESTED_KEY
 
     def test_default_audit_mismatch_and_match(self, result):
         """No config: the engine default p=[2,6,9] is judged; the SpecForge sample (default layers) matches."""
@@ -129,12 +130,14 @@ class TestLibrary:
         assert '{"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}' in pin.message
 
     def test_unservable_training_layout(self, tmp_path):
-        """Embedding in the aux slots: SGLang has no fix (says why); vLLM's id 0 does."""
+        """Embedding in the aux slots: SGLang Llama < 0.5.22 has no fix (says why); 0.5.22 uses -1; vLLM id 0."""
         wrong = align(SAMPLES / "record_wrong_fix.pt", CAPTURE)
-        sgl = crosscheck(wrong, default_audit("sglang", 12))
+        sgl = crosscheck(wrong, default_audit("sglang", 12, engine_version="0.5.21", model_type="llama"))
+        new = crosscheck(wrong, default_audit("sglang", 12, engine_version="0.5.22", model_type="llama"))
         vll = crosscheck(wrong, default_audit("vllm", 12))
         assert sgl.status == "mismatch" and sgl.fix_ids is None
         assert any("embedding" in n for n in sgl.fix_notes)
+        assert new.fix_ids == [-1, 1, 5]
         assert vll.fix_ids == [0, 2, 6]
 
     def test_unplaced_slots_cannot_be_judged(self, tmp_path):

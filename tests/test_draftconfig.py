@@ -46,9 +46,12 @@ def test_deepseek_n61_positions_move_across_sglang_0_5_13(tmp_path):
     old = audit_config(draft, "sglang", engine_version="0.5.12", target_path=target)
     new = audit_config(draft, "sglang", engine_version="0.5.13", target_path=target)
     assert (old.num_layers, old.model_type, old.key_read) == (61, "deepseek_v3", NESTED_KEY)
-    assert _ps(old) == [3, 31, 59] and old.target == "sglang-deepseek<0.5.13"
-    assert _ps(new) == [2, 30, 58] and new.target == "sglang-deepseek>=0.5.13"
+    assert _ps(old) == [3, 31, 59] and old.rule == "sglang 0.5.12 deepseek"
+    assert _ps(new) == [2, 30, 58] and new.rule == "sglang 0.5.13 deepseek"
     assert "version-dependent" in _codes(old) and not old.has_warnings
+    rows = {r["versions"]: r["served"] for r in old.by_version}
+    assert rows == {"0.4.10 - 0.5.4.post1": [], "0.5.4.post2 - 0.5.12.post1": ["p3", "p31", "p59"],
+                    ">= 0.5.13": ["p2", "p30", "p58"]}
 
 
 def test_deepseek_without_version_warns(tmp_path):
@@ -60,10 +63,12 @@ def test_deepseek_without_version_warns(tmp_path):
 
 
 def test_deepseek_ids_starting_with_one_are_version_stable(tmp_path):
-    """[1,29,57] means p 2,30,58 on both sides of 0.5.13: no version finding."""
+    """[1,29,57] means p 2,30,58 on both sides of 0.5.13: only 'no capture before 0.5.4.post2'."""
     audit = audit_config(_specforge(tmp_path, [1, 29, 57]), "sglang",
                          model_type="kimi_k2", num_layers=61)
-    assert _ps(audit) == [2, 30, 58] and "version-dependent" not in _codes(audit)
+    assert _ps(audit) == [2, 30, 58]
+    f = [f for f in audit.findings if f.code == "version-dependent"][0]
+    assert f.severity == "info" and "no EAGLE-3 capture" in f.message
 
 
 def test_kimi_target_with_text_config(tmp_path):
@@ -74,25 +79,27 @@ def test_kimi_target_with_text_config(tmp_path):
     assert _ps(audit) == [3, 31, 59]
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm", "trtllm"])
-def test_minus_one_flagged_on_every_engine(tmp_path, engine):
-    """[-1,2,30]: invalid on SGLang/vLLM; on TRT-LLM -1 is post-norm and concatenated last."""
+@pytest.mark.parametrize("engine,version,first,code", [
+    ("sglang", "0.5.21", None, "negative-id"),  # Llama: index 0 meets residual None and raises
+    ("sglang", "0.5.22", Position(0), None),    # Llama from 0.5.22: -1 -> embedding
+    ("vllm", None, None, "negative-id"),        # vLLM never matches -1
+    ("trtllm", None, Position(32, normed=True), None),  # post-norm final, concatenated FIRST
+])
+def test_minus_one_per_engine_and_version(tmp_path, engine, version, first, code):
+    """[-1,2,30]: what -1 reaches depends on the engine and version (conventions.md)."""
     if engine == "trtllm":
         draft = _trtllm_yaml(tmp_path, [-1, 2, 30])
     elif engine == "vllm":
         draft = _speculators(tmp_path, [-1, 2, 30])
     else:
         draft = _specforge(tmp_path, [-1, 2, 30])
-    audit = audit_config(draft, engine, model_type="llama", num_layers=32)
-    assert audit.ids_read == [-1, 2, 30] and audit.has_warnings
+    audit = audit_config(draft, engine, model_type="llama", num_layers=32, engine_version=version)
+    assert audit.ids_read == [-1, 2, 30] and audit.positions[0] == first
+    if code is not None:
+        assert [f.severity for f in audit.findings if f.code == code] == ["warning"]
     if engine == "trtllm":
-        assert audit.positions[0] == Position(32, normed=True)
-        assert {"negative-id", "order-differs"} <= _codes(audit)
-        assert any("post-norm" in f.message for f in audit.findings if f.code == "order-differs")
-    else:
-        assert audit.positions[0] is None
-        neg = [f for f in audit.findings if f.code == "negative-id"][0]
-        assert neg.severity == "warning" and "only TensorRT-LLM" in neg.message
+        assert [q.label for q in audit.served] == ["p32 post-norm", "p3", "p31"]
+        assert "order-differs" not in _codes(audit)  # one-model: -1 first, as listed
 
 
 def test_speculators_top_level_ignored_by_sglang_read_by_vllm(tmp_path):
@@ -101,9 +108,12 @@ def test_speculators_top_level_ignored_by_sglang_read_by_vllm(tmp_path):
     sgl = audit_config(draft, "sglang", model_type="llama", num_layers=32)
     assert sgl.ids_read is None and {"top-level-ignored", "default-fallback"} <= _codes(sgl)
     assert _ps(sgl) == [2, 16, 29]
-    vll = audit_config(draft, "vllm", model_type="llama", num_layers=32)
+    vll = audit_config(draft, "vllm", model_type="llama", num_layers=32, engine_version="0.33.0")
     assert vll.key_read == TOP_KEY and vll.ids_read == [2, 16, 29, 32]
     assert _ps(vll) == [2, 16, 29, 32] and not vll.has_warnings
+    # before 0.18.0 id N captured nothing: without a version that is a warning
+    assert "version-dependent" in {f.code for f in audit_config(
+        draft, "vllm", model_type="llama", num_layers=32).findings if f.severity == "warning"}
 
 
 # --- other traps ----------------------------------------------------------------------------------
@@ -241,7 +251,8 @@ def test_cli_json(tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert [q["p"] for q in data["positions"]] == [3, 31, 59]
-    assert data["target"] == "sglang-deepseek<0.5.13" and data["ok"] is True
+    assert data["rule"] == "sglang 0.5.12 deepseek" and data["ok"] is True
+    assert data["version_assumed"] is False and len(data["by_version"]) == 3
 
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path):

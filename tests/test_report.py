@@ -121,7 +121,7 @@ class TestNotebookRecords:
         assert [m["position"] for m in s["mapping"]] == [0, 2, 6, 12]
         codes = {f["code"]: f["severity"] for f in s["findings"]}
         assert codes["embedding-included"] == "error"
-        assert "embedding" in s["verdict"] and s["engine_ids"]["sglang"] is None
+        assert "embedding" in s["verdict"] and s["engine_ids"]["trtllm"] is None
 
     def test_no_error_or_warning_output(self, layout_run: ReportRun) -> None:
         nb = nbformat.read(str(layout_run.notebook), as_version=4)

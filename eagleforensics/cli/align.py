@@ -28,8 +28,12 @@ ENGINES = ("sglang", "vllm", "trtllm")
               help="Draft config.json (or its directory), or a TensorRT-LLM YAML; needs --engine.")
 @click.option("--engine", type=click.Choice(ENGINES), default=None,
               help="Check what this engine will capture against the training data (engine default if no --draft-config).")
-@click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12 (SGLang DeepSeek rules depend on it).")
-@click.option("--model-type", default=None, help="Target model_type for the engine rule (llama, qwen3, deepseek_v3, ...).")
+@click.option("--engine-version", default=None,
+              help="Engine version, e.g. 0.5.12.post1; default: the newest release the rules know (said in the output).")
+@click.option("--vllm-runner", type=click.Choice(("v1", "v2")), default=None,
+              help="vLLM model runner (default: the one that vLLM version picks for the model); decides which key is read.")
+@click.option("--model-type", default=None,
+              help="Target model_type for the engine rule (llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2, kimi_k25, gpt_oss, ...).")
 @click.option("--device", type=click.Choice(("cpu", "cuda", "auto")), default="cpu", show_default=True,
               help="Where the per-position reduction runs; auto = cuda when a GPU is visible.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
@@ -37,8 +41,8 @@ ENGINES = ("sglang", "vllm", "trtllm")
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def align(train: str, capture: str, fmt: str | None, capture_convention: str, num_layers: int | None,
           max_tokens: int | None, min_score: float | None, min_margin: float | None, draft_config: str | None,
-          engine: str | None, engine_version: str | None, model_type: str | None, device: str, as_json: bool,
-          allow_unsafe_pickle: bool) -> None:
+          engine: str | None, engine_version: str | None, vllm_runner: str | None, model_type: str | None,
+          device: str, as_json: bool, allow_unsafe_pickle: bool) -> None:
     """Say which residual-stream position each slot of TRAIN holds, judged against the CAPTURE sweep.
 
     With --engine, also say whether the states that engine will capture for the drafter (per
@@ -53,6 +57,6 @@ def align(train: str, capture: str, fmt: str | None, capture_convention: str, nu
         train, capture, fmt=fmt, convention=capture_convention, num_layers=num_layers,
         max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle, min_score=min_score, min_margin=min_margin,
         draft_config=draft_config, engine=engine, engine_version=engine_version, model_type=model_type,
-        device=device))
+        device=device, vllm_runner=vllm_runner))
     click.echo(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)

@@ -17,13 +17,14 @@ ENGINE_CHOICES = ("sglang", "vllm", "trtllm")
 
 def render_audit(audit: "ConfigAudit") -> str:
     """Readable text: where the ids came from, an id -> position table, then the findings."""
-    source = audit.key_read or "none found: engine default"
-    version = f" {audit.version}" if audit.version else ""
+    source = audit.key_read or ("none: no aux capture" if audit.capture_off else "none found: engine default")
+    assumed = " (no --engine-version: the newest release the rules know)" if audit.version_assumed else ""
     lines = [
         f"draft:  {audit.path}",
-        f"engine: {audit.engine}{version} -> rule {audit.target}; model_type "
+        f"engine: {audit.engine} -> rule {audit.rule}{assumed}; model_type "
         f"{audit.model_type or 'unknown'}; N={audit.num_layers}",
         f"ids:    {audit.ids_used}  (read from: {source})",
+        f"serves: {', '.join(q.label for q in audit.served) or 'nothing'}  (concatenation order)",
         "",
         f"  {'id':>5}  {'position':<16} what it holds",
     ]
@@ -31,6 +32,12 @@ def render_audit(audit: "ConfigAudit") -> str:
         label = pos.label if pos is not None else "-- nothing --"
         what = pos.describe(audit.num_layers) if pos is not None else (note or "")
         lines.append(f"  {k:>5}  {label:<16} {what}")
+    if audit.by_version:
+        lines += ["", "by version (the answer changes):"]
+        for row in audit.by_version:
+            what = ("no EAGLE-3 capture" if not row["supported"] else "no aux capture" if row["capture_off"]
+                    else f"{', '.join(row['served']) or 'nothing'} (from {row['key_read'] or 'its default'})")
+            lines.append(f"  {row['versions']:<28} {what}")
     warnings = [f for f in audit.findings if f.severity == "warning"]
     infos = [f for f in audit.findings if f.severity != "warning"]
     for title, group in (("warnings", warnings), ("notes", infos)):
@@ -45,14 +52,18 @@ def render_audit(audit: "ConfigAudit") -> str:
 @click.argument("draft", type=click.Path())
 @click.option("--engine", type=click.Choice(ENGINE_CHOICES), required=True,
               help="Serving engine whose reading of the config to audit.")
-@click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12 (SGLang DeepSeek rules depend on it).")
-@click.option("--model-type", default=None, help="Target model_type (llama, qwen3, deepseek_v3, kimi_k2, gpt_oss, ...).")
+@click.option("--engine-version", default=None,
+              help="Engine version, e.g. 0.5.12.post1; default: the newest release the rules know (said in the output).")
+@click.option("--vllm-runner", type=click.Choice(("v1", "v2")), default=None,
+              help="vLLM model runner (default: the one that vLLM version picks for the model); decides which key is read.")
+@click.option("--model-type", default=None,
+              help="Target model_type (llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2, kimi_k25, gpt_oss, ...).")
 @click.option("--num-layers", type=click.IntRange(min=1), default=None, help="N, the target's num_hidden_layers.")
 @click.option("--target", "target_dir", type=click.Path(), default=None,
               help="Target model directory (or its config.json) for N and model_type.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def config(draft: str, engine: str, engine_version: str | None, model_type: str | None,
-           num_layers: int | None, target_dir: str | None, as_json: bool) -> None:
+def config(draft: str, engine: str, engine_version: str | None, vllm_runner: str | None,
+           model_type: str | None, num_layers: int | None, target_dir: str | None, as_json: bool) -> None:
     """Say which ids ENGINE reads from the DRAFT config (file or directory) and what they capture.
 
     Exit 0: no warning. 1: at least one warning-level finding. 2: bad input.
@@ -61,6 +72,6 @@ def config(draft: str, engine: str, engine_version: str | None, model_type: str 
 
     audit = run_guarded(lambda: audit_config(
         draft, engine, engine_version=engine_version, model_type=model_type,
-        num_layers=num_layers, target_path=target_dir))
+        num_layers=num_layers, target_path=target_dir, vllm_runner=vllm_runner))
     click.echo(json.dumps(audit.to_dict(), indent=2) if as_json else render_audit(audit))
     sys.exit(1 if audit.has_warnings else 0)

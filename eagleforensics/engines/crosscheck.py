@@ -15,6 +15,11 @@ Decisions:
 * No draft config (``default_audit``): judge the engine's default, i.e. what a draft whose
   config carries no ids gets -- the silent fallback is what such a deployment really serves.
 * Aux slots not all confidently placed, or no aux slots at all: no verdict ("cannot-judge").
+* The fix is written in the key the engine asked about reads first (``Rule.write_key``: SGLang
+  the nested key, vLLM the top-level key, which wins in both runners), with
+  ``use_aux_hidden_state: true`` when the draft switched capture off. ``fix_all`` is one draft
+  config with both keys (plus the TensorRT-LLM YAML) that serves the trained positions on every
+  engine at the version asked (the others at their newest release), naming any it cannot.
 """
 from __future__ import annotations
 
@@ -27,15 +32,13 @@ from ..errors import ForensicsError
 from ..positions import Position
 from ..results import Finding
 from . import rules
-from .draftconfig import INFO, NESTED_KEY, TOP_KEY, YAML_KEY, ConfigAudit, audit_config
+from .draftconfig import INFO, USE_AUX_KEY, ConfigAudit, audit_config
+from .rules import NESTED_KEY, TOP_KEY, YAML_KEY, Rule
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..results import AlignmentResult
 
 MATCH, MISMATCH, CANNOT_JUDGE = "match", "mismatch", "cannot-judge"
-# The key to WRITE so the engine reads it: SGLang reads only the nested key; vLLM reads the
-# top-level key first (so it wins over a stale nested one); TRT-LLM reads only its YAML.
-_WRITE_KEY = {"sglang": NESTED_KEY, "vllm": TOP_KEY, "trtllm": YAML_KEY}
 _WRITE_WHERE = {"sglang": "the draft's config.json", "vllm": "the draft's config.json",
                 "trtllm": "the TensorRT-LLM extra-API YAML (JSON is valid YAML)"}
 
@@ -59,6 +62,8 @@ class CrossCheck:
     fix_snippet: str | None = None
     fix_notes: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    rule: str = ""
+    fix_all: dict[str, Any] | None = None
 
     @property
     def match(self) -> bool:
@@ -80,7 +85,7 @@ class CrossCheck:
             "fix": None if self.fix_ids is None else {
                 "ids": self.fix_ids, "key": self.fix_key, "snippet": json.loads(self.fix_snippet or "null"),
                 "where": _WRITE_WHERE[self.engine]},
-            "fix_notes": self.fix_notes,
+            "fix_notes": self.fix_notes, "rule": self.rule, "fix_all": self.fix_all,
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -88,7 +93,7 @@ class CrossCheck:
         """A terminal section: served vs trained, the verdict and the snippet to paste."""
         ver = f" {self.version}" if self.version else ""
         src = self.key_read or "none: engine default"
-        lines = [f"serving: {self.engine}{ver} (rule {self.target}, N={self.num_layers})",
+        lines = [f"serving: {self.engine}{ver} (rule {self.rule or self.target}, N={self.num_layers})",
                  f"  draft config:    {self.draft_path or '(none given: engine default)'}",
                  f"  ids used:        {self.ids_used}  (read from: {src})",
                  f"  engine captures: {_join(self.positions_served)}",
@@ -104,6 +109,13 @@ class CrossCheck:
         else:
             lines.append("  MISMATCH, and no id list on this engine captures the trained positions:")
         lines += [f"    note: {n}" for n in self.fix_notes]
+        if self.status == MISMATCH and self.fix_all is not None:
+            lines.append("  one draft config for every engine (config.json, then the TensorRT-LLM YAML):")
+            lines.append(f"    {json.dumps(self.fix_all['config_json'])}")
+            if self.fix_all.get("trtllm_yaml") is not None:
+                lines.append(f"    {json.dumps(self.fix_all['trtllm_yaml'])}")
+            for eng, why in self.fix_all.get("cannot", {}).items():
+                lines.append(f"    cannot satisfy {eng}: {why}")
         return "\n".join(lines)
 
 
@@ -111,20 +123,26 @@ def _join(ps: list[Position] | None) -> str:
     return "-" if ps is None else (", ".join(q.label for q in ps) or "nothing")
 
 
-def snippet(key: str, ids: list[int]) -> str:
+def snippet(key: str, ids: list[int], use_aux: bool = False) -> str:
     """'a.b', [1, 2] -> '{"a": {"b": [1, 2]}}': the dotted key as nested JSON to paste."""
-    node: Any = list(ids)
-    for part in reversed(key.split(".")):
-        node = {part: node}
-    return json.dumps(node)
+    return json.dumps(_nest({key: list(ids), **({USE_AUX_KEY: True} if use_aux else {})}))
 
 
-def _target_of(audit: ConfigAudit) -> rules.Target:
-    """The conventions record the audit applied (by label; resolved again if the label is unknown)."""
-    for t in rules.ALL_TARGETS:
-        if t.label == audit.target:
-            return t
-    return rules.resolve_target(audit.engine, audit.model_type, audit.version)
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """{'a.b': 1, 'a.c': 2, 'd': 3} -> {'a': {'b': 1, 'c': 2}, 'd': 3}."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def rule_of(audit: ConfigAudit) -> Rule:
+    """The rule the audit applied (engine, model type, version, runner or mode)."""
+    return rules.resolve(audit.engine, audit.model_type, audit.version, audit.runner, audit.mode)
 
 
 def _carried(audit: ConfigAudit) -> list[Finding]:
@@ -144,26 +162,56 @@ def trained_positions(result: "AlignmentResult") -> tuple[list[Position] | None,
     return [m.position for m in aux if m.position is not None], ""
 
 
-def _plan(target: rules.Target, trained: list[Position], n: int
-          ) -> tuple[list[int] | None, list[str]]:
-    """Ids that make ``target`` capture ``trained`` (raw positions only), or the reasons none do."""
+def plan_ids(rule: Rule, trained: list[Position], n: int) -> tuple[list[int] | None, list[str]]:
+    """Ids that make ``rule``'s engine capture ``trained`` (raw positions), or why none do."""
     if any(q.normed for q in trained):
-        return None, ["an aux slot holds a post-norm state; only TRT-LLM's -1 captures one (as the last "
-                      "slot) and this tool does not plan it: check by hand"]
-    plan = rules.ids_for_positions(target, [q.p for q in trained], n)
+        return None, ["an aux slot holds a post-norm state; only TRT-LLM's -1 captures one and this "
+                      "tool does not plan it: check by hand"]
+    if rule.write_key is None:
+        return None, [f"{rule.label} reads no ids from any config ({rule.keys.source}): it always "
+                      "serves its default layers; upgrade (vLLM reads the top-level key from 0.11.1) "
+                      "or retrain on the default positions"]
+    plan = rules.ids_for_positions(rule, [q.p for q in trained], n)
     return plan.ids, list(plan.reasons) + list(plan.notes)
+
+
+def fix_for_all(trained: list[Position], n: int, asked: Rule) -> dict[str, Any]:
+    """One draft config (both keys) plus the TensorRT-LLM YAML serving ``trained`` everywhere.
+
+    The engine asked about is judged at its version/runner; the others at their newest release
+    with the runner vLLM picks by default. ``cannot`` names every engine no id list satisfies.
+    """
+    flat: dict[str, Any] = {}
+    yaml = None
+    cannot: dict[str, str] = {}
+    used: dict[str, str] = {}
+    for eng in rules.ENGINES:
+        rule = asked if eng == asked.engine else rules.resolve(eng, asked.model_type)
+        used[eng] = rule.label
+        ids, why = plan_ids(rule, trained, n)
+        if ids is None:
+            cannot[eng] = "; ".join(why)
+        elif eng == "trtllm":
+            yaml = _nest({YAML_KEY: ids})
+        else:
+            flat[TOP_KEY if eng == "vllm" else NESTED_KEY] = ids
+    if NESTED_KEY in flat or TOP_KEY in flat:
+        flat[USE_AUX_KEY] = True
+    if TOP_KEY not in flat and "vllm" not in cannot:
+        cannot["vllm"] = "no top-level ids, so vLLM's default runner falls back to its default"
+    return {"config_json": _nest(flat), "trtllm_yaml": yaml, "rules": used, "cannot": cannot}
 
 
 def crosscheck(result: "AlignmentResult", audit: ConfigAudit) -> CrossCheck:
     """Compare what ``audit``'s engine captures with what ``result``'s aux slots hold."""
-    target = _target_of(audit)
+    rule = rule_of(audit)
     n = audit.num_layers
-    served = rules.concat_order(rules.positions_for_ids(target, audit.ids_used, n))
+    served = list(audit.served)
     trained, why = trained_positions(result)
     found = _carried(audit)
-    base = dict(engine=audit.engine, version=audit.version, target=target.label, num_layers=n,
+    base = dict(engine=audit.engine, version=audit.version, target=audit.target, num_layers=n,
                 draft_path=audit.path, ids_used=list(audit.ids_used), key_read=audit.key_read,
-                positions_served=served, positions_trained=trained)
+                positions_served=served, positions_trained=trained, rule=rule.label)
     if result.num_layers != n:
         found.append(Finding("num-layers-disagree", "error", (
             f"the capture has N={result.num_layers} layers ({result.num_layers_source}) but the engine audit "
@@ -171,59 +219,64 @@ def crosscheck(result: "AlignmentResult", audit: ConfigAudit) -> CrossCheck:
             "or pass the same N to both")))
         return CrossCheck(status=CANNOT_JUDGE, findings=found, **base)
     if trained is None:
-        found.append(Finding("serving-unjudged", "warning", f"cannot say whether {target.label} serves "
+        found.append(Finding("serving-unjudged", "warning", f"cannot say whether {rule.label} serves "
                              f"what was trained: {why}"))
         return CrossCheck(status=CANNOT_JUDGE, findings=found, **base)
     if served == trained:
-        msg = (f"{target.label} captures {_join(served)}, exactly what the training aux slots hold")
-        if audit.key_read is None:
-            key = _WRITE_KEY[audit.engine]
-            msg += (f"; it gets there through its default, so pin it: "
-                    f"{snippet(key, audit.ids_used)}")
+        msg = (f"{rule.label} captures {_join(served)}, exactly what the training aux slots hold")
+        if audit.key_read is None and rule.write_key is not None:
+            ids = rules.ids_for_positions(rule, [q.p for q in served], n).ids or audit.ids_used
+            msg += f"; it gets there through its default, so pin it: {snippet(rule.write_key, ids)}"
         found.append(Finding("serving-match", INFO, msg))
         return CrossCheck(status=MATCH, findings=found, **base)
-    ids, notes = _plan(target, trained, n)
-    key = _WRITE_KEY[audit.engine]
-    if ids is None:
+    ids, notes = plan_ids(rule, trained, n)
+    everywhere = fix_for_all(trained, n, rule)
+    key = rule.write_key
+    if ids is None or key is None:
         found.append(Finding("serving-mismatch", "error", (
-            f"{target.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}, and "
+            f"{rule.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}, and "
             f"no id list fixes it: {'; '.join(notes)}")))
-        return CrossCheck(status=MISMATCH, fix_notes=notes, findings=found, **base)
-    text = snippet(key, ids)
+        return CrossCheck(status=MISMATCH, fix_notes=notes, findings=found, fix_all=everywhere, **base)
+    text = snippet(key, ids, use_aux=audit.capture_off)
     found.append(Finding("serving-mismatch", "error", (
-        f"{target.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}: "
+        f"{rule.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}: "
         f"set {key} to {ids} in {_WRITE_WHERE[audit.engine]}: {text}")))
     return CrossCheck(status=MISMATCH, fix_ids=ids, fix_key=key, fix_snippet=text, fix_notes=notes,
-                      findings=found, **base)
+                      findings=found, fix_all=everywhere, **base)
 
 
 def default_audit(engine: str, num_layers: int, *, engine_version: str | None = None,
-                  model_type: str | None = None) -> ConfigAudit:
+                  model_type: str | None = None, vllm_runner: str | None = None) -> ConfigAudit:
     """What ``engine`` captures for a draft whose config carries no ids: its default list."""
     eng = str(engine).strip().lower()
-    # model_type only picks a rule on SGLang; other engines ignore it (as audit_config does)
-    target = rules.resolve_target(
-        eng, model_type if eng == "sglang" or model_type in rules.MODEL_TYPES else None, engine_version)
-    ids = rules.default_ids(target, num_layers)
-    outcomes = rules.positions_for_ids(target, ids, num_layers)
+    rule = rules.resolve(eng, model_type, engine_version, vllm_runner)
+    served = rules.served_positions(rule, None, num_layers)
+    ids = rules.default_ids(rule, num_layers) if rule.supported else []
+    outcomes = rules.positions_for_ids(rule, ids, num_layers)
     findings = [Finding("no-draft-config", INFO, (
-        f"no draft config given: judged {target.label}'s default ids {ids}, which is what it serves a draft "
-        "whose config carries none (a silent fallback)"))]
-    if eng == "sglang" and model_type is None:
-        findings.append(Finding("model-type-assumed", INFO, "model type unknown: assumed the SGLang "
-                                     "Llama/Qwen rule (pass --model-type)"))
-    return ConfigAudit(engine=eng, version=engine_version, model_type=model_type, num_layers=num_layers,
-                       ids_read=None, key_read=None, positions=[o.position for o in outcomes],
-                       findings=findings, target=target.label, ids_used=ids,
-                       notes=[o.note for o in outcomes], path="")
+        f"no draft config given: judged {rule.label}'s default (positions {_join(served)}), which is "
+        "what it serves a draft whose config carries no ids (a silent fallback)"))]
+    findings += [Finding("version-assumed" if note.startswith("no engine") else "model-type-assumed"
+                         if note.startswith("model type") else "version-outside-table", INFO, note)
+                 for note in rule.notes]
+    if not rule.supported:
+        findings.append(Finding("engine-cannot-serve", "warning", (
+            f"{rule.capture.label}: no EAGLE-3 capture for the {rule.family} family; serving fails")))
+    return ConfigAudit(engine=eng, version=engine_version, model_type=rule.model_type,
+                       num_layers=num_layers, ids_read=None, key_read=None,
+                       positions=[o.position for o in outcomes], findings=findings, target=eng,
+                       ids_used=ids, notes=[o.note for o in outcomes], path="", rule=rule.label,
+                       runner=rule.runner, mode=rule.capture.mode,
+                       version_assumed=engine_version is None, served=served)
 
 
 def check_request(draft_config: str | Path | None, engine: str | None, engine_version: str | None,
-                  model_type: str | None) -> None:
+                  model_type: str | None, vllm_runner: str | None = None) -> None:
     """Reject option combinations that cannot mean anything, before any file is read."""
     if engine is None:
         given = [name for name, v in (("draft-config", draft_config), ("engine-version", engine_version),
-                                      ("model-type", model_type)) if v is not None]
+                                      ("model-type", model_type), ("vllm-runner", vllm_runner))
+                 if v is not None]
         if given:
             raise ForensicsError(f"{', '.join(given)} given without an engine: add --engine (engine=) one of "
                                  f"{', '.join(rules.ENGINES)}, the engine whose reading of the config to check")
@@ -233,17 +286,21 @@ def check_request(draft_config: str | Path | None, engine: str | None, engine_ve
         raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(rules.ENGINES)}")
     if engine_version is not None:
         rules.parse_version(engine_version)
-    if model_type is not None and eng == "sglang":
-        rules.family_of(model_type)  # only SGLang picks its rule by model type
+    if model_type is not None:
+        rules.family_of(model_type)
+    if vllm_runner is not None and eng != "vllm":
+        raise ForensicsError(f"--vllm-runner applies to --engine vllm only, not {eng}")
     if draft_config is not None and not Path(draft_config).exists():
         raise ForensicsError("no such file or directory (expected the draft's config.json, its directory, "
                              "or a TensorRT-LLM YAML)", path=draft_config)
 
 
 def serving_audit(draft_config: str | Path | None, engine: str, num_layers: int, *,
-                  engine_version: str | None = None, model_type: str | None = None) -> ConfigAudit:
+                  engine_version: str | None = None, model_type: str | None = None,
+                  vllm_runner: str | None = None) -> ConfigAudit:
     """The audit of ``draft_config`` for ``engine`` at N, or of the engine default when none is given."""
     if draft_config is None:
-        return default_audit(engine, num_layers, engine_version=engine_version, model_type=model_type)
+        return default_audit(engine, num_layers, engine_version=engine_version, model_type=model_type,
+                             vllm_runner=vllm_runner)
     return audit_config(draft_config, engine, engine_version=engine_version, model_type=model_type,
-                        num_layers=num_layers)
+                        num_layers=num_layers, vllm_runner=vllm_runner)

@@ -8,20 +8,22 @@ even when it mentions "accept".
 Formats read, as checked in each engine's released source:
 
 SGLang decode line (logger prefix ``[%Y-%m-%d %H:%M:%S(.mmm)( DPd)( TPd)...] ``, from
-``configure_logger``; ``.mmm`` with SGLANG_LOG_MS; rank tags only when that size is > 1):
-  0.4.10.post2  python/sglang/srt/managers/scheduler_metrics_mixin.py ``log_decode_stats``:
-    ``Decode batch. #running-req: N, #token: T, token usage: U, [accept len: L, ]cuda graph: B,
-    gen throughput (token/s): G, #queue-req: Q, ``
-  0.5.4.post3 - 0.5.10  same file (0.5.10: python/sglang/srt/observability/scheduler_metrics_mixin.py):
+``configure_logger``; ``.mmm`` with SGLANG_LOG_MS; rank tags only when that size is > 1), re-read
+in the released wheels 0.5.3, 0.5.4, 0.5.5.post2, 0.5.5.post3, 0.5.9 - 0.5.13:
     ``Decode batch[ [iter]], #running-req: N, #token: T, token usage: U, [accept len: L,
-    accept rate: R, ]cuda graph: B, gen throughput (token/s): G, #queue-req: Q, ``
-    R = (accepted drafts + bonus tokens) / (verify steps * num_draft_tokens), i.e. L / (steps + 1)
-    for a chain draft: never below 1 / (steps + 1), even when no draft token is accepted.
-  0.5.11 - 0.5.23  same line (0.5.22/0.5.23: python/sglang/srt/managers/scheduler_components/
-    metrics_reporter.py ``report_decode_stats``; no trailing ", " after #queue-req);
-    R = accepted drafts / (verify steps * (num_draft_tokens - 1)), i.e. (L - 1) / steps
-    (sglang PR #23530). The same decoding logs R = 0.40 before and 0.20 after for L = 1.6, steps = 3:
-    compare SGLang accept rates only within one side of that change; accept len did not change.
+    [accept rate: R, ]]cuda graph: B, gen throughput (token/s): G, #queue-req: Q[, ]``
+  Where: python/sglang/srt/managers/scheduler_metrics_mixin.py up to 0.5.9,
+    .../srt/observability/scheduler_metrics_mixin.py 0.5.10 - 0.5.12.post1,
+    .../srt/managers/scheduler_components/metrics_reporter.py from 0.5.13. The trailing ", "
+    after #queue-req was dropped in 0.5.9.
+  ``accept len`` only (no rate) up to 0.5.3; ``accept len: L, accept rate: R`` from 0.5.4.
+  R changed meaning twice, so compare accept LENGTH across versions, never the rate:
+    0.5.4 - 0.5.5.post2: accepted tokens / (verify steps * (speculative_num_steps + 1));
+    0.5.5.post3 - 0.5.10: accepted tokens / (verify steps * num_draft_tokens) (sglang PR #13212),
+      i.e. L / num_draft_tokens, never below 1 / num_draft_tokens even when no draft is accepted;
+    from 0.5.11: accepted DRAFTS (accepted tokens - verify steps) / (verify steps *
+      (num_draft_tokens - 1)) (sglang PR #23530), i.e. (L - 1) / steps. The same decoding logs
+      R = 0.40 before 0.5.11 and 0.20 from it for L = 1.6 with 4 draft tokens; L did not change.
 vLLM (prefix ``(APIServer pid=P) INFO %m-%d %H:%M:%S [file.py:line] ``; older releases omit the
 ``(process pid=P) `` part; the date has no year), 0.33.0:
   vllm/v1/metrics/loggers.py ``LoggingStatLogger.log``:

@@ -1,81 +1,448 @@
-"""Engine rules as data: which residual-stream position each serving engine captures per id.
+"""Engine rules as data: which residual-stream position each engine captures per id, per version.
 
-Every engine reads a list of ``eagle_aux_hidden_state_layer_ids`` and captures residual-stream
-states (``hidden_states + residual``); they disagree on what id ``k`` means. This module is the
-single place those rules live: a table of frozen records (``RULES``, each with its source) and
-the functions the matcher, the config audit and the docs call. Facts and sources are collected
-in shared/reference/conventions.md; what was re-read in engine source for this module:
+Three small tables hold every fact, each row citing the released version and file it was read
+from (wheels unpacked with ``pip download --no-deps``; TensorRT-LLM from its source):
 
-* SGLang ``models/llama.py`` (sgl-project/sglang, stored commits 0023954, bf7a0e2):
-  ``set_eagle3_layers_to_capture`` stores ``[k + 1 for k in ids]``; the default
-  ``[2, N//2, N-3]`` is stored unshifted. ``LlamaModel.forward`` checks ``i in
-  layers_to_capture`` BEFORE layer i for i in ``range(start_layer, end_layer)``, appending
-  ``hidden_states + residual``: index N is never reached (id N-1 captures nothing), and index
-  0 (id -1) meets ``residual is None`` (an error in these versions; ``models/qwen3_vl.py``
-  guards it, so the embedding may be reachable on some models -- unverified, treated as not).
-* SGLang ``models/deepseek_v2.py`` (stored commit 3e4a39e, a pre-0.5.13 release): the same loop
-  and an unconditional ``+1``. The >= 0.5.13 rule (``+1`` only when ``ids[0] == 1``, PR #25454)
-  was seen only in an annotated copy of that file, not in sgl-project/sglang itself.
-* SGLang ``models/gpt_oss.py`` (stored commit e914904) still has the unconditional ``+1``; the
-  "p = k when max(ids) == N" rule comes from conventions.md only: UNVERIFIED.
-* vLLM: ``EagleModelMixin._maybe_add_hidden_state`` (``model_executor/models/interfaces.py``)
-  and its callers (docs.vllm.ai latest, ``ArceeModel.forward``) call it with index 0 before the
-  first layer (residual None -> the embedding output) and with ``idx + 1`` after layer idx, so
-  id k = p k, id 0 = embedding, id N = raw last-layer output. Older ``llama.py`` (stored commit
-  e06c9ba) checked ``idx`` before layer idx with ``hidden_states + residual``: id 0 failed there
-  and id N captured nothing. ``v1/worker/gpu_model_runner.py::_get_eagle3_aux_layers_from_config``
-  reads the top-level key first, then ``eagle_config`` (some versions read only the top level).
-* TensorRT-LLM ``_torch/speculative/eagle3.py`` (``Eagle3SpecMetadata.__post_init__``): ids are
-  sorted, -1 moved last, default ``(1, N//2 - 1, N - 4)`` (ValueError when N <= 5);
-  ``maybe_capture_hidden_states`` is called at the END of decoder layer k (models/modeling_*.py)
-  with ``hidden_states + residual`` -> p = k + 1; ``SpecDecOneEngineForCausalLM.forward``
-  (``models/modeling_speculative.py``, ``layer_idx = -1``) captures the model output, which is
-  already normed -> -1 = post-norm final. ``llmapi/llm_args.py``: ``eagle3_layers_to_capture``
-  is a ``Set[int]`` in ``speculative_config``.
-* Every engine tests ``layer in <ids>`` once per layer, so duplicates add no state and the
-  concatenation follows layer order (ascending), whatever order the list was written in.
+* ``CAPTURE_RULES``: per engine, model family and version range, what id k captures (the
+  capture index rule), what capture index 0 (the embedding) and index N (the raw last layer)
+  do, the concatenation order and what a repeated id does.
+* ``KEY_RULES``: per engine, version range and vLLM model runner, which draft-config keys are
+  read (in order), what an empty list does, and whether ``eagle_config.use_aux_hidden_state:
+  false`` switches capture off.
+* ``RUNNER_RULES``: which model runner vLLM picks by default for an architecture.
+
+``resolve`` picks one row of each for (engine, model type, version, runner) and returns a
+``Rule``; ``positions_for_ids`` and ``ids_for_positions`` are the small generic appliers;
+``answers_by_version`` re-runs a question over every version range the tables know so a caller
+can say when the version changes the answer. Facts are collected in
+shared/reference/conventions.md; the rows below were re-checked against the wheels where the
+source column names a version, and say "not re-read" where they were not.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from collections.abc import Callable, Hashable, Sequence
+
+from packaging.version import InvalidVersion, Version
 
 from ..errors import ForensicsError
 from ..positions import Position, default_aux_positions
 
 ENGINES = ("vllm", "sglang", "trtllm")
-_FAMILY_OF_MODEL_TYPE = {
-    "llama": "llama", "qwen2": "llama", "qwen3": "llama", "qwen3_moe": "llama", "mistral": "llama",
-    "deepseek_v2": "deepseek", "deepseek_v3": "deepseek", "kimi_k2": "deepseek",
-    "gpt_oss": "gpt_oss",
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+RUNNERS = ("v1", "v2")
+TRT_MODES = ("one-model", "two-model")
+TOP_KEY = "eagle_aux_hidden_state_layer_ids"
+NESTED_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
+NESTED_LAYER_IDS_KEY = "eagle_config.layer_ids"
+YAML_KEY = "speculative_config.eagle3_layers_to_capture"
+TRT_MAIN = "main"  # TensorRT-LLM rows come from its main-branch source, not a wheel
+
+# model_type -> (family, HF architecture, is MoE). Kimi-K2.5 wraps the DeepSeek-V3 text model.
+_MODELS: dict[str, tuple[str, str, bool]] = {
+    "llama": ("llama", "LlamaForCausalLM", False),
+    "mistral": ("llama", "MistralForCausalLM", False),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
+    "qwen2_moe": ("qwen_moe", "Qwen2MoeForCausalLM", True),
+    "qwen3_moe": ("qwen_moe", "Qwen3MoeForCausalLM", True),
+    "deepseek_v2": ("deepseek", "DeepseekV2ForCausalLM", True),
+    "deepseek_v3": ("deepseek", "DeepseekV3ForCausalLM", True),
+    "kimi_k2": ("deepseek", "DeepseekV3ForCausalLM", True),
+    "kimi_k25": ("deepseek", "KimiK25ForConditionalGeneration", True),
+    "gpt_oss": ("gpt_oss", "GptOssForCausalLM", True),
 }
-MODEL_TYPES = tuple(_FAMILY_OF_MODEL_TYPE)
-_NESTED_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
-_TOP_KEY = "eagle_aux_hidden_state_layer_ids"
-_YAML_KEY = "speculative_config.eagle3_layers_to_capture"
+MODEL_TYPES = tuple(_MODELS)
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen_moe", "deepseek", "gpt_oss")
+_TYPE_OF_ARCH = {arch: mt for mt, (_, arch, _) in reversed(list(_MODELS.items()))}
+
+
+# --- the tables --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CaptureRow:
+    """What id k captures on one engine for some families from ``since`` on.
+
+    ``index``: the capture index each id becomes ("k", "k+1", "k+1 if ids[0]==1 else k",
+    "k if max(ids)==N else k+1", or "none" when the family has no EAGLE-3 capture at all);
+    capture index i means the state entering decoder layer i, i.e. position p = i.
+    ``at_0`` / ``at_n``: what capture index 0 (embedding) / N (raw last layer) do:
+    "p0" / "raw" (captured), "nothing" (silently never captured) or "raises".
+    """
+
+    engine: str
+    families: tuple[str, ...]
+    since: str
+    until: str | None  # last release read where the row holds (None: up to the newest known)
+    index: str
+    at_0: str
+    at_n: str
+    source: str
+    order: str = "ascending"
+    mode: str | None = None  # TRT-LLM: one-model / two-model
+    duplicates: str = "captured once"
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        fam = "/".join(self.families)
+        mode = f" {self.mode}" if self.mode else ""
+        return f"{self.engine} {fam}{mode} {_span(self.since, self.until)}"
 
 
 @dataclass(frozen=True)
-class Target:
-    """One engine convention: which engine/family/versions it covers and where ids are read."""
+class KeyRule:
+    """Which draft-config keys one engine reads (first non-empty wins), from ``since`` on."""
 
-    label: str
+    engine: str
+    since: str
+    until: str | None
+    runner: str | None  # vLLM: v1 / v2; None elsewhere
+    keys: tuple[str, ...]
+    empty_list: str  # "absent" (falls through to the next key / the default) or "fails"
+    use_aux_off: bool  # eagle_config.use_aux_hidden_state false switches capture off
+    source: str
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        run = f" {self.runner} runner" if self.runner else ""
+        return f"{self.engine}{run} keys {_span(self.since, self.until)}"
+
+
+@dataclass(frozen=True)
+class RunnerRule:
+    """Which vLLM model runner a plain ``vllm serve`` picks, from ``since`` on."""
+
+    since: str
+    until: str | None
+    v2_when: str  # "never", "listed non-MoE", "listed", "listed or non-MoE", "always"
+    listed: frozenset[str]
+    source: str
+
+    @property
+    def label(self) -> str:
+        return f"vllm default runner {_span(self.since, self.until)}"
+
+    def pick(self, model_type: str | None) -> str:
+        """'v1' or 'v2' for ``model_type`` (unknown types count as non-MoE Llama)."""
+        _, arch, moe = _MODELS.get(model_type or "llama", _MODELS["llama"])
+        listed = arch in self.listed
+        v2 = {"never": False, "listed non-MoE": listed and not moe, "listed": listed,
+              "listed or non-MoE": listed or not moe, "always": True}[self.v2_when]
+        return "v2" if v2 else "v1"
+
+
+_LLAMA_LIKE = ("llama", "qwen2", "qwen3", "qwen_moe")
+_SGL = "sglang {v} srt/models/{f}"
+_VLLM = "vllm {v} vllm/model_executor/models/{f}"
+
+CAPTURE_RULES: tuple[CaptureRow, ...] = (
+    # SGLang: set_eagle3_layers_to_capture turns ids into layers_to_capture; the model's forward
+    # checks `i in layers_to_capture` for i in range(start_layer, end_layer) BEFORE layer i.
+    CaptureRow("sglang", ("llama",), "0.4.10", "0.5.21", "k+1", "raises", "nothing",
+               _SGL.format(v="0.5.3, 0.5.21", f="llama.py") + ": [val + 1 for val in layer_ids]; "
+               "capture before layer i appends hidden_states + residual, residual is None at i=0"),
+    CaptureRow("sglang", ("llama",), "0.5.22", None, "k+1", "p0", "nothing",
+               _SGL.format(v="0.5.22", f="llama.py") + ": capture moved into the decoder layer "
+               "(capture_output, AuxHiddenStateList), which handles the first layer"),
+    CaptureRow("sglang", ("qwen3",), "0.4.10", None, "k+1", "p0", "nothing",
+               _SGL.format(v="0.5.3", f="qwen3.py") + " (Qwen3Model extends qwen2.py Qwen2Model, "
+               "whose capture guards residual None); 0.4.10 not re-read"),
+    CaptureRow("sglang", ("qwen2",), "0.4.10", "0.5.2", "none", "nothing", "nothing",
+               "conventions.md: sglang 0.4.10 models/qwen2.py has no EAGLE-3 hook (not re-read)"),
+    CaptureRow("sglang", ("qwen2",), "0.5.3", None, "k+1", "p0", "nothing",
+               _SGL.format(v="0.5.3", f="qwen2.py") + ": [val + 1 ...], residual None guarded"),
+    CaptureRow("sglang", ("qwen_moe",), "0.5.3", "0.5.3", "k+1", "p0", "nothing",
+               _SGL.format(v="0.5.3", f="qwen2_moe.py, qwen3_moe.py") + ": capture loop before "
+               "layer i, residual None guarded (conventions.md said from 0.5.4.post3)"),
+    CaptureRow("sglang", ("qwen_moe",), "0.5.4.post2", None, "k+1", "p0", "raises",
+               _SGL.format(v="0.5.4.post2", f="qwen2_moe.py") + ": Qwen2MoeModel."
+               "set_eagle3_layers_to_capture marks self.layers[layer_id], so index N is an "
+               "IndexError at start-up", note="0.5.4 and 0.5.4.post1 not read"),
+    CaptureRow("sglang", ("deepseek",), "0.4.10", "0.5.4.post1", "none", "nothing", "nothing",
+               _SGL.format(v="0.5.3", f="deepseek_v2.py") + ": no set_eagle3_layers_to_capture"),
+    CaptureRow("sglang", ("deepseek",), "0.5.4.post2", "0.5.12.post1", "k+1", "raises", "nothing",
+               _SGL.format(v="0.5.4.post2, 0.5.12.post1", f="deepseek_v2.py") +
+               ": [val + 1 for val in layer_ids]; capture before layer i appends hidden_states + "
+               "residual"),
+    CaptureRow("sglang", ("deepseek",), "0.5.13", "0.5.13", "k+1 if ids[0]==1 else k", "raises",
+               "nothing", _SGL.format(v="0.5.13", f="deepseek_v2.py") + ": +1 only when "
+               "layer_ids[0] == 1, else list(layer_ids) (PR #25454)"),
+    CaptureRow("sglang", ("deepseek",), "0.5.14", "0.5.17", "k+1 if ids[0]==1 else k", "p0",
+               "nothing", _SGL.format(v="0.5.14", f="deepseek_v2.py") + ": same id rule; capture "
+               "moved into the layer (captured_last_layer_outputs), residual None guarded"),
+    CaptureRow("sglang", ("deepseek",), "0.5.18", None, "k+1 if ids[0]==1 else k", "p0",
+               "nothing", "conventions.md: sglang 0.5.18 models/deepseek_v2.py preallocates one "
+               "slot per id (not re-read)", duplicates="leaves an empty slot"),
+    CaptureRow("sglang", ("gpt_oss",), "0.5.3", "0.5.16", "k+1", "raises", "nothing",
+               _SGL.format(v="0.5.3, 0.5.16", f="gpt_oss.py") + ": [val + 1 ...]; capture before "
+               "layer i appends hidden_states + residual"),
+    CaptureRow("sglang", ("gpt_oss",), "0.5.17", None, "k if max(ids)==N else k+1", "p0", "raw",
+               _SGL.format(v="0.5.17", f="gpt_oss.py") + ": list(layer_ids) when max(layer_ids) "
+               "== num_layers, else +1; every boundary 0..N reachable (conventions.md)"),
+    # vLLM: id k = capture index k (no shift); ids are sorted and de-duplicated.
+    CaptureRow("vllm", _LLAMA_LIKE, "0.10.1.1", "0.17.1", "k", "raises", "nothing",
+               _VLLM.format(v="0.17.1", f="llama.py") + ": `idx in aux_hidden_state_layers` "
+               "before layer idx appends hidden_states + residual (residual None at idx 0)",
+               duplicates="captured once (ids de-duplicated)"),
+    CaptureRow("vllm", _LLAMA_LIKE, "0.18.0", None, "k", "p0", "raw",
+               _VLLM.format(v="0.18.0", f="interfaces.py") + " EagleModelMixin."
+               "_maybe_add_hidden_state, called with 0 before layer 0 and idx+1 after layer idx "
+               "(llama.py)", duplicates="captured once (ids de-duplicated)"),
+    CaptureRow("vllm", ("gpt_oss",), "0.10.1.1", "0.10.2", "none", "nothing", "nothing",
+               "conventions.md: gpt-oss EAGLE-3 in vllm from 0.11.0 (0.10.x not re-read)"),
+    CaptureRow("vllm", ("gpt_oss",), "0.11.0", "0.17.1", "k", "p0", "nothing",
+               _VLLM.format(v="0.17.1", f="gpt_oss.py") + ": appends x if residual is None "
+               "else x + residual before layer i", duplicates="captured once (ids de-duplicated)"),
+    CaptureRow("vllm", ("gpt_oss",), "0.18.0", None, "k", "p0", "raw",
+               _VLLM.format(v="0.33.0", f="gpt_oss.py") + ": _maybe_add_hidden_state(0) and (i+1)",
+               duplicates="captured once (ids de-duplicated)"),
+    CaptureRow("vllm", ("deepseek",), "0.10.1.1", "0.17.1", "none", "nothing", "nothing",
+               _VLLM.format(v="0.17.1", f="deepseek_v2.py") + ": no SupportsEagle3"),
+    CaptureRow("vllm", ("deepseek",), "0.18.0", "0.25.1", "k", "raises", "nothing",
+               _VLLM.format(v="0.18.0, 0.22.0", f="deepseek_v2.py") + ": SupportsEagle3; "
+               "capture before layer idx appends hidden_states + residual (TypeError at idx 0)",
+               duplicates="captured once (ids de-duplicated)"),
+    CaptureRow("vllm", ("deepseek",), "0.26.0", None, "k", "raises", "raw",
+               _VLLM.format(v="0.26.0, 0.33.0", f="deepseek_v2.py") + ": also appends "
+               "hidden_states + residual when end_layer is in aux_hidden_state_layers",
+               duplicates="captured once (ids de-duplicated)"),
+    # TensorRT-LLM: id k is captured at the END of decoder layer k (p = k+1); -1 = post-norm.
+    CaptureRow("trtllm", FAMILIES, TRT_MAIN, None, "k+1", "nothing", "raw",
+               "TensorRT-LLM main tensorrt_llm/_torch/speculative/eagle3.py (source, no wheel): "
+               "Eagle3OneModelSpecMetadata.__post_init__ only sorts the ids (-1 lands first); "
+               "maybe_capture_hidden_states saves hidden_states + residual after layer k; -1 = "
+               "model output after the norm (conventions.md)",
+               order="sorted: -1 (post-norm) FIRST", mode="one-model"),
+    CaptureRow("trtllm", FAMILIES, TRT_MAIN, None, "k+1", "nothing", "raw",
+               "TensorRT-LLM main tensorrt_llm/_torch/speculative/eagle3.py (source, no wheel): "
+               "Eagle3SpecMetadata.__post_init__ sorts, then moves a leading -1 to the end",
+               order="sorted: -1 (post-norm) last", mode="two-model"),
+)
+
+_GMR = "vllm {v} vllm/v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config"
+_V2U = "vllm {v} vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"
+KEY_RULES: tuple[KeyRule, ...] = (
+    KeyRule("sglang", "0.4.10", "0.5.12", None, (NESTED_KEY,), "fails", False,
+            "sglang 0.5.3 srt/model_executor/model_runner.py: eagle_config["
+            "'eagle_aux_hidden_state_layer_ids'] only (missing -> default, [] passed through); "
+            "use_aux_hidden_state not read (also 0.5.4.post2)"),
+    KeyRule("sglang", "0.5.12.post1", None, None, (NESTED_KEY,), "fails", True,
+            "sglang 0.5.12.post1 srt/model_executor/model_runner.py, 0.5.23 model_runner_"
+            "components/spec_aux_hidden_state.py: nested key only, eagle_config.get("
+            "'use_aux_hidden_state', True)", note="use_aux_hidden_state first seen in "
+            "0.5.12.post1; releases between 0.5.4.post2 and it were not read"),
+    KeyRule("vllm", "0.10.1.1", "0.11.0", "v1", (), "absent", False,
+            "vllm 0.11.0 vllm/v1/worker/gpu_model_runner.py: no _get_eagle3_aux_layers_from_"
+            "config, the model's default is always used"),
+    KeyRule("vllm", "0.11.1", "0.17.0", "v1", (TOP_KEY,), "absent", False,
+            _GMR.format(v="0.11.1, 0.11.2") + ": top-level key only (conventions.md said from "
+            "0.11.2)"),
+    KeyRule("vllm", "0.17.1", "0.21.0", "v1", (TOP_KEY,), "absent", True,
+            _GMR.format(v="0.17.1, 0.21.0") + ": top-level only; vllm/v1/spec_decode/eagle.py "
+            "_get_eagle3_use_aux_hidden_state_from_config", note="use_aux_hidden_state first "
+            "seen in 0.17.1 (absent in 0.11.2)"),
+    KeyRule("vllm", "0.22.0", None, "v1", (TOP_KEY, NESTED_KEY), "absent", True,
+            _GMR.format(v="0.22.0, 0.33.0") + ": top-level, else dflash_config, else "
+            "eagle_config['eagle_aux_hidden_state_layer_ids']"),
+    KeyRule("vllm", "0.17.1", "0.27.1", "v2", (TOP_KEY,), "absent", False,
+            _V2U.format(v="0.17.1, 0.26.0") + " get_eagle3_aux_layers_from_config: top-level "
+            "key only"),
+    KeyRule("vllm", "0.28.0", "0.32.0", "v2", (TOP_KEY, NESTED_LAYER_IDS_KEY), "absent", False,
+            _V2U.format(v="0.28.0, 0.30.0") + ": top-level, then eagle_config['layer_ids'] "
+            "(never eagle_config.eagle_aux_hidden_state_layer_ids); use_aux_hidden_state not read"),
+    KeyRule("vllm", "0.33.0", None, "v2", (TOP_KEY, NESTED_LAYER_IDS_KEY), "absent", True,
+            _V2U.format(v="0.33.0") + ": as 0.28 plus requires_aux_hidden_states reads "
+            "eagle_config.use_aux_hidden_state", note="0.31 and 0.32 not read"),
+    KeyRule("trtllm", TRT_MAIN, None, None, (YAML_KEY,), "absent", False,
+            "conventions.md: TensorRT-LLM llmapi/llm_args.py speculative_config."
+            "eagle3_layers_to_capture (a set); the draft checkpoint is never read for ids"),
+)
+
+_CFG = "vllm {v} vllm/config/vllm.py use_v2_model_runner"
+RUNNER_RULES: tuple[RunnerRule, ...] = (
+    RunnerRule("0.10.1.1", "0.21.0", "never", frozenset(),
+               "vllm 0.21.0 vllm/config/vllm.py: no use_v2_model_runner (V1 unless "
+               "VLLM_USE_V2_MODEL_RUNNER=1)"),
+    RunnerRule("0.22.0", "0.23.0", "listed non-MoE", frozenset({"Qwen3ForCausalLM"}),
+               _CFG.format(v="0.22.0") + ", DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = "
+               "{Qwen3ForCausalLM}, not MoE, not quantized"),
+    RunnerRule("0.24.0", "0.25.1", "listed", frozenset({
+        "Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+        "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
+               _CFG.format(v="0.24.0") + ": architecture in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"),
+    RunnerRule("0.26.0", "0.28.0", "listed or non-MoE", frozenset({
+        "DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM",
+        "Qwen2MoeForCausalLM", "KimiK3ForConditionalGeneration"}),
+               _CFG.format(v="0.26.0, 0.28.0") + ": listed architecture or not model_config."
+               "is_moe (DeepseekV3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM stay V1)"),
+    RunnerRule("0.29.0", None, "always", frozenset(),
+               _CFG.format(v="0.29.0, 0.30.0, 0.33.0") + ": V2 for every model unless a "
+               "feature V2 lacks is on (conventions.md said from 0.30)"),
+)
+
+NEWEST = {"sglang": "0.5.23", "vllm": "0.33.0", "trtllm": TRT_MAIN}
+
+
+def _span(since: str, until: str | None) -> str:
+    if until is None:
+        return f">= {since}"
+    return since if since == until else f"{since} - {until}"
+
+
+# --- versions ----------------------------------------------------------------------------------
+
+def parse_version(version: str) -> Version:
+    """'0.5.12.post1' -> Version; ``.postN`` and pre-releases order as packaging says."""
+    text = str(version).strip().lstrip("vV")
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise ForensicsError(f"version {version!r} is not of the form X.Y.Z (a release number "
+                             "like 0.5.13 or 0.5.12.post1)") from None
+
+
+def _v(version: str) -> Version:
+    return Version("0") if version == TRT_MAIN else Version(version)
+
+
+# --- families ------------------------------------------------------------------------------------
+
+def family_of(model_type: str | None) -> str:
+    """Map an HF ``model_type`` (or an architecture name) to a rule family."""
+    if model_type is None:
+        return "llama"
+    key = str(model_type).strip()
+    mt = _TYPE_OF_ARCH.get(key, key.lower())
+    if mt not in _MODELS:
+        raise ForensicsError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}")
+    return _MODELS[mt][0]
+
+
+def model_type_of_arch(arch: str) -> str | None:
+    """The model_type whose rules an HF architecture name follows, None when unknown."""
+    return _TYPE_OF_ARCH.get(str(arch))
+
+
+def default_runner(version: str, model_type: str | None) -> tuple[str, RunnerRule]:
+    """The vLLM model runner a plain ``vllm serve`` of ``version`` picks for ``model_type``."""
+    row = _pick(RUNNER_RULES, version)
+    return row.pick(model_type), row
+
+
+# --- resolution ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    """The rows that apply to one (engine, family, version, runner/mode): what the appliers use."""
+
     engine: str
     family: str
-    min_version: str | None
-    max_version: str | None  # inclusive
-    description: str
-    id_key: str
+    model_type: str | None
+    version: str
+    capture: CaptureRow
+    keys: KeyRule
+    runner: str | None = None
+    runner_row: RunnerRule | None = None
+    version_given: bool = True
+    notes: tuple[str, ...] = ()
 
+    @property
+    def label(self) -> str:
+        """Short name of the rule: engine, family, version (and runner or mode)."""
+        extra = f" {self.runner} runner" if self.runner else (
+            f" {self.capture.mode}" if self.capture.mode else "")
+        ver = "" if self.engine == "trtllm" else f" {self.version}"
+        return f"{self.engine}{ver} {self.family}{extra}"
+
+    @property
+    def write_key(self) -> str | None:
+        """The key to write so this engine reads it (the first it reads), None when none is read."""
+        return self.keys.keys[0] if self.keys.keys else None
+
+    @property
+    def supported(self) -> bool:
+        return self.capture.index != "none"
+
+
+def _pick(rows: Sequence, version: str, match: Callable[[object], bool] = lambda r: True):
+    """The row with the greatest ``since`` <= version among those ``match`` accepts."""
+    cands = sorted((r for r in rows if match(r)), key=lambda r: _v(r.since))
+    if not cands:
+        raise ForensicsError("internal: no rule row for this engine")
+    v = _v(version)
+    best = cands[0]
+    for r in cands:
+        if _v(r.since) <= v:
+            best = r
+    return best
+
+
+def resolve(engine: str, model_type: str | None = None, version: str | None = None,
+            runner: str | None = None, mode: str | None = None) -> Rule:
+    """The rule ``engine`` applies to ``model_type`` at ``version`` (None: the newest known)."""
+    eng = str(engine).strip().lower()
+    if eng not in ENGINES:
+        raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    family = family_of(model_type)
+    mt = None if model_type is None else _TYPE_OF_ARCH.get(str(model_type), str(model_type).lower())
+    notes: list[str] = []
+    if model_type is None:
+        notes.append(f"model type unknown: assumed the {ENGINE_NAMES[eng]} Llama rule (pass "
+                     "--model-type or --target)")
+    if runner is not None and eng != "vllm":
+        raise ForensicsError(f"--vllm-runner applies to vLLM only, not {eng}")
+    if mode is not None and mode not in TRT_MODES:
+        raise ForensicsError(f"unknown TensorRT-LLM mode {mode!r}; choose {' or '.join(TRT_MODES)}")
+    given = version is not None
+    if eng == "trtllm":
+        if given:
+            notes.append(f"TensorRT-LLM rules come from its main-branch source; version {version} "
+                         "was not checked separately")
+        ver = TRT_MAIN
+    else:
+        ver = str(parse_version(version)) if given else NEWEST[eng]
+        if not given:
+            notes.append(f"no engine version given: answered for {ENGINE_NAMES[eng]} {ver}, the "
+                         "newest release the rules table knows (pass --engine-version)")
+        elif parse_version(ver) > parse_version(NEWEST[eng]):
+            notes.append(f"{ENGINE_NAMES[eng]} {ver} is newer than the newest release the table "
+                         f"knows ({NEWEST[eng]}): its rules were assumed unchanged")
+    rows = [r for r in CAPTURE_RULES if r.engine == eng and family in r.families]
+    if eng == "trtllm":
+        rows = [r for r in rows if r.mode == (mode or "one-model")]
+    cap = _pick(rows, ver)
+    if eng != "trtllm" and _v(ver) < _v(cap.since):
+        notes.append(f"{ENGINE_NAMES[eng]} {ver} is older than the table's first {family} row "
+                     f"({cap.since}): that row was assumed")
+    run_row = None
+    if eng == "vllm":
+        if runner is None:
+            runner, run_row = default_runner(ver, mt)
+        elif runner not in RUNNERS:
+            raise ForensicsError(f"unknown vLLM runner {runner!r}; choose v1 or v2")
+        elif runner == "v2" and _v(ver) < _v("0.17.1"):
+            raise ForensicsError(f"the rules table knows the vLLM V2 model runner from 0.17.1, "
+                                 f"not {ver}: pass --vllm-runner v1")
+    keys = _pick(KEY_RULES, ver, lambda r: r.engine == eng and r.runner == runner)
+    return Rule(eng, family, mt, ver, cap, keys, runner, run_row, given or eng == "trtllm",
+                tuple(notes))
+
+
+# --- appliers ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class CaptureOutcome:
-    """What one configured id makes the engine capture; ``position`` None when nothing usable."""
+    """What one configured id makes the engine capture; ``position`` None when nothing usable.
+
+    ``effect``: captured, nothing, raises, duplicate or unsupported.
+    """
 
     id: int
     position: Position | None
     note: str | None = None
+    effect: str = "captured"
 
 
 @dataclass(frozen=True)
@@ -85,137 +452,6 @@ class IdPlan:
     ids: list[int] | None
     reasons: list[str]
     notes: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row of the rules table, for docs and reports; ``source`` says where it was read."""
-
-    label: str
-    engine: str
-    family: str
-    versions: str
-    id_k_captures: str
-    default: str
-    id_key: str
-    source: str
-    unverified: str | None = None
-
-
-VLLM = Target("vllm", "vllm", "any", "0.33", None,
-              "vLLM (EagleModelMixin style): id k -> p=k; 0 = embedding, N = raw last layer",
-              f"{_TOP_KEY} (top level), then {_NESTED_KEY}")
-SGLANG = Target("sglang", "sglang", "llama", None, None,
-                "SGLang Llama/Qwen family: id k -> p=k+1; p=0 and p=N unreachable", _NESTED_KEY)
-SGLANG_DS_OLD = Target("sglang-deepseek<0.5.13", "sglang", "deepseek", "0.5.5", "0.5.12",
-                       "SGLang DeepSeek-V2/V3/Kimi-K2 0.5.5-0.5.12: id k -> p=k+1 always", _NESTED_KEY)
-SGLANG_DS_NEW = Target("sglang-deepseek>=0.5.13", "sglang", "deepseek", "0.5.13", None,
-                       "SGLang DeepSeek-V2/V3/Kimi-K2 >= 0.5.13: p=k+1 if ids[0]==1 else p=k",
-                       _NESTED_KEY)
-SGLANG_GPT_OSS = Target("sglang-gpt-oss", "sglang", "gpt_oss", None, None,
-                        "SGLang gpt-oss: p=k if max(ids)==N else p=k+1 (unverified)", _NESTED_KEY)
-TRTLLM = Target("trtllm", "trtllm", "any", None, None,
-                "TensorRT-LLM PyTorch backend: id k -> p=k+1; -1 = final state after the norm",
-                f"YAML {_YAML_KEY}")
-
-ENGINE_TARGETS: tuple[Target, ...] = (VLLM, SGLANG, SGLANG_DS_OLD, SGLANG_DS_NEW, TRTLLM)
-ALL_TARGETS: tuple[Target, ...] = ENGINE_TARGETS + (SGLANG_GPT_OSS,)
-
-_SGL_LOOP = ("sglang models/llama.py LlamaModel.forward: capture check before layer i, "
-             "i in range(start_layer, end_layer)")
-RULES: list[Rule] = [
-    Rule("vllm", "vllm", "any", ">= 0.33", "p=k (0 = embedding, N = raw last layer, pre-norm)",
-         "ids (2, N//2, N-3) = p [2, N//2, N-3]", VLLM.id_key,
-         "vllm model_executor/models/interfaces.py EagleModelMixin._maybe_add_hidden_state; "
-         "v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config; "
-         "models/llama.py get_eagle3_aux_hidden_state_layers",
-         "id 0 = embedding read from the mixin's callers in the vLLM docs, not in llama.py "
-         "itself; older llama.py failed on id 0 and ignored id N"),
-    Rule("sglang", "sglang", "llama", "all", "p=k+1; id N-1 (p=N) captures nothing; id -1 fails",
-         "layers_to_capture [2, N//2, N-3] unshifted = p [2, N//2, N-3]", SGLANG.id_key,
-         "sglang models/llama.py set_eagle3_layers_to_capture; " + _SGL_LOOP +
-         "; layers/logits_processor.py _check_aux_hidden_states (comment, per conventions.md); "
-         "spec_aux_hidden_state.py _resolve_eagle_aux_hidden_state (nested key, conventions.md)"),
-    Rule("sglang-deepseek<0.5.13", "sglang", "deepseek", "0.5.5 - 0.5.12", "p=k+1 always",
-         "p [2, N//2, N-3]", SGLANG_DS_OLD.id_key,
-         "sglang models/deepseek_v2.py DeepseekV2ForCausalLM.set_eagle3_layers_to_capture "
-         "(unconditional +1), DeepseekV2Model.forward (same capture loop)"),
-    Rule("sglang-deepseek>=0.5.13", "sglang", "deepseek", ">= 0.5.13",
-         "p=k+1 if ids[0]==1 else p=k", "p [2, N//2, N-3]", SGLANG_DS_NEW.id_key,
-         "sglang PR #25454, models/deepseek_v2.py set_eagle3_layers_to_capture",
-         "seen in an annotated copy of deepseek_v2.py, not in sgl-project/sglang's stored file"),
-    Rule("sglang-gpt-oss", "sglang", "gpt_oss", "unknown", "p=k if max(ids)==N else p=k+1",
-         "p [2, N//2, N-3]", SGLANG_GPT_OSS.id_key, "shared/reference/conventions.md",
-         "stored sglang models/gpt_oss.py (e914904) has the unconditional +1; "
-         "the max(ids)==N rule and capture of p=N are unverified"),
-    Rule("trtllm", "trtllm", "any", "PyTorch backend", "p=k+1; -1 = final state after the norm",
-         "ids {1, N//2-1, N-4} = p [2, N//2, N-3] (N <= 5: error)", TRTLLM.id_key,
-         "tensorrt_llm _torch/speculative/eagle3.py Eagle3SpecMetadata.__post_init__ and "
-         "maybe_capture_hidden_states; _torch/models/modeling_speculative.py "
-         "SpecDecOneEngineForCausalLM.forward (layer_idx -1); llmapi/llm_args.py"),
-]
-_RULE_BY_LABEL = {r.label: r for r in RULES}
-
-
-def describe_rules() -> list[dict]:
-    """The rules table as plain dicts, for docs and reports."""
-    return [asdict(r) for r in RULES]
-
-
-def rule_for(target: Target) -> Rule:
-    """The rules-table row behind ``target``."""
-    return _RULE_BY_LABEL[target.label]
-
-
-def parse_version(version: str) -> tuple[int, ...]:
-    """'0.5.13rc1' -> (0, 5, 13): leading numeric parts only, no packaging dependency."""
-    parts: list[int] = []
-    for chunk in str(version).strip().lstrip("vV").split("."):
-        m = re.match(r"\d+", chunk)
-        if m is None:
-            break
-        parts.append(int(m.group()))
-        if m.end() != len(chunk):
-            break
-    if not parts:
-        raise ForensicsError(f"version {version!r} is not of the form X.Y.Z")
-    return tuple(parts)
-
-
-def _version_lt(a: str, b: str) -> bool:
-    va, vb = parse_version(a), parse_version(b)
-    width = max(len(va), len(vb))
-    return va + (0,) * (width - len(va)) < vb + (0,) * (width - len(vb))
-
-
-def family_of(model_type: str | None) -> str:
-    """Map an HF ``model_type`` to a rule family (llama, deepseek, gpt_oss)."""
-    if model_type is None:
-        return "llama"
-    key = str(model_type).strip().lower()
-    if key not in _FAMILY_OF_MODEL_TYPE:
-        raise ForensicsError(
-            f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}")
-    return _FAMILY_OF_MODEL_TYPE[key]
-
-
-def resolve_target(engine: str, model_type: str | None = None, version: str | None = None) -> Target:
-    """The convention ``engine`` applies to ``model_type`` at ``version`` (None: newest known)."""
-    eng = str(engine).strip().lower()
-    if eng not in ENGINES:
-        raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    family = family_of(model_type)
-    if version is not None:
-        parse_version(version)  # reject junk early, whatever the engine
-    if eng == "vllm":
-        return VLLM
-    if eng == "trtllm":
-        return TRTLLM
-    if family == "deepseek":
-        if version is not None and _version_lt(version, SGLANG_DS_NEW.min_version or "0"):
-            return SGLANG_DS_OLD
-        return SGLANG_DS_NEW
-    return SGLANG_GPT_OSS if family == "gpt_oss" else SGLANG
 
 
 def _check_layers(num_layers: int) -> int:
@@ -231,84 +467,104 @@ def _check_ints(values: Sequence[int], what: str) -> list[int]:
     return out
 
 
-def _sglang_shift(target: Target, ids: Sequence[int], n: int) -> int:
-    """How much SGLang adds to every id for this list (the rule can depend on the whole list)."""
-    if target is SGLANG_DS_NEW:
+def _shift(index: str, ids: Sequence[int], n: int) -> int:
+    """How much the engine adds to every id; some rules look at the whole list."""
+    if index == "k":
+        return 0
+    if index == "k+1":
+        return 1
+    if index == "k+1 if ids[0]==1 else k":
         return 1 if ids and ids[0] == 1 else 0
-    if target is SGLANG_GPT_OSS:
+    if index == "k if max(ids)==N else k+1":
         return 0 if ids and max(ids) == n else 1
-    return 1
+    raise ForensicsError(f"internal: unknown index rule {index!r}")
 
 
-def _sglang_outcome(k: int, p: int, n: int, shift: int) -> CaptureOutcome:
-    if p == 0:
-        return CaptureOutcome(k, None, (
-            "layer index 0 is checked before the first layer, where SGLang's residual is still "
-            "None (llama.py/deepseek_v2.py add hidden_states + residual): no usable embedding "
-            "capture (some models guard it; unverified)"))
-    if p == n and shift == 1:
-        return CaptureOutcome(k, None, (
-            f"id {k} asks for layer index {n}, which SGLang's capture loop (layers 0..{n - 1}) "
-            "never reaches: captures nothing (layers/logits_processor.py::_check_aux_hidden_states)"))
-    if p == n:
-        return CaptureOutcome(k, Position(n), "raw last-layer output via max(ids)==N (unverified)")
-    if not 0 < p < n:
-        return CaptureOutcome(k, None, f"id {k} is outside 0..{n - 1 - shift}: captures nothing")
-    return CaptureOutcome(k, Position(p))
+def _outcome(rule: Rule, k: int, idx: int, n: int) -> CaptureOutcome:
+    row, name = rule.capture, ENGINE_NAMES[rule.engine]
+    if rule.engine == "trtllm" and k == -1:
+        where = "FIRST" if "FIRST" in row.order else "last"
+        return CaptureOutcome(k, Position(n, normed=True),
+                              f"-1 = final state after the norm, concatenated {where} ({row.mode})")
+    if idx == 0:
+        if row.at_0 == "p0":
+            return CaptureOutcome(k, Position(0), "embedding output (captured before layer 0)")
+        if row.at_0 == "raises":
+            return CaptureOutcome(k, None, f"capture index 0 meets residual None before the first "
+                                  f"layer: {name} raises at run time ({row.label})", "raises")
+        return CaptureOutcome(k, None, f"id {k} captures nothing on {row.label}", "nothing")
+    if idx == n:
+        if row.at_n == "raw":
+            return CaptureOutcome(k, Position(n), "raw last-layer output, before the final norm")
+        if row.at_n == "raises":
+            return CaptureOutcome(k, None, f"id {k} asks for layer index {n}: {name} raises "
+                                  f"IndexError at start-up ({row.label})", "raises")
+        return CaptureOutcome(k, None, f"id {k} asks for layer index {n}, which the capture loop "
+                              f"over layers 0..{n - 1} never reaches: captures nothing "
+                              f"({row.label})", "nothing")
+    if 0 < idx < n:
+        return CaptureOutcome(k, Position(idx))
+    if idx > n and row.at_n == "raises":
+        return CaptureOutcome(k, None, f"id {k} asks for layer index {idx} > {n}: {name} raises "
+                              f"IndexError at start-up ({row.label})", "raises")
+    return CaptureOutcome(k, None, f"id {k} is outside the ids {name} can capture for N={n}: "
+                          "captures nothing", "nothing")
 
 
-def _one_outcome(target: Target, k: int, n: int, shift: int) -> CaptureOutcome:
-    if target.engine == "vllm":
-        if 0 <= k <= n:
-            note = ("embedding output (captured before the first layer)" if k == 0 else
-                    "raw last-layer output, before the final norm" if k == n else None)
-            return CaptureOutcome(k, Position(k), note)
-        return CaptureOutcome(k, None, f"id {k} is outside 0..{n}: vLLM never matches it")
-    if target.engine == "trtllm":
-        if k == -1:
-            return CaptureOutcome(k, Position(n, normed=True),
-                                  "-1 = final state after the norm, always concatenated last")
-        if 0 <= k < n:
-            note = "raw last-layer output, before the final norm" if k == n - 1 else None
-            return CaptureOutcome(k, Position(k + 1), note)
-        return CaptureOutcome(k, None, f"id {k} is outside -1..{n - 1}: TRT-LLM never matches it")
-    return _sglang_outcome(k, k + shift, n, shift)
-
-
-def positions_for_ids(target: Target, ids: Sequence[int], num_layers: int) -> list[CaptureOutcome]:
-    """What ``target`` captures for each id, in the order given (duplicates capture once)."""
+def positions_for_ids(rule: Rule, ids: Sequence[int], num_layers: int) -> list[CaptureOutcome]:
+    """What ``rule``'s engine captures for each id, in the order given (duplicates capture once)."""
     n = _check_layers(num_layers)
     id_list = _check_ints(ids, "ids")
-    shift = _sglang_shift(target, id_list, n) if target.engine == "sglang" else 0
+    row = rule.capture
+    if not rule.supported:
+        why = f"{row.label} has no EAGLE-3 capture for this family: serving fails"
+        return [CaptureOutcome(k, None, why, "unsupported") for k in id_list]
+    shift = _shift(row.index, id_list, n)
     seen: set[int] = set()
     out: list[CaptureOutcome] = []
     for k in id_list:
         if k in seen:
-            out.append(CaptureOutcome(k, None, f"duplicate id {k}: the layer is captured once"))
+            out.append(CaptureOutcome(k, None, f"duplicate id {k}: {row.duplicates}", "duplicate"))
             continue
         seen.add(k)
-        out.append(_one_outcome(target, k, n, shift))
+        out.append(_outcome(rule, k, k + shift, n))
     return out
 
 
-def concat_order(outcomes: Sequence[CaptureOutcome]) -> list[Position]:
-    """The captured positions in the order the engine concatenates them: by layer, post-norm last."""
-    return sorted({o.position for o in outcomes if o.position is not None},
-                  key=lambda q: (q.normed, q.p))
+def concat_order(outcomes: Sequence[CaptureOutcome], rule: Rule | None = None) -> list[Position]:
+    """Captured positions in the order the engine concatenates them (by layer; TRT-LLM one-model
+    puts the post-norm final first, two-model last)."""
+    got = {o.position for o in outcomes if o.position is not None}
+    raw = sorted((q for q in got if not q.normed), key=lambda q: q.p)
+    normed = [q for q in got if q.normed]
+    if rule is not None and "FIRST" in rule.capture.order:
+        return normed + raw
+    return raw + normed
 
 
-def default_ids(target: Target, num_layers: int) -> list[int]:
-    """Ids, in ``target``'s own convention, equal to what the engine does when none are set.
+def served_positions(rule: Rule, ids: list[int] | None, num_layers: int) -> list[Position]:
+    """What the engine feeds the drafter: for ``ids`` (None = the engine's default)."""
+    n = _check_layers(num_layers)
+    if not rule.supported:
+        return []
+    if ids is None:
+        if rule.engine == "trtllm" and n <= 5:
+            raise ForensicsError(f"TensorRT-LLM has no default capture for {n} layers (needs N > 5)")
+        return [Position(p) for p in default_aux_positions(n)]
+    return concat_order(positions_for_ids(rule, ids, n), rule)
 
-    vLLM: (2, N//2, N-3). TRT-LLM: (1, N//2-1, N-4). SGLang assigns its literal default
-    [2, N//2, N-3] to ``layers_to_capture`` unshifted, which in SGLang's id convention is
-    [1, N//2-1, N-4]. All three capture positions [2, N//2, N-3].
+
+def default_ids(rule: Rule, num_layers: int) -> list[int]:
+    """Ids, in ``rule``'s own meaning, that capture what the engine does when none are set.
+
+    Every engine's default captures p [2, N//2, N-3] (SGLang stores its default list unshifted,
+    so in its id meaning that list is [1, N//2-1, N-4]).
     """
     n = _check_layers(num_layers)
-    if target.engine == "trtllm" and n <= 5:
+    if rule.engine == "trtllm" and n <= 5:
         raise ForensicsError(f"TensorRT-LLM has no default capture for {n} layers (needs N > 5)")
-    positions = default_aux_positions(n)
-    return positions if target.engine == "vllm" else [p - 1 for p in positions]
+    plan = ids_for_positions(rule, default_aux_positions(n), n)
+    return plan.ids if plan.ids is not None else default_aux_positions(n)
 
 
 def _order_reasons(pos: list[int], n: int) -> list[str]:
@@ -321,61 +577,154 @@ def _order_reasons(pos: list[int], n: int) -> list[str]:
     if any(a > b for a, b in zip(pos, pos[1:])):
         reasons.append(
             f"positions {pos} are not in ascending order: every engine concatenates captured "
-            "states in ascending layer order (SGLang's layer loop, vLLM's layer loop over its "
-            "id tuple, TRT-LLM's sorted ids), so no id list reproduces this slot order; "
+            "layer states in ascending layer order, so no id list reproduces this slot order; "
             "reorder the training slots or retrain")
     return reasons
 
 
-def _engine_reasons(target: Target, pos: list[int], n: int) -> list[str]:
-    reasons: list[str] = []
-    if 0 in pos and target.engine != "vllm":
-        how = ("TRT-LLM captures only at the end of a decoder layer (id k -> p=k+1) or the "
-               "post-norm final (-1)") if target.engine == "trtllm" else (
-               "SGLang would need id -1 (layer index 0), where the residual is still None")
-        reasons.append(f"the embedding output (p=0) cannot be captured: {how}")
-    if n in pos and target.engine == "sglang" and target is not SGLANG_GPT_OSS:
-        reasons.append(
-            f"p={n} (last layer output) cannot be captured by {target.label}: it needs layer "
-            f"index {n}, which the capture loop over layers 0..{n - 1} never reaches")
-    if target is SGLANG_DS_NEW and pos and pos[0] == 1:
-        reasons.append(
-            "no id list captures p=1 first on SGLang DeepSeek >= 0.5.13: ids starting with 1 "
-            "get +1 (p=2 first) and ids starting with 0 are taken verbatim (p=0 first)")
-    return reasons
+def ids_for_positions(rule: Rule, positions: Sequence[int], num_layers: int) -> IdPlan:
+    """The id list making ``rule``'s engine capture exactly ``positions`` (raw, in this order).
 
-
-def ids_for_positions(target: Target, positions: Sequence[int], num_layers: int) -> IdPlan:
-    """The id list making ``target`` capture exactly ``positions`` in this order, or why none does."""
+    Generic: try the ids that the shift rules suggest (p-1, then p) and keep the first list
+    that the forward rule maps back onto ``positions``; otherwise say what each would capture.
+    """
     n = _check_layers(num_layers)
     pos = _check_ints(positions, "positions")
-    reasons = _order_reasons(pos, n) + _engine_reasons(target, pos, n)
+    reasons = _order_reasons(pos, n)
     if not pos:
         reasons.append("no positions given")
+    if not rule.supported:
+        reasons.append(f"{rule.capture.label} has no EAGLE-3 capture for the {rule.family} family")
     if reasons:
         return IdPlan(None, reasons)
-    notes: list[str] = []
-    if target.engine == "vllm":
-        ids = list(pos)
-    elif target is SGLANG_DS_NEW and pos[0] != 2:
-        ids = list(pos)  # taken verbatim because ids[0] != 1
-        notes.append(f"ids mean p=k only on SGLang >= 0.5.13; 0.5.5-0.5.12 would capture "
-                     f"{[p + 1 for p in pos]}")
-    elif target is SGLANG_GPT_OSS and n in pos:
-        ids = list(pos)  # verbatim because max(ids) == N (unverified rule)
-        notes.append("relies on the unverified gpt-oss rule p=k when max(ids)==N")
-    else:
-        ids = [p - 1 for p in pos]
-        if target.family == "deepseek" and ids[0] == 1:
-            notes.append("ids start with 1, so they mean the same on SGLang 0.5.5-0.5.12 "
-                         "and >= 0.5.13")
-        elif target.family == "deepseek":
-            notes.append(f"on SGLang >= 0.5.13 these ids would be taken verbatim (p={ids})")
-    got = [o.position.p if o.position is not None and not o.position.normed else None
-           for o in positions_for_ids(target, ids, n)]
-    if got != pos:  # the rules above and positions_for_ids must agree
-        return IdPlan(None, [f"internal: ids {ids} would capture {got}, not {pos}"])
-    return IdPlan(ids, [], notes)
+    tried: list[tuple[list[int], list[CaptureOutcome]]] = []
+    for cand in ([p - 1 for p in pos], list(pos)):
+        if any(c == cand for c, _ in tried):
+            continue
+        outs = positions_for_ids(rule, cand, n)
+        tried.append((cand, outs))
+        if all(o.effect == "captured" for o in outs) and [
+                o.position for o in outs] == [Position(p) for p in pos]:
+            return IdPlan(cand, [])
+    why: list[str] = []
+    for p in pos:
+        if p == 0:
+            why.append(_edge_reason(rule, 0, n))
+        elif p == n:
+            why.append(_edge_reason(rule, n, n))
+    if not why:
+        why = [f"ids {c} would capture {[o.position.label if o.position else None for o in outs]}"
+               for c, outs in tried]
+        why.insert(0, f"no id list makes {rule.capture.label} capture {pos}")
+    return IdPlan(None, [w for w in why if w])
+
+
+def _edge_reason(rule: Rule, p: int, n: int) -> str:
+    row = rule.capture
+    if p == 0 and row.at_0 != "p0":
+        how = {"raises": "capture index 0 meets residual None and raises",
+               "nothing": "no id reaches it"}[row.at_0]
+        if rule.engine == "trtllm":
+            how = "TRT-LLM captures only at the end of a decoder layer (p=k+1) or the post-norm final (-1)"
+        return f"the embedding output (p=0) cannot be captured on {row.label}: {how}"
+    if p == n and row.at_n != "raw":
+        how = {"raises": "the id that reaches it raises IndexError at start-up",
+               "nothing": f"the capture loop over layers 0..{n - 1} never reaches index {n}"}[row.at_n]
+        return f"p={n} (raw last layer output) cannot be captured on {row.label}: {how}"
+    return ""
+
+
+# --- versions that change the answer ---------------------------------------------------------------
+
+def _segments(engine: str, family: str, runner_fixed: bool) -> list[tuple[str, str]]:
+    """(first version, label) of every version range over which all the engine's rows hold."""
+    caps = [r for r in CAPTURE_RULES if r.engine == engine and family in r.families]
+    starts = {r.since for r in caps} | {r.since for r in KEY_RULES if r.engine == engine}
+    if engine == "vllm" and not runner_fixed:
+        starts |= {r.since for r in RUNNER_RULES}
+    first = min((_v(r.since) for r in caps), default=Version("0"))
+    starts = {s for s in starts if _v(s) >= first}  # no row for this family before its first
+    rows: list = [*caps, *[k for k in KEY_RULES if k.engine == engine]]
+    if engine == "vllm" and not runner_fixed:
+        rows += list(RUNNER_RULES)
+    known = sorted({v for r in rows for v in (r.since, r.until) if v is not None}, key=_v)
+    order = sorted(starts, key=_v)
+    out = []
+    for i, s in enumerate(order):
+        if i + 1 == len(order):
+            out.append((s, f">= {s}"))
+            continue
+        nxt = _v(order[i + 1])
+        before = [v for v in known if _v(s) <= _v(v) < nxt]
+        end = before[-1] if before else None
+        out.append((s, s if end == s else f"{s} - {end}" if end else f"{s} - <{order[i + 1]}"))
+    return out
+
+
+def answers_by_version(engine: str, model_type: str | None, ask: Callable[[Rule], Hashable],
+                       runner: str | None = None, mode: str | None = None
+                       ) -> list[tuple[str, Hashable]]:
+    """``ask(rule)`` over every version range the tables know, neighbours with equal answers merged.
+
+    Returns [(versions, answer)], oldest first; one entry means the version does not matter.
+    """
+    eng = str(engine).strip().lower()
+    if eng == "trtllm":
+        return [(TRT_MAIN, ask(resolve(eng, model_type, None, None, mode)))]
+    merged: list[list] = []
+    for start, label in _segments(eng, family_of(model_type), runner is not None):
+        if runner == "v2" and _v(start) < _v("0.17.1"):
+            continue
+        ans = ask(resolve(eng, model_type, start, runner))
+        if merged and merged[-1][1] == ans:
+            merged[-1][0].append(label)
+        else:
+            merged.append([[label], ans])
+    return [(_join_spans(labels), ans) for labels, ans in merged]
+
+
+def _join_spans(labels: list[str]) -> str:
+    first, last = labels[0], labels[-1]
+    if len(labels) == 1:
+        return first
+    start = first.split(" - ")[0]
+    if last.startswith(">= "):
+        return f">= {start}"
+    return f"{start} - {last.split(' - ')[-1]}"
+
+
+# --- documentation --------------------------------------------------------------------------------
+
+def describe_rules() -> list[dict]:
+    """Every row of the three tables as plain dicts (``table`` says which), for docs and reports."""
+    out: list[dict] = []
+    for name, rows in (("capture", CAPTURE_RULES), ("keys", KEY_RULES), ("runner", RUNNER_RULES)):
+        for r in rows:
+            d = asdict(r)
+            if "listed" in d:
+                d["listed"] = sorted(d["listed"])
+            out.append({"table": name, "label": r.label, **d})
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """One engine as the reports list it: label (the engine name), description, key it reads."""
+
+    label: str
+    description: str
+    id_key: str
+
+
+ENGINE_TARGETS: tuple[Target, ...] = (
+    Target("vllm", "vLLM: id k -> p=k (0 embedding and N raw last layer from 0.18.0)",
+           f"{TOP_KEY} (the V2 runner, default from 0.29, never reads {NESTED_KEY})"),
+    Target("sglang", "SGLang: id k -> p=k+1 (DeepSeek/Kimi >= 0.5.13: p=k unless ids[0]==1)",
+           NESTED_KEY),
+    Target("trtllm", "TensorRT-LLM: id k -> p=k+1; -1 = final state after the norm",
+           f"YAML {YAML_KEY}"),
+)
+ALL_TARGETS = ENGINE_TARGETS
 
 
 def trainer_final_expectation(trainer: str) -> str:
