@@ -3,9 +3,12 @@
 The drafter is trained the way SpecForge trains one (test-time-training unroll of 3 steps, teacher
 forcing with the sequence's ids, cross-entropy to the target's greedy token over a 256-token draft
 vocabulary) on the OUTPUTS of layers 2, 6, 9 (positions 3, 7, 10): the wiring of
-``record_layer_outputs.pt``, the incident's training data. Training sequences are fresh random
-prompts (seeds 1000+); the sample prompt (make_samples.SAMPLE_SEED) is held out, so replaying the
-sample measures the drafter on text it never saw. Deterministic: fixed seeds, one thread.
+``record_layer_outputs.pt``, the incident's training data. Training sequences are the samples'
+own 64-token sequence plus 127 random prompts (seeds 1000+): a random tiny target's greedy next
+token follows no language, so a tiny drafter only predicts it well on text it has seen (the
+script prints its step-1 acceptance on 8 held-out prompts too; README quotes both). What the
+sample then shows is the incident's point: the same drafter, fed other positions, accepts less.
+Deterministic: fixed seeds, one thread.
 
 Writes (about 0.9 MB in all):
   data_samples/drafter/  config.json (SpecForge layout, ``eagle_config`` ids [2, 6, 9] for SGLang)
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_samples import N, PROMPT_TOKENS, RESPONSE_TOKENS, SAMPLE_SEED, target_model  # noqa: E402
+from make_samples import N, PROMPT_TOKENS, RESPONSE_TOKENS, sample_ids, target_model  # noqa: E402
 
 from eagleforensics.evidence.replay import DraftForward  # noqa: E402
 from eagleforensics.io.drafter import DrafterSpec  # noqa: E402
@@ -37,19 +40,18 @@ from eagleforensics.testing.tinymodels import prompt_ids  # noqa: E402
 
 TRAINED_POSITIONS = (3, N // 2 + 1, N - 2)  # outputs of layers 2, 6, 9: record_layer_outputs.pt
 SGLANG_IDS = [p - 1 for p in TRAINED_POSITIONS]  # SGLang's Llama rule: id k captures p = k + 1
-SEQUENCES = 2048
+SEQUENCES = 128
 SEQ_LEN = PROMPT_TOKENS + RESPONSE_TOKENS
 DRAFT_VOCAB = 256
-TTT_STEPS = 2
-EPOCHS = 3
+TTT_STEPS = 3
+EPOCHS = 30
 BATCH = 8
 LR = 3e-3
 
 
 def features(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [S, T], aux states at the trained positions [S, T, 3H] (bf16-rounded as dumped), target tokens [S, T]."""
-    seqs = torch.stack([prompt_ids(SEQ_LEN, seed=1000 + i) for i in range(SEQUENCES)])
-    assert not any(torch.equal(s, prompt_ids(SEQ_LEN, seed=SAMPLE_SEED)) for s in seqs)
+    seqs = torch.stack([sample_ids()] + [prompt_ids(SEQ_LEN, seed=1000 + i) for i in range(SEQUENCES - 1)])
     with torch.no_grad():
         hs = model(seqs, output_hidden_states=True).hidden_states  # the last entry is post-norm
         aux = torch.cat([hs[p].to(torch.bfloat16).float() for p in TRAINED_POSITIONS], -1)
@@ -102,7 +104,7 @@ def train(model: torch.nn.Module) -> tuple[DrafterSpec, dict[str, torch.Tensor],
     gen = torch.Generator().manual_seed(0)
     w = init_weights(s, gen)
     frozen = {"embed": model.model.embed_tokens.weight.detach().clone()}
-    opt = torch.optim.AdamW(list(w.values()), lr=LR, weight_decay=0.01)
+    opt = torch.optim.AdamW(list(w.values()), lr=LR, weight_decay=0.0)
     total = EPOCHS * (SEQUENCES // BATCH)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=total, pct_start=0.1)
     start = time.perf_counter()
@@ -165,12 +167,28 @@ def write_target(d: Path, model: torch.nn.Module) -> None:
                                                                indent=2, sort_keys=True) + "\n")
 
 
+def held_out(model: torch.nn.Module, s: DrafterSpec, w: dict[str, torch.Tensor]) -> None:
+    """Print step-1 acceptance on 8 prompts the drafter never saw, per wiring (the README quotes it)."""
+    from eagleforensics.evidence.replay import replay_drafts
+
+    fwd = DraftForward(s, {**w, "embed": model.model.embed_tokens.weight.detach()})
+    seqs = torch.stack([prompt_ids(SEQ_LEN, seed=5000 + i) for i in range(8)])
+    with torch.no_grad():
+        hs = model(seqs, output_hidden_states=True).hidden_states
+        y = (hs[N] @ model.lm_head.weight.T).argmax(-1)
+    for wiring in (TRAINED_POSITIONS, (2, N // 2, N - 3), (0, 2, N // 2)):
+        hits = [float((replay_drafts(fwd, torch.cat([hs[p][i] for p in wiring], -1), seqs[i], 1)[0, :-1]
+                       == y[i, 1:]).float().mean()) for i in range(len(seqs))]
+        print(f"held-out step-1 acceptance, wiring p{wiring}: {sum(hits) / len(hits):.3f}")
+
+
 def main(out: Path) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     model = target_model()
     s, w, seconds = train(model)
+    held_out(model, s, w)
     write_drafter(out / "drafter", s, w, model)
     write_target(out / "target", model)
     print(f"trained in {seconds:.1f} s on CPU; wrote {out / 'drafter'} and {out / 'target'}")

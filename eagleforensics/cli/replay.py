@@ -21,7 +21,7 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
                    "when the drafter has none (only those tensors are read from the safetensors shards).")
 @click.option("--wiring", "wirings", multiple=True,
               help="Extra wiring to replay, e.g. p3,p7,p10 (positions, in fc order); repeatable.")
-@click.option("--steps", type=click.IntRange(1, 16), default=4, show_default=True, help="Draft steps per chain.")
+@click.option("--steps", type=click.IntRange(1, 16), default=3, show_default=True, help="Draft steps per chain (SGLang's common --speculative-num-steps).")
 @click.option("--cost-ratio", type=float, default=0.05, show_default=True,
               help="Cost of one draft step relative to one target verify pass, for the speed-up column.")
 @click.option("--engine", type=click.Choice(ENGINES), default=None,

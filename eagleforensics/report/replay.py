@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..results import AlignmentResult
 
 SCHEMA = "eagleforensics-replay-v1"
-DEFAULT_STEPS = 4
+DEFAULT_STEPS = 3
 DEFAULT_COST_RATIO = 0.05
 
 
