@@ -193,3 +193,20 @@ def test_cli_json_and_engine_exit_codes():
     assert out.exit_code == 1, out.output
     out = run_cli("replay", str(SAMPLES / "nope"), str(SWEEP))
     assert out.exit_code == 2 and "nope" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_report_has_the_replay_section(tmp_path):
+    """``report --drafter``: the notebook records the replay summary and the page carries the chart."""
+    from eagleforensics.report import pipeline as report
+
+    out = report.build_report(RECORD, SAMPLES / "capture.pt", tmp_path / "r.html", drafter=DRAFTER, target=TARGET,
+                              keep_notebook=True)
+    assert out.exit_code == 0
+    summary = report.read_summary(out.notebook, "eagleforensics-replay-v1")
+    assert summary["trained"] == "p3,p7,p10"
+    lengths = {w["label"]: w["accept_length"] for w in summary["wirings"]}
+    assert lengths["p3,p7,p10"] == max(lengths.values())
+    page = out.html.read_text(encoding="utf-8")
+    assert "Replayed accept length per wiring" in page and "#1a9850" in page  # the trained bar is green
+    with pytest.raises(ForensicsError, match="target needs drafter"):
+        report.validate_params(RECORD, SAMPLES / "capture.pt", target=TARGET)
