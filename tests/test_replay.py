@@ -191,6 +191,11 @@ def test_cli_json_and_engine_exit_codes():
     assert all(len(w["acc"]) == 2 and w["speedup"] > 0 for w in data["wirings"])
     out = run_cli(*base, "--engine", "vllm")  # vLLM reads only the top-level key: it serves the default
     assert out.exit_code == 1, out.output
+    out = run_cli("replay", str(DRAFTER), str(RECORD), "--target", str(TARGET))  # a record is not a capture
+    assert out.exit_code == 2 and "--train" in out.stderr
+    out = run_cli(*base, "--wiring", "p0,p1,p2", "--steps", "16", "--json")  # chains die out: cond undefined
+    assert out.exit_code == 0, out.output
+    assert None in json.loads(out.stdout)["wirings"][-1]["cond"]
     out = run_cli("replay", str(SAMPLES / "nope"), str(SWEEP))
     assert out.exit_code == 2 and "nope" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 

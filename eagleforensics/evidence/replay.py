@@ -228,7 +228,8 @@ class WiringReplay:
 
     def to_dict(self, cost_ratio: float | None = None) -> dict[str, Any]:
         out = {"label": self.label, "positions": [p.label for p in self.positions], "source": self.source,
-               "steps": self.steps, "starts": self.starts, "acc": self.acc, "cond": self.cond,
+               "steps": self.steps, "starts": self.starts, "acc": self.acc,
+               "cond": [None if math.isnan(c) else c for c in self.cond],  # undefined once no chain survives
                "reach": self.reach, "accept_length": self.accept_length, "note": self.note or None}
         if cost_ratio is not None:
             out["speedup"] = self.speedup(cost_ratio)

@@ -83,6 +83,7 @@ class TargetHead:
     embed: torch.Tensor | None
     rms_norm_eps: float
     sources: dict[str, str] = field(default_factory=dict)
+    num_layers: int | None = None  # the target's num_hidden_layers, when its config says
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -339,7 +340,9 @@ def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = Tr
     eps = _float(text_cfg, "rms_norm_eps", d / "config.json", 1e-6)
     files = _weight_files(d)
     reader = _Reader(files)
-    out = TargetHead(str(d), None, None, None, eps)
+    layers = text_cfg.get("num_hidden_layers")
+    out = TargetHead(str(d), None, None, None, eps,
+                     num_layers=layers if isinstance(layers, int) and not isinstance(layers, bool) else None)
     wanted = [k for k, on in (("embed", embed), ("lm_head", lm_head), ("norm", norm)) if on]
     for what in wanted:
         name = _find(files, what)

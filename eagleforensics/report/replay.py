@@ -144,7 +144,7 @@ class ReplayReport:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_nan_safe)
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def to_text(self) -> str:
         lines = [f"drafter: {self.drafter} ({self.layout})",
@@ -168,10 +168,6 @@ class ReplayReport:
         if self.findings:
             lines += ["", "findings:"] + [f"  [{f.severity}] {f.code}: {f.message}" for f in self.findings]
         return "\n".join(lines)
-
-
-def _nan_safe(obj: Any) -> Any:
-    return None
 
 
 def _aux(cap: "Capture", positions: tuple[Position, ...], rows: int) -> torch.Tensor:
@@ -246,10 +242,17 @@ def run_replay(drafter_dir: str | Path, capture: "str | Path | Capture", *, targ
     check_request(draft_config, engine, engine_version, model_type)
     drafter = load_drafter(drafter_dir, target=target)
     head = load_target(target, embed=False) if target is not None else None
+    if head is not None and head.lm_head is not None and head.lm_head.shape[0] != drafter.spec.vocab_size:
+        raise ForensicsError(f"target lm_head has {head.lm_head.shape[0]} tokens; the drafter's config says the target "
+                             f"vocabulary is {drafter.spec.vocab_size}: not this drafter's target", path=target)
     cap = capture if isinstance(capture, Capture) else load_capture(capture, convention=convention,
                                                                     allow_unsafe=allow_unsafe)
     if cap.num_layers is None:
         raise ForensicsError("capture does not say how many layers the target has", path=cap.path)
+    if head is not None and head.num_layers is not None and head.num_layers != cap.num_layers:
+        raise ForensicsError(f"capture holds the states of a {cap.num_layers}-layer model but the target has "
+                             f"{head.num_layers} layers (a training record given as the capture? pass it as --train)",
+                             path=cap.path)
     if cap.input_ids is None:
         raise ForensicsError("capture holds no input_ids: the drafter needs the tokens", path=cap.path)
     if cap.hidden_size != drafter.spec.target_hidden_size:
