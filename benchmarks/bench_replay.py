@@ -25,10 +25,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from eagleforensics.evidence.replay import DraftForward, replay_drafts  # noqa: E402
-from eagleforensics.io.capture import load_capture  # noqa: E402
-from eagleforensics.io.drafter import DrafterSpec, load_drafter  # noqa: E402
-from eagleforensics.positions import Position  # noqa: E402
+from eagleforensics.evidence.replay import DraftForward, replay_drafts
+from eagleforensics.io.capture import load_capture
+from eagleforensics.io.drafter import DrafterSpec, load_drafter
+from eagleforensics.positions import Position
 
 
 def _time(fn, repeat: int) -> float:

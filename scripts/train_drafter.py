@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_samples import N, PROMPT_TOKENS, RESPONSE_TOKENS, sample_ids, target_model  # noqa: E402
+from make_samples import PROMPT_TOKENS, RESPONSE_TOKENS, N, sample_ids, target_model
 
-from eagleforensics.evidence.replay import DraftForward  # noqa: E402
-from eagleforensics.io.drafter import DrafterSpec  # noqa: E402
-from eagleforensics.testing.tinymodels import prompt_ids  # noqa: E402
+from eagleforensics.evidence.replay import DraftForward
+from eagleforensics.io.drafter import DrafterSpec
+from eagleforensics.testing.tinymodels import prompt_ids
 
 TRAINED_POSITIONS = (3, N // 2 + 1, N - 2)  # outputs of layers 2, 6, 9: record_layer_outputs.pt
 SGLANG_IDS = [p - 1 for p in TRAINED_POSITIONS]  # SGLang's Llama rule: id k captures p = k + 1

@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eagleforensics.cli import main
-
 from eagleforensics.errors import ForensicsError
 from eagleforensics.evidence.replay import DraftForward, replay_drafts, target_tokens
 from eagleforensics.io.capture import load_capture

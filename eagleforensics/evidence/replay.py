@@ -22,8 +22,9 @@ values of the whole prefix ([T, kv_heads * head_dim] each) are held.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +83,7 @@ class DraftForward:
         self.inv = inv_frequencies(spec, self.device)
 
     @classmethod
-    def of(cls, drafter: Drafter, device: str = "cpu") -> "DraftForward":
+    def of(cls, drafter: Drafter, device: str = "cpu") -> DraftForward:
         return cls(drafter.spec, drafter.weights, device)
 
     # -- pieces -------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from .plots import esc
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
-    from ..results import AlignmentResult
     from ..io.capture import Capture
+    from ..results import AlignmentResult
     from .pipeline import ReportParams
     from .replay import ReplayReport
 
@@ -17,7 +17,7 @@ TRAINED_COLOUR = "#1a9850"
 OTHER_COLOUR = "#969696"
 
 
-def accept_length_chart(rep: "ReplayReport") -> "go.Figure":
+def accept_length_chart(rep: ReplayReport) -> go.Figure:
     """Bars of accept length per wiring; the trained wiring green, the others grey, per-step reach in the hover."""
     import plotly.graph_objects as go
 
@@ -33,11 +33,11 @@ def accept_length_chart(rep: "ReplayReport") -> "go.Figure":
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="no draft accepted (1.0)")
     fig.update_layout(title=f"Replayed accept length per wiring (chain of {rep.steps}; green = trained)",
                       yaxis_title="accept length (tokens per verify)", xaxis_title="wiring fed to the drafter's fc",
-                      height=420, margin=dict(t=60, b=80), showlegend=False)
+                      height=420, margin={"t": 60, "b": 80}, showlegend=False)
     return fig
 
 
-def replay_table_html(rep: "ReplayReport") -> str:
+def replay_table_html(rep: ReplayReport) -> str:
     """Per-wiring figures as an escaped HTML table."""
     head = ["wiring", "source", "starts"] + [f"acc@{k}" for k in range(1, rep.steps + 1)] + \
         [f"reach@{k}" for k in range(1, rep.steps + 1)] + ["accept length", f"speed-up (c={rep.cost_ratio:g})"]
@@ -51,7 +51,7 @@ def replay_table_html(rep: "ReplayReport") -> str:
             + "".join(rows) + "</tbody></table>")
 
 
-def replay_section(params: "ReportParams", result: "AlignmentResult", capture: "Capture") -> "ReplayReport | None":
+def replay_section(params: ReportParams, result: AlignmentResult, capture: Capture) -> ReplayReport | None:
     """Run the replay for the report's drafter (nothing without one) and display verdict, chart, table, findings."""
     drafter = getattr(params, "drafter", None)
     if not drafter:

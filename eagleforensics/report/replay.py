@@ -95,17 +95,17 @@ class ReplayReport:
     token_source: str
     greedy_share: float | None
     wirings: list[Wiring]
-    results: list["WiringReplay"]
+    results: list[WiringReplay]
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
     engine_check: bool = False
 
     @property
-    def trained(self) -> "WiringReplay | None":
+    def trained(self) -> WiringReplay | None:
         return next((r for r in self.results if "trained" in r.source.split("; ")), None)
 
     @property
-    def best(self) -> "WiringReplay | None":
+    def best(self) -> WiringReplay | None:
         return max(self.results, key=lambda r: r.accept_length, default=None)
 
     @property
@@ -170,7 +170,7 @@ class ReplayReport:
         return "\n".join(lines)
 
 
-def _aux(cap: "Capture", positions: tuple[Position, ...], rows: int) -> torch.Tensor:
+def _aux(cap: Capture, positions: tuple[Position, ...], rows: int) -> torch.Tensor:
     missing = [p.label for p in positions if p not in cap.readers]
     if missing:
         raise ForensicsError(f"capture has no {', '.join(missing)} (it holds {', '.join(p.label for p in cap.positions)})",
@@ -178,7 +178,7 @@ def _aux(cap: "Capture", positions: tuple[Position, ...], rows: int) -> torch.Te
     return torch.cat([cap.read_rows(p, 0, rows).float() for p in positions], -1)
 
 
-def target_next_tokens(cap: "Capture", rows: int, target: Any | None, device: str) -> tuple[torch.Tensor, str, float | None,
+def target_next_tokens(cap: Capture, rows: int, target: Any | None, device: str) -> tuple[torch.Tensor, str, float | None,
                                                                                            list[Finding]]:
     """y[t] = the target's greedy token after row t; how it was obtained; share of rows whose next id equals it."""
     from ..evidence.replay import rms_norm, target_tokens
@@ -215,8 +215,8 @@ def target_next_tokens(cap: "Capture", rows: int, target: Any | None, device: st
     return y, "the capture's own next ids (assumed to be the target's greedy output)", None, findings
 
 
-def run_replay(drafter_dir: str | Path, capture: "str | Path | Capture", *, target: str | Path | None = None,
-               train: "str | Path | AlignmentResult | None" = None, wirings: list[str] = (), steps: int = DEFAULT_STEPS,
+def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target: str | Path | None = None,
+               train: str | Path | AlignmentResult | None = None, wirings: list[str] = (), steps: int = DEFAULT_STEPS,
                cost_ratio: float = DEFAULT_COST_RATIO, engine: str | None = None, draft_config: str | Path | None = None,
                engine_version: str | None = None, model_type: str | None = None, device: str = "cpu",
                max_tokens: int | None = None, convention: str = "hf", allow_unsafe: bool = False) -> ReplayReport:
