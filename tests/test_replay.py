@@ -41,72 +41,76 @@ def sample():
     return drafter, cap, aux, y
 
 
-def _plain_step1(drafter, aux, ids, t):
-    """Step-1 draft logits of row t, written out row by row: no batching, no shared code with the replay.
+def _plain_chain(drafter, aux, ids, t, steps):
+    """Draft logits of steps 1..``steps`` at start row t, written out row by row: no batching, no shared code.
 
-    Rotary is applied as a complex rotation of (x[i], x[i + d/2]) pairs; attention is a python loop over
-    the prefix rows 0..t with its own softmax.
+    Rotary is a complex rotation of (x[i], x[i + d/2]) pairs; attention is a python loop with its own
+    softmax over the prefix's step-1 keys (rows 0..t) and this row's own keys of steps 2..k.
     """
     w = {k: v.double() if v.is_floating_point() else v for k, v in drafter.weights.items()}
     s = drafter.spec
-    eps = s.rms_norm_eps
+    d, group = s.head_dim, s.num_heads // s.num_kv_heads
 
     def norm(x, g):
-        return g * x / torch.sqrt((x * x).mean() + eps)
+        return g * x / torch.sqrt((x * x).mean() + s.rms_norm_eps)
 
     def rot(x, position):
-        half = s.head_dim // 2
-        freq = torch.tensor([s.rope_theta ** (-2.0 * i / s.head_dim) for i in range(half)], dtype=torch.float64)
+        half = d // 2
+        freq = torch.tensor([s.rope_theta ** (-2.0 * i / d) for i in range(half)], dtype=torch.float64)
         z = torch.complex(x[:half], x[half:]) * torch.exp(1j * position * freq)
         return torch.cat([z.real, z.imag])
 
-    def row(r):
-        fc = w["fc.weight"] @ aux[r].double()
-        x = torch.cat([norm(w["embed"][ids[r + 1]], w["layer.input_layernorm.weight"]),
-                       norm(fc, w["layer.hidden_norm.weight"])])
-        return fc, w["layer.self_attn.q_proj.weight"] @ x, w["layer.self_attn.k_proj.weight"] @ x, \
-            w["layer.self_attn.v_proj.weight"] @ x
+    def qkv(token, state):
+        x = torch.cat([norm(w["embed"][token], w["layer.input_layernorm.weight"]),
+                       norm(state, w["layer.hidden_norm.weight"])])
+        return tuple(w[f"layer.self_attn.{n}_proj.weight"] @ x for n in "qkv")
 
-    fc_t, q_t, _, _ = row(t)
-    keys, values = [], []
+    prefix = []  # (position, k, v) of the step-1 pass over rows 0..t
     for r in range(t + 1):
-        _, _, k, v = row(r)
-        keys.append(k)
-        values.append(v)
-    d, group = s.head_dim, s.num_heads // s.num_kv_heads
-    heads = []
-    for h in range(s.num_heads):
-        kv = h // group
-        q = rot(q_t[h * d:(h + 1) * d], t)
-        scores = [float(q @ rot(k[kv * d:(kv + 1) * d], r)) / math.sqrt(d) for r, k in enumerate(keys)]
-        top = max(scores)
-        weights = [math.exp(x - top) for x in scores]
-        total = sum(weights)
-        heads.append(sum((wt / total) * v[kv * d:(kv + 1) * d] for wt, v in zip(weights, values)))
-    h1 = fc_t + w["layer.self_attn.o_proj.weight"] @ torch.cat(heads)
-    m = norm(h1, w["layer.post_attention_layernorm.weight"])
-    gate = w["layer.mlp.gate_proj.weight"] @ m
-    h2 = h1 + w["layer.mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate) * (w["layer.mlp.up_proj.weight"] @ m))
-    return w["lm_head.weight"] @ norm(h2, w["norm.weight"])
+        _, k, v = qkv(ids[r + 1], w["fc.weight"] @ aux[r].double())
+        prefix.append((r, k, v))
+    state, own, out = w["fc.weight"] @ aux[t].double(), [], []
+    for step in range(1, steps + 1):
+        q, k, v = qkv(ids[t + step], state)
+        if step > 1:
+            own.append((t + step - 1, k, v))
+        heads = []
+        for h in range(s.num_heads):
+            kv = slice((h // group) * d, (h // group + 1) * d)
+            qh = rot(q[h * d:(h + 1) * d], t + step - 1)
+            scores = [float(qh @ rot(kk[kv], pos)) / math.sqrt(d) for pos, kk, _ in prefix + own]
+            top = max(scores)
+            weights = [math.exp(x - top) for x in scores]
+            heads.append(sum((wt / sum(weights)) * vv[kv] for wt, (_, _, vv) in zip(weights, prefix + own)))
+        h1 = state + w["layer.self_attn.o_proj.weight"] @ torch.cat(heads)
+        m = norm(h1, w["layer.post_attention_layernorm.weight"])
+        gate = w["layer.mlp.gate_proj.weight"] @ m
+        state = h1 + w["layer.mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate) * (w["layer.mlp.up_proj.weight"] @ m))
+        out.append(w["lm_head.weight"] @ norm(state, w["norm.weight"]))
+    return out
 
 
-def test_step1_matches_a_plain_reimplementation(sample):
+def test_replay_matches_a_plain_reimplementation(sample):
     drafter, cap, aux, y = sample
     ids = cap.input_ids
     fwd = DraftForward.of(drafter)
-    drafts = replay_drafts(fwd, aux, ids, steps=2, chunk=16)  # chunking crosses the rows checked
+    drafts = replay_drafts(fwd, aux, ids, steps=3, chunk=16)  # chunking crosses the rows checked
+    assert torch.equal(drafts, replay_drafts(fwd, aux, ids, steps=3, chunk=7))
     h0 = fwd.project(aux)
-    logits = next(fwd.chain(h0, ids, 1, 0, aux.shape[0], fwd.prefix_cache(h0, ids)))
-    rows = [0, 5, 17, 30]
+    logits = list(fwd.chain(h0, ids, 3, 0, aux.shape[0], fwd.prefix_cache(h0, ids)))
+    d2t = drafter.weights["d2t"]
     accepted_plain, accepted_replay = [], []
-    for t in rows:
-        plain = _plain_step1(drafter, aux, ids, t)
-        assert torch.allclose(logits[t].double(), plain, atol=1e-4, rtol=1e-4), t
-        token = int(plain.argmax()) + int(drafter.weights["d2t"][int(plain.argmax())])
-        assert token == int(drafts[0, t])
-        accepted_plain.append(token == int(y[t + 1]))
+    for t in (0, 5, 17, 30):
+        plain = _plain_chain(drafter, aux, ids, t, 3)
+        for k in range(3):
+            assert torch.allclose(logits[k][t].double(), plain[k], atol=1e-4, rtol=1e-4), (t, k + 1)
+            token = int(plain[k].argmax()) + int(d2t[int(plain[k].argmax())])
+            assert token == int(drafts[k, t]), (t, k + 1)
+        first = int(plain[0].argmax()) + int(d2t[int(plain[0].argmax())])
+        accepted_plain.append(first == int(y[t + 1]))  # first-step acceptance, by the plain code
         accepted_replay.append(int(drafts[0, t]) == int(y[t + 1]))
     assert accepted_plain == accepted_replay
+    assert any(accepted_plain) and not all(accepted_plain)  # the rows checked include both outcomes
 
 
 def test_trained_wiring_beats_every_wrong_one_on_the_sample():
