@@ -22,7 +22,7 @@ values of the whole prefix ([T, kv_heads * head_dim] each) are held.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,34 +250,50 @@ def score(drafts: torch.Tensor, targets: torch.Tensor, starts: int) -> tuple[lis
     return acc, cond, reach, 1.0 + sum(reach)
 
 
-def replay_drafts(fwd: DraftForward, aux: torch.Tensor, ids: torch.Tensor, steps: int,
-                  drafter: Drafter | None = None, chunk: int = ROW_CHUNK) -> torch.Tensor:
-    """Drafted target-vocab token ids [steps, T] for every start row (rows near the end hold padding drafts)."""
+AuxRows = Callable[[int, int], torch.Tensor]
+
+
+def _rows_of(aux: torch.Tensor | AuxRows) -> AuxRows:
+    if isinstance(aux, torch.Tensor):
+        return lambda a, b: aux[a:b]
+    return aux
+
+
+def replay_drafts(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: torch.Tensor, steps: int,
+                  chunk: int = ROW_CHUNK) -> torch.Tensor:
+    """Drafted target-vocab token ids [steps, T] for every start row (rows near the end hold padding drafts).
+
+    ``aux`` is the [T, k*H] feature tensor or a reader ``rows(a, b)`` of it, so the k*H-wide features are
+    only ever held one chunk at a time (T = ``len(ids)``); the fc outputs [T, H] are kept.
+    """
+    rows = _rows_of(aux)
+    total = ids.shape[0]
     with torch.no_grad():
-        h0 = torch.cat([fwd.project(aux[a:a + chunk]) for a in range(0, aux.shape[0], chunk)])
+        h0 = torch.cat([fwd.project(rows(a, min(a + chunk, total))) for a in range(0, total, chunk)])
         ids = ids.to(fwd.device).long()
         cache = fwd.prefix_cache(h0, ids, chunk)
-        out = torch.empty(steps, aux.shape[0], dtype=torch.long)
+        out = torch.empty(steps, total, dtype=torch.long)
         d2t = fwd.w.get("d2t")
-        for a in range(0, aux.shape[0], chunk):
-            b = min(a + chunk, aux.shape[0])
+        for a in range(0, total, chunk):
+            b = min(a + chunk, total)
             for k, logits in enumerate(fwd.chain(h0, ids, steps, a, b, cache)):
                 d = logits.argmax(-1)
                 out[k, a:b] = (d if d2t is None else d + d2t[d]).cpu()
     return out
 
 
-def replay_wiring(fwd: DraftForward, aux: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor, steps: int,
-                  *, label: str, positions: list[Position], source: str, note: str = "",
+def replay_wiring(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: torch.Tensor, targets: torch.Tensor,
+                  steps: int, *, label: str, positions: list[Position], source: str, note: str = "",
                   chunk: int = ROW_CHUNK) -> WiringReplay:
-    """Replay one wiring's features [T, k*H] and score the chain against the target tokens."""
+    """Replay one wiring's features ([T, k*H] or a row reader) and score the chain against the target tokens."""
     if steps < 1:
         raise ForensicsError(f"steps must be at least 1, got {steps}")
     want = fwd.spec.num_aux * fwd.spec.target_hidden_size
-    if aux.shape[-1] != want:
-        raise ForensicsError(f"wiring {label} gives {aux.shape[-1]} features per token; the drafter's fc reads {want} "
+    width = _rows_of(aux)(0, 1).shape[-1]
+    if width != want:
+        raise ForensicsError(f"wiring {label} gives {width} features per token; the drafter's fc reads {want} "
                              f"({fwd.spec.num_aux} states of {fwd.spec.target_hidden_size})")
     drafts = replay_drafts(fwd, aux, ids, steps, chunk=chunk)
-    starts = aux.shape[0] - steps
+    starts = ids.shape[0] - steps
     acc, cond, reach, length = score(drafts, targets, starts)
     return WiringReplay(label, list(positions), source, steps, starts, acc, cond, reach, length, note)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,12 +171,13 @@ class ReplayReport:
         return "\n".join(lines)
 
 
-def _aux(cap: Capture, positions: tuple[Position, ...], rows: int) -> torch.Tensor:
+def _aux(cap: Capture, positions: tuple[Position, ...]) -> Callable[[int, int], torch.Tensor]:
+    """A reader of the wiring's concatenated states, rows a..b-1 (streamed from the file where it allows)."""
     missing = [p.label for p in positions if p not in cap.readers]
     if missing:
         raise ForensicsError(f"capture has no {', '.join(missing)} (it holds {', '.join(p.label for p in cap.positions)})",
                              path=cap.path)
-    return torch.cat([cap.read_rows(p, 0, rows).float() for p in positions], -1)
+    return lambda a, b: torch.cat([cap.read_rows(p, a, b).float() for p in positions], -1)
 
 
 def target_next_tokens(cap: Capture, rows: int, target: Any | None, device: str) -> tuple[torch.Tensor, str, float | None,
@@ -296,7 +298,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
             findings.append(Finding("wiring-width", "warning", f"wiring {w.label} has {len(w.positions)} positions; the "
                                     f"drafter's fc reads {drafter.spec.num_aux}: not replayed"))
             continue
-        results.append(replay_wiring(fwd, _aux(cap, w.positions, rows), ids, y, steps, label=w.label,
+        results.append(replay_wiring(fwd, _aux(cap, w.positions), ids, y, steps, label=w.label,
                                      positions=list(w.positions), source="; ".join(w.sources),
                                      note="; ".join(w.notes)))
     seconds = time.perf_counter() - start
