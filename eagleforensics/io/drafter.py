@@ -300,6 +300,10 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None) -> 
     missing = [names[c] for c in REQUIRED if names[c] not in files]
     if missing:
         raise ForensicsError(f"drafter lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}", path=d)
+    biases = sorted(k for k in files if k.endswith(".bias") and not k.startswith(("verifier", "model.verifier")))
+    if biases:
+        raise ForensicsError(f"drafter has bias tensors ({', '.join(biases[:3])}); replay supports bias-free "
+                             "EAGLE-3 drafters only", path=d)
     reader = _Reader(files)
     weights: dict[str, torch.Tensor] = {}
     sources: dict[str, str] = {}
