@@ -32,6 +32,8 @@ _LAZY = {
     "Capture": "eagleforensics.io.capture",
     "sweep": "eagleforensics.io.sweep",
     "write_capture": "eagleforensics.io.sweep",
+    "load_drafter": "eagleforensics.io.drafter",
+    "run_replay": "eagleforensics.report.replay",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

@@ -22,13 +22,24 @@ N = 12
 PROMPT_TOKENS = 40
 RESPONSE_TOKENS = 24
 PADDING = 16
+SAMPLE_SEED = 7
+
+
+def target_model() -> torch.nn.Module:
+    """The tiny target every sample comes from (scripts/train_drafter.py trains its drafter on it)."""
+    return build_model("llama", num_layers=N, hidden=128, seed=0)
+
+
+def sample_ids() -> torch.Tensor:
+    """The samples' one sequence: 40 prompt + 24 response tokens."""
+    return prompt_ids(PROMPT_TOKENS + RESPONSE_TOKENS, seed=SAMPLE_SEED)
 
 
 def main(out: Path) -> None:
     torch.use_deterministic_algorithms(True)
     out.mkdir(parents=True, exist_ok=True)
-    model = build_model("llama", num_layers=N, hidden=128, seed=0)
-    full = prompt_ids(PROMPT_TOKENS + RESPONSE_TOKENS, seed=7)
+    model = target_model()
+    full = sample_ids()
     prompt = full[:PROMPT_TOKENS]
     loss_mask = torch.cat([torch.zeros(PROMPT_TOKENS), torch.ones(RESPONSE_TOKENS)]).to(torch.int64)
 

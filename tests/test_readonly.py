@@ -36,8 +36,8 @@ def snapshot(root: Path) -> dict[str, tuple[str, int, int, int]]:
 def inputs(tmp_path: Path) -> Path:
     d = tmp_path / "inputs"
     d.mkdir()
-    for f in SAMPLES.iterdir():
-        shutil.copy2(f, d / f.name)
+    for f in SAMPLES.iterdir():  # the replay drafter and target are folders
+        (shutil.copytree if f.is_dir() else shutil.copy2)(f, d / f.name)
     (d / "data_0.ckpt.gz").write_bytes(gzip.compress((SAMPLES / "data_0.ckpt").read_bytes(), mtime=0))
     cap = torch.load(SAMPLES / "capture.pt", weights_only=True)
     sweep = d / "sweep"  # a capture directory, one file per position
@@ -64,10 +64,11 @@ def test_align_and_capture_leave_inputs_untouched(inputs: Path, tmp_path: Path,
         ["align", "data_0.ckpt", "sweep"],
         ["align", "data_0.ckpt.gz", "capture.pt"],
         ["align", "record_layer_outputs.pt", "half.safetensors"],  # bad input: nothing written either
+        ["replay", "drafter", "capture_sweep.safetensors", "--target", "target", "--train", "record_layer_outputs.pt"],
     ]
-    codes = [CliRunner().invoke(main, [a if a.startswith("-") or a == "align" else str(inputs / a) for a in r]).exit_code
-             for r in runs]
-    assert codes == [0, 1, 0, 0, 2]
+    codes = [CliRunner().invoke(main, [a if a.startswith("-") or a in ("align", "replay") else str(inputs / a)
+                                       for a in r]).exit_code for r in runs]
+    assert codes == [0, 1, 0, 0, 2, 0]
     out = tmp_path / "out" / "cap.safetensors"
     res = CliRunner().invoke(main, ["capture", str(inputs / "model"), "--input-ids", str(inputs / "ids.pt"),
                                     "-o", str(out)])

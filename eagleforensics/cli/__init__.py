@@ -22,11 +22,12 @@ def _register() -> None:
     from . import config as _config
     from . import fingerprint as _fingerprint
     from . import logs as _logs
+    from . import replay as _replay
     from . import report as _report
     from . import scan as _scan
 
     commands = (_align.align, _capture.capture, _config.config, _fingerprint.fingerprint, _logs.logs,
-                _report.report, _scan.scan)
+                _replay.replay, _report.report, _scan.scan)
     for command in commands:
         main.add_command(command)
 

@@ -28,11 +28,16 @@ ENGINES = ("sglang", "vllm", "trtllm")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Compare at most this many tokens.")
 @click.option("--device", default="auto", show_default=True, help="auto or cpu (scoring runs on the CPU).")
 @click.option("--title", default=None, help="Report title; default '<shard> vs <capture>'.")
+@click.option("--drafter", type=click.Path(), default=None,
+              help="EAGLE-3 drafter directory: add a Replay section (accept length per wiring, trained one highlighted).")
+@click.option("--target", type=click.Path(), default=None,
+              help="Target model directory for the replay (its lm_head and, if the drafter lacks it, embedding).")
 @click.option("--with-input", is_flag=True, help="Keep the notebook's code cells in the HTML (default: outputs only).")
 @click.option("--keep-notebook", is_flag=True, help="Also write the executed notebook beside the HTML (.ipynb).")
 def report(shard: str, capture: str, output: str | None, capture_convention: str, engine: str | None,
            draft_config: str | None, engine_version: str | None, model_type: str | None, max_tokens: int | None,
-           device: str, title: str | None, with_input: bool, keep_notebook: bool) -> None:
+           device: str, title: str | None, drafter: str | None, target: str | None, with_input: bool,
+           keep_notebook: bool) -> None:
     """Execute notebooks/align.ipynb on SHARD and CAPTURE (papermill) and write one offline HTML report.
 
     The page embeds plotly.js and loads nothing from the network. With --engine it has a Serving
@@ -45,7 +50,7 @@ def report(shard: str, capture: str, output: str | None, capture_convention: str
     outcome = run_guarded(lambda: build_report(
         shard, capture, output, capture_convention=capture_convention, engine=engine, max_tokens=max_tokens,
         device=device, title=title, draft_config=draft_config, engine_version=engine_version,
-        model_type=model_type, with_input=with_input, keep_notebook=keep_notebook))
+        model_type=model_type, with_input=with_input, keep_notebook=keep_notebook, drafter=drafter, target=target))
     click.echo(f"VERDICT: {outcome.verdict}")
     click.echo(f"report: {outcome.html}")
     if outcome.notebook is not None:

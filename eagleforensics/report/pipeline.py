@@ -66,6 +66,8 @@ class ReportParams:
     draft_config: str | None = None
     engine_version: str | None = None
     model_type: str | None = None
+    drafter: str | None = None  # EAGLE-3 drafter directory: adds the Replay section (report/replay.py)
+    target: str | None = None  # target model directory for the replay (lm_head, embedding)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,7 +165,8 @@ def _serving_params(engine: str | None, draft_config: Any, engine_version: Any, 
 
 def validate_params(shard: Any = None, capture: Any = None, capture_convention: Any = "hf", engine: Any = None,
                     max_tokens: Any = None, device: Any = "auto", title: Any = None, *, draft_config: Any = None,
-                    engine_version: Any = None, model_type: Any = None) -> ReportParams:
+                    engine_version: Any = None, model_type: Any = None, drafter: Any = None,
+                    target: Any = None) -> ReportParams:
     """Check every notebook parameter before any tensor is read; a bad one is a one-line ForensicsError.
 
     ``shard`` and ``capture`` both None selects the bundled demo pair. ``engine`` turns on the
@@ -183,10 +186,13 @@ def validate_params(shard: Any = None, capture: Any = None, capture_convention: 
         raise ForensicsError(f"parameter title must be a string or None, got {type(title).__name__} {title!r}")
     engine = _choice(engine, "engine", ENGINES, True)
     serving = _serving_params(engine, draft_config, engine_version, model_type)
+    if target is not None and drafter is None:
+        raise ForensicsError("parameter target needs drafter: the target's tensors are read for the drafter replay")
+    replay = [None if v is None else input_path(v, n, want_file=False) for n, v in (("drafter", drafter), ("target", target))]
     return ReportParams(
         input_path(shard, "shard", want_file=True), input_path(capture, "capture", want_file=False),
         _choice(capture_convention, "capture_convention", CONVENTIONS), engine,
-        max_tokens, _choice(device, "device", DEVICES), title, *serving,
+        max_tokens, _choice(device, "device", DEVICES), title, *serving, *replay,
     )
 
 
@@ -348,12 +354,15 @@ def build_report(shard: Any, capture: Any, out: str | Path | None = None, *, cap
                  engine: str | None = None, max_tokens: int | None = None, device: str = "auto",
                  title: str | None = None, draft_config: str | Path | None = None,
                  engine_version: str | None = None, model_type: str | None = None, with_input: bool = False,
-                 keep_notebook: bool = False, notebook: str | Path | None = None) -> ReportOutcome:
+                 keep_notebook: bool = False, notebook: str | Path | None = None,
+                 drafter: str | Path | None = None, target: str | Path | None = None) -> ReportOutcome:
     """Validate, execute the align notebook, write one HTML file; the executed notebook goes beside it if kept."""
     params = validate_params(shard, capture, capture_convention, engine, max_tokens, device, title,
-                             draft_config=draft_config, engine_version=engine_version, model_type=model_type)
+                             draft_config=draft_config, engine_version=engine_version, model_type=model_type,
+                             drafter=drafter, target=target)
     html_path = Path(out) if out is not None else default_output(params)
     source = Path(notebook) if notebook is not None else find_notebook()
-    inputs = [x for x in (params.shard, params.capture, params.draft_config) if x is not None]
+    inputs = [x for x in (params.shard, params.capture, params.draft_config, params.drafter, params.target)
+              if x is not None]
     return render(source, params.as_dict(), html_path, schema=SUMMARY_SCHEMA, heading=params.heading,
                   inputs=inputs, with_input=with_input, keep_notebook=keep_notebook)

@@ -1,0 +1,59 @@
+"""``eagleforensics replay DRAFTER CAPTURE``: run the drafter offline on each wiring, print acceptance per wiring."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import run_guarded
+
+ENGINES = ("sglang", "vllm", "trtllm")
+CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
+
+
+@click.command()
+@click.argument("drafter", type=click.Path())
+@click.argument("capture", type=click.Path())
+@click.option("--train", "train", type=click.Path(), default=None,
+              help="Training record: its aux positions (found by align) are replayed as the trained wiring.")
+@click.option("--target", type=click.Path(), default=None,
+              help="Target model directory: its lm_head gives the target's next tokens, its embedding stands in "
+                   "when the drafter has none (only those tensors are read from the safetensors shards).")
+@click.option("--wiring", "wirings", multiple=True,
+              help="Extra wiring to replay, e.g. p3,p7,p10 (positions, in fc order); repeatable.")
+@click.option("--steps", type=click.IntRange(1, 16), default=3, show_default=True, help="Draft steps per chain (SGLang's common --speculative-num-steps).")
+@click.option("--cost-ratio", type=float, default=0.05, show_default=True,
+              help="Cost of one draft step relative to one target verify pass, for the speed-up column.")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="Also replay the wiring this engine would feed, reading --draft-config (default: DRAFTER/config.json).")
+@click.option("--draft-config", type=click.Path(), default=None, help="Draft config.json or TRT-LLM YAML; needs --engine.")
+@click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12.")
+@click.option("--model-type", default=None, help="Target model_type for the engine rule (llama, deepseek_v3, ...).")
+@click.option("--capture-convention", type=click.Choice(CAPTURE_CONVENTIONS), default="hf", show_default=True,
+              help="What the integers in the capture mean.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=None, help="Replay at most this many capture rows.")
+@click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--allow-unsafe-pickle", is_flag=True,
+              help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
+def replay(drafter: str, capture: str, train: str | None, target: str | None, wirings: tuple[str, ...], steps: int,
+           cost_ratio: float, engine: str | None, draft_config: str | None, engine_version: str | None,
+           model_type: str | None, capture_convention: str, max_tokens: int | None, device: str, as_json: bool,
+           allow_unsafe_pickle: bool) -> None:
+    """Predict the acceptance each wiring would give: run DRAFTER on CAPTURE's states, compare with the target's tokens.
+
+    Wirings replayed: the trained one (with --train), the engines' default [2, N//2, N-3], what --engine
+    reads from the draft config, and every --wiring. Per wiring: per-step acceptance, the accept length
+    of a chain of --steps drafts (1 + expected accepted drafts) and the speed-up L / (1 + steps * cost_ratio).
+
+    Exit 0: measured (and, with --engine, the engine feeds the trained wiring). 1: the engine would feed
+    another wiring. 2: bad input.
+    """
+    from ..report.replay import run_replay
+
+    result = run_guarded(lambda: run_replay(
+        drafter, capture, target=target, train=train, wirings=list(wirings), steps=steps, cost_ratio=cost_ratio,
+        engine=engine, draft_config=draft_config, engine_version=engine_version, model_type=model_type,
+        device=device, max_tokens=max_tokens, convention=capture_convention, allow_unsafe=allow_unsafe_pickle))
+    click.echo(result.to_json() if as_json else result.to_text())
+    sys.exit(result.exit_code)
