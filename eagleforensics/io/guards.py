@@ -90,12 +90,13 @@ def _identity(p: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def check_not_input(output: str | Path, inputs: Iterable[str | Path | None], what: str = "output") -> None:
+def check_not_input(output: str | Path, inputs: Iterable[Any], what: str = "output") -> None:
     """Refuse ``output`` when it is one of ``inputs`` or lies inside an input directory.
 
-    Files are compared by (device, inode), so a hard link or a symlink to an input is caught
-    as well as the same name. For an existing output with more than one link, the files of
-    input directories are compared too (a hard link from outside into a capture directory).
+    Each input is a path or ``(path, role)``, the role naming it in the message ("the
+    dataset"). Files are compared by (device, inode), so a hard link or a symlink to an input
+    is caught as well as the same name. For an existing output with more than one link, the
+    files of input directories are compared too (a hard link from outside into a capture directory).
     """
     out = Path(output).expanduser()
     real = Path(os.path.realpath(out))
@@ -103,6 +104,7 @@ def check_not_input(output: str | Path, inputs: Iterable[str | Path | None], wha
     parent_id = _identity(real.parent)
     dirs: list[Path] = []
     for item in inputs:
+        item, role = item if isinstance(item, tuple) else (item, "")
         if item is None:
             continue
         p = Path(item).expanduser()
@@ -113,11 +115,11 @@ def check_not_input(output: str | Path, inputs: Iterable[str | Path | None], wha
             dirs.append(p)
             rp = Path(os.path.realpath(p))
             if real == rp or rp in real.parents or ident == parent_id or ident == out_id:
-                raise ForensicsError(f"the {what} would be written inside the input directory {p}; "
+                raise ForensicsError(f"the {what} would be written inside {role or 'the input directory'} {p}; "
                                      "choose a path outside it", path=out)
         elif ident == out_id:
-            raise ForensicsError(f"the {what} is the input file {p} (same file, compared by device "
-                                 "and inode: a hard link or symlink counts); choose another name", path=out)
+            raise ForensicsError(f"the {what} would overwrite {role or 'the input file'} {p} (the same file, compared by "
+                                 "device and inode: a hard link or symlink counts); choose another name", path=out)
     if out_id is None or not dirs:
         return
     try:
