@@ -115,10 +115,10 @@ def check_not_input(output: str | Path, inputs: Iterable[Any], what: str = "outp
             dirs.append(p)
             rp = Path(os.path.realpath(p))
             if real == rp or rp in real.parents or ident == parent_id or ident == out_id:
-                raise ForensicsError(f"the {what} would be written inside {role or 'the input directory'} {p}; "
+                raise ForensicsError(f"the {what} would be written inside {role or 'an input directory'} {p}; "
                                      "choose a path outside it", path=out)
         elif ident == out_id:
-            raise ForensicsError(f"the {what} would overwrite {role or 'the input file'} {p} (the same file, compared by "
+            raise ForensicsError(f"the {what} would overwrite {role or 'an input file'} {p} (the same file, compared by "
                                  "device and inode: a hard link or symlink counts); choose another name", path=out)
     if out_id is None or not dirs:
         return
