@@ -21,8 +21,11 @@ def capture(model_dir: str, prompt: str | None, input_ids: str | None, output: s
         from ..errors import ForensicsError
         from ..io.sweep import load_local_model, sweep, tokenize, write_capture
 
+        from ..io.guards import check_not_input
+
         if (prompt is None) == (input_ids is None):
             raise ForensicsError("give exactly one of --prompt or --input-ids")
+        check_not_input(output, [(model_dir, "the model directory"), (input_ids, "the --input-ids file")], "capture")
         ids = tokenize(model_dir, prompt) if prompt is not None else _parse_ids(input_ids or "")
         model = load_local_model(model_dir)
         vocab = int(model.get_input_embeddings().weight.shape[0])

@@ -34,15 +34,14 @@ def fingerprint(capture: str, output: str, k: int, seed: int, probes: int, captu
 
     Exit 0: written. 2: bad input.
     """
-    from ..errors import ForensicsError
 
     def run() -> Path:
         from ..evidence.fingerprint import make_fingerprint, write_fingerprint
         from ..io.capture import load_capture
+        from ..io.guards import check_not_input
 
         src, out = Path(capture), Path(output)
-        if out.exists() and src.exists() and out.resolve() == src.resolve():
-            raise ForensicsError("refusing to write the fingerprint over the capture itself", path=out)
+        check_not_input(out, [(src, "the capture")], "fingerprint")  # by device+inode, and never inside it
         cap = load_capture(src, convention=capture_convention, num_layers=num_layers, allow_unsafe=allow_unsafe_pickle)
         return write_fingerprint(make_fingerprint(cap, k=k, seed=seed, probes=probes, device=device), out)
 
