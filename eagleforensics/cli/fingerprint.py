@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from .common import run_guarded
+from ..errors import printable
+from .common import echo_text, run_guarded
 
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
 
@@ -49,4 +50,4 @@ def fingerprint(capture: str, output: str, k: int, seed: int, probes: int, captu
     size = written.stat().st_size
     source = Path(capture)
     whole = sum(f.stat().st_size for f in source.rglob("*") if f.is_file()) if source.is_dir() else source.stat().st_size
-    click.echo(f"wrote {written} ({size / 1e6:.2f} MB, {size / max(whole, 1):.1%} of the capture)")
+    echo_text(f"wrote {printable(written)} ({size / 1e6:.2f} MB, {size / max(whole, 1):.1%} of the capture)")

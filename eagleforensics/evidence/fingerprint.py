@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from ..errors import ForensicsError
-from ..io.capture import SweepHeader
 from ..io.atomic import write_bytes_atomic
+from ..io.capture import SweepHeader
 from ..io.guards import open_regular, parse_json
 from ..io.safeload import gunzip
 from ..positions import Position

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ForensicsError
+from ..errors import ForensicsError, printable
 from ..io.guards import check_not_input, open_regular, parse_json
 from .summary import compact
 
@@ -177,7 +177,7 @@ class ScanResult:
         """One sentence: how many records, how many outliers."""
         o = self.overview()
         tail = "no outliers" if not o["outliers"] else f"{o['outliers']} outlier records ({o['unreadable']} unreadable)"
-        return f"Scanned {o['records']} records of {self.dataset}: {tail}."
+        return f"Scanned {o['records']} records of {printable(self.dataset)}: {tail}."
 
     def to_dict(self) -> dict[str, Any]:
         """Overview, per-slot summary and every outlier with its reasons, JSON-ready."""
@@ -196,8 +196,8 @@ class ScanResult:
         if self.outliers:
             lines.append("outliers:")
             for path, reasons in list(self.outliers.items())[:max_outliers]:
-                lines.append(f"  {path}")
-                lines += [f"    - {r}" for r in reasons]
+                lines.append(f"  {printable(path)}")  # names found in the dataset: one line each, escaped
+                lines += [f"    - {printable(r)}" for r in reasons]
             if len(self.outliers) > max_outliers:
                 lines.append(f"  ... and {len(self.outliers) - max_outliers} more (all of them with --json)")
         return "\n".join(lines).rstrip()
