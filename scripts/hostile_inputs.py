@@ -66,6 +66,9 @@ def main() -> int:
                         os.kill(int(line.split()[0]), 9)
                     except (OSError, ValueError):
                         pass
+                import time
+
+                time.sleep(1.0)
                 lines, code, peak = [f"(no answer in {args.timeout:.0f} s: hang)"], "timeout", -1
             alive = _descendants_alive(str(d))
             changed = [p for p, v in before.items() if not Path(p).exists() or fingerprint_of([Path(p)])[p] != v]

@@ -11,6 +11,7 @@ dataset-wide judgement (``scan_summary``) is made from the lines at the end.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -120,6 +121,25 @@ def make_pool(workers: int, reference: "Reference | None") -> Any:
                                initargs=(reference, os.getpid()))
 
 
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while workers are started (a child keeps the mask it was started with).
+
+    A Ctrl-C during that moment is delivered when the block ends, to this process only.
+    """
+    import signal
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def stop_pool(pool: Any, finished: bool) -> None:
     """Shut the pool down; when the scan did not finish (Ctrl-C, an error), kill the workers now.
 
@@ -162,7 +182,8 @@ def _run_local(root: str, rels: list[str], reference: "Reference | None", worker
     pool = make_pool(workers, reference)
     finished = False
     try:
-        futures = [pool.submit(_worker_batch, root, b, allow_unsafe) for b in _batches(rels, workers)]
+        with _sigint_blocked():  # workers start inside submit(): they inherit SIGINT blocked, so never see Ctrl-C
+            futures = [pool.submit(_worker_batch, root, b, allow_unsafe) for b in _batches(rels, workers)]
         for fut in as_completed(futures):
             exc = fut.exception()
             yield exc if exc is not None else fut.result()
