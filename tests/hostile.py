@@ -226,6 +226,11 @@ def scan_resume_other_file(d: Path) -> Case:
                 ("notes.txt", "not a scan results file"), [notes])
 
 
+# docs/errors.md rows whose tests live in tests/test_hardening.py (the catalogue test checks both ways)
+CATALOGUE_IDS = {"output-is-input", "not-a-results-file", "not-a-regular-file", "yaml-alias-bomb", "log-line-too-long",
+                 "decompression-bomb", "truncated-zip", "nested-too-deep", "control-characters", "disk-full",
+                 "interrupted"}
+
 BUILDERS: list[Callable[[Path], Case]] = [
     report_into_capture_dir, report_over_hard_link, scan_output_is_reference, scan_resume_other_file,
     fifo_in_draft_dir, fifo_in_draft_dir_align, yaml_alias_bomb, log_gz_long_line, npz_bomb,

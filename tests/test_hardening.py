@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eagleforensics.errors import ForensicsError, printable
+from eagleforensics.errors import ForensicsError
 
 from . import hostile
 from .test_errors import assert_one_line_error, run_cli
@@ -34,6 +34,7 @@ FIFO = [b for b in hostile.BUILDERS if "fifo" in b.__name__]
 def test_hostile_input_is_one_line_exit_2_and_inputs_unchanged(build, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     case = build(hostile.prepare(tmp_path))
+    assert case.id in hostile.CATALOGUE_IDS
     before = hostile.fingerprint_of(case.watch)
     assert_one_line_error(*run_cli(*case.args), *case.expect)
     assert hostile.fingerprint_of(case.watch) == before  # bytes and mtime
@@ -51,6 +52,8 @@ def test_fifo_in_a_draft_directory_is_refused_without_blocking(build, tmp_path: 
 # ---------------------------------------------------------------- printing: control characters escaped
 
 def test_printable_escapes_every_control_character() -> None:
+    from eagleforensics.errors import printable
+
     assert printable("a\x1b[2Jb\nc\rd\te\x7f\x9b\u2028\u202e") == "a\\x1b[2Jb\\nc\\rd\\te\\x7f\\x9b\\u2028\\u202e"
     assert printable("table\nrow\x1b", keep_newlines=True) == "table\nrow\\x1b"
     assert printable("plain ünïcode") == "plain ünïcode"
