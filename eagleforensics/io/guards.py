@@ -210,8 +210,8 @@ def parse_json(data: bytes | str, path: str | Path, what: str = "JSON") -> Any:
     if depth > MAX_DEPTH:
         raise ForensicsError(f"{what} is nested {depth} levels deep (at most {MAX_DEPTH}): corrupt or hostile",
                              path=path)
-    try:
-        return json.loads(raw)
+    try:  # UTF-8 only (JSON's own rule); json.loads would guess UTF-16/32 from the first bytes
+        return json.loads(data if isinstance(data, str) else raw.decode("utf-8"))
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise ForensicsError(f"{what} is nested too deeply: corrupt or hostile", path=path) from None
 
@@ -222,7 +222,10 @@ def load_yaml(text: str, path: str | Path) -> Any:
         import yaml
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ForensicsError("reading a YAML file needs pyyaml: pip install pyyaml", path=path) from exc
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # the reader refuses control characters here already
+    except yaml.YAMLError as exc:
+        raise ForensicsError(f"bad YAML: {str(exc).splitlines()[0]}", path=path) from None
     try:
         try:
             node = loader.get_single_node()
