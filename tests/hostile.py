@@ -23,6 +23,7 @@ from .realdata import SAMPLES
 
 REC, CAP, SWEEP, CKPT = (SAMPLES / n for n in
                          ("record_layer_outputs.pt", "capture.pt", "capture_sweep.safetensors", "data_0.ckpt"))
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 BOMB_BYTES = 80 * 1024 * 1024  # what the bombs below expand to: past the ratio floor (64 MiB), far under any RAM
 DEPTH = 50_000  # nesting of the deep JSON/YAML inputs (Python's recursion limit is 1000)
 

@@ -49,6 +49,16 @@ def test_fifo_in_a_draft_directory_is_refused_without_blocking(build, tmp_path: 
     assert proc.stderr.count("\n") == 1 and all(e in proc.stderr for e in case.expect), proc.stderr
 
 
+def test_log_line_with_an_impossible_date_is_one_line(tmp_path: Path) -> None:
+    """Found by scripts/fuzz.py: a flipped bit in a vLLM prefix made strptime raise (exit 3)."""
+    src = (hostile.FIXTURES / "vllm_0.33.log").read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(src) if "SpecDecoding metrics" in line)
+    src[at] = src[at].replace(src[at].split(" INFO ")[1][:5], "11-39", 1)
+    log = tmp_path / "bad_date.log"
+    log.write_text("".join(src))
+    assert_one_line_error(*run_cli("logs", f"run={log}"), "bad_date.log", f"line {at + 1} is damaged")
+
+
 # ---------------------------------------------------------------- printing: control characters escaped
 
 def test_printable_escapes_every_control_character() -> None:

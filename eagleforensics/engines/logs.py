@@ -299,6 +299,8 @@ def parse_log(path: str | Path, run: str | None = None, engine: str | None = Non
             found = list(_iter_rows(fh, engine, seen))
         except (OSError, EOFError, zlib.error) as exc:
             raise ForensicsError(f"cannot read log file past line {seen[0]}: {exc}", path=p) from None
+        except ValueError as exc:  # a logging prefix that is no date (2000-11-39): the line is damaged
+            raise ForensicsError(f"line {seen[0]} is damaged: {' '.join(str(exc).split())[:160]}", path=p) from None
     df = _frame([row for _, row in found], run if run is not None else _default_label(p))
     df.attrs.update(path=str(p), engine=found[0][0] if found else None, lines_read=seen[0])
     return df

@@ -15,7 +15,6 @@ One place for each guard, so every reader and writer applies the same rule:
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -285,8 +284,3 @@ def _children(node: Any, yaml: Any) -> list[Any]:
     if isinstance(node, yaml.MappingNode):
         return [x for pair in node.value for x in pair]
     return []
-
-
-def is_disk_full(exc: OSError) -> bool:
-    """True for the errors a user fixes by freeing space or choosing another place (not a bug)."""
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
