@@ -17,3 +17,32 @@ class ForensicsError(Exception):
         self.path = None if path is None else str(path)
         self.detail = " ".join(str(message).split())  # always one line
         super().__init__(f"{self.path}: {self.detail}" if self.path else self.detail)
+
+
+# Characters that move the cursor, recolour the terminal or break a line: C0/C1 controls, DEL,
+# the Unicode line/paragraph separators and the bidirectional overrides that reorder text.
+_UNSAFE = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0)) | {0x2028, 0x2029} | set(
+    range(0x202A, 0x202F)) | set(range(0x2066, 0x206A))
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    """``text`` safe for a terminal: every control character escaped (``\\x1b``, ``\\n``), so one line stays one.
+
+    Everything printed that a user or a file controls (paths, tensor key names, labels) goes
+    through here. ``keep_newlines`` leaves the line breaks of text the program built itself
+    (a table) and escapes every other control character.
+    """
+    s = str(text)
+    if not any(ord(ch) in _UNSAFE for ch in s):
+        return s
+    out = []
+    for ch in s:
+        if ord(ch) not in _UNSAFE or (keep_newlines and ch == "\n"):
+            out.append(ch)
+        elif ch in _NAMED:
+            out.append(_NAMED[ch])
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return "".join(out)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import printable
 from .positions import Position
 
 if TYPE_CHECKING:  # pragma: no cover  (annotations only: results sit below every room)
@@ -188,8 +189,8 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
 def render_text(result: AlignmentResult) -> str:
     """The verdict, the slot table, the engine id lists and the findings, as terminal text."""
     r = result
-    lines = [f"training: {r.train_path} ({r.train_format})",
-             f"capture:  {r.capture_path} (convention {r.capture_convention}, N={r.num_layers} "
+    lines = [f"training: {printable(r.train_path)} ({r.train_format})",
+             f"capture:  {printable(r.capture_path)} (convention {r.capture_convention}, N={r.num_layers} "
              f"[{r.num_layers_source}], H={r.hidden_size})",
              f"tokens:   {r.tokens.length} compared ({r.tokens.method})", "",
              "VERDICT: " + r.verdict, ""]

@@ -4,7 +4,10 @@
 
 Hypothesis generates the mutations (tests/mutations.py: bit flips, boundary bytes,
 truncations, dropped or inserted bytes, corrupted gzip members) with a long budget and no
-shrinking. Every input ends as one of:
+shrinking. Half of the inputs are other kinds the CLI reads (tests/fuzzkinds.py): TensorRT-LLM
+YAML and draft config.json with spliced aliases and deep nesting, draft directories whose
+model.safetensors is damaged or a FIFO, SGLang/vLLM logs plain and gzipped, a .ckpt.gz whose
+inner torch zip stores its records deflated (an archive in an archive), and .npz files. Every input ends as one of:
 
 * ``result``      alignment ran (its placements are checked against the clean run);
 * ``clean-error`` a one-line ForensicsError, what the CLI turns into exit code 2;
@@ -43,6 +46,9 @@ def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int)
     import torch
     from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
+    from hypothesis import strategies as st
+
+    from tests import fuzzkinds
     from tests.mutations import baseline, cases, relabelled, run_case, wrong_placements
 
     torch.set_num_threads(1)
@@ -54,23 +60,28 @@ def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int)
     @hseed(seed)
     @settings(max_examples=10**9, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(case=cases(max_edits=4))
+    @given(case=st.one_of(cases(max_edits=4), fuzzkinds.kind_cases()))
     def one(case) -> None:  # type: ignore[no-untyped-def]
         if time.time() > deadline:
             raise Stop
-        current.write_text(json.dumps({"case": repr(case), "file": f"mutated_{case.target}"}))
+        current.write_text(json.dumps({"case": repr(case)[:2000], "file": f"mutated_{case.target}"}))
         faulthandler.dump_traceback_later(timeout, exit=True)
-        out = run_case(case, scratch / "in")
+        if isinstance(case, fuzzkinds.KindCase):  # configs, draft directories, logs, nested archives
+            kind, detail, sig = fuzzkinds.run(case, scratch / "in")
+            out = None
+        else:
+            out = run_case(case, scratch / "in")
+            kind, detail, sig = out.kind, out.detail, out.signature
         faulthandler.cancel_dump_traceback_later()
-        kind, detail, sig = out.kind, out.detail, out.signature
-        if kind == "result":
+        if kind == "result" and out is not None:
             clean = baseline(case.train, case.capture, str(scratch / "clean"))
             wrong = wrong_placements(out.result, clean)
             if wrong and relabelled(out.result, clean):
                 kind, detail = "relabelled", f"N={out.result.num_layers}: " + "; ".join(wrong)
             elif wrong:
                 kind, detail, sig = "wrong", "; ".join(wrong), f"confident wrong placement ({case.side} side)"
-        entry = {"kind": kind, "detail": detail, "signature": sig, "case": repr(case)}
+        entry = {"kind": kind, "detail": detail, "signature": sig, "case": repr(case)[:2000],
+                 "input": getattr(case, "kind", "sample")}
         if kind in BAD:
             keep = scratch / "saved" / f"{int(time.time() * 1e6)}_{case.target}"
             keep.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +155,8 @@ def main() -> int:
     print(f"fuzz: {len(entries)} inputs tried in {minutes:.1f} min ({restarts} worker runs)")
     for k in ("result", "clean-error", "relabelled", *BAD):
         print(f"  {k:<12} {kinds.get(k, 0)}")
+    per_input = collections.Counter(e.get("input", "sample") for e in entries)
+    print("inputs per kind: " + ", ".join(f"{k} {n}" for k, n in sorted(per_input.items())))
     errors = collections.Counter(e["detail"].split(": ", 1)[-1].split(" (")[0][:70]
                                  for e in entries if e["kind"] == "clean-error")
     print("most common clean errors:")

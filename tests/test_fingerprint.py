@@ -143,7 +143,7 @@ def test_cli_writes_a_fingerprint_and_refuses_bad_input(tmp_path):
     assert r.exit_code == 0 and out.exists() and is_fingerprint(out)
     assert align(SAMPLES / "record_layer_outputs.pt", out).exit_code == 0
     r = CliRunner().invoke(fingerprint_cli, [str(SAMPLES / "capture.pt"), "-o", str(SAMPLES / "capture.pt")])
-    assert r.exit_code == 2 and "over the capture" in r.output
+    assert r.exit_code == 2 and "would overwrite the capture" in r.output
     bad = tmp_path / "bad.fp.json"
     bad.write_text('{"format": "eagleforensics-fingerprint-v1", "positions": 3}')
     with pytest.raises(ForensicsError, match="corrupt fingerprint"):

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from .common import run_guarded
+from .common import echo_text, run_guarded
 
 TRAIN_FORMATS = ("specforge", "speculators", "modelopt", "eagle", "list", "generic")
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
@@ -58,5 +58,5 @@ def align(train: str, capture: str, fmt: str | None, capture_convention: str, nu
         max_tokens=max_tokens, allow_unsafe=allow_unsafe_pickle, min_score=min_score, min_margin=min_margin,
         draft_config=draft_config, engine=engine, engine_version=engine_version, model_type=model_type,
         device=device, vllm_runner=vllm_runner))
-    click.echo(result.to_json() if as_json else result.to_text())
+    echo_text(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)

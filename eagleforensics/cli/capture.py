@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import run_guarded
+from .common import echo_text, run_guarded
 
 
 @click.command()
@@ -18,20 +18,22 @@ def capture(model_dir: str, prompt: str | None, input_ids: str | None, output: s
     """Capture positions p=0..N (raw) and the post-norm final of MODEL_DIR on one prompt."""
 
     def run() -> str:
-        from ..errors import ForensicsError
+        from ..errors import ForensicsError, printable
+        from ..io.guards import check_not_input
         from ..io.sweep import load_local_model, sweep, tokenize, write_capture
 
         if (prompt is None) == (input_ids is None):
             raise ForensicsError("give exactly one of --prompt or --input-ids")
+        check_not_input(output, [(model_dir, "the model directory"), (input_ids, "the --input-ids file")], "capture")
         ids = tokenize(model_dir, prompt) if prompt is not None else _parse_ids(input_ids or "")
         model = load_local_model(model_dir)
         vocab = int(model.get_input_embeddings().weight.shape[0])
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ForensicsError(f"token ids must lie in [0, {vocab}) for this model")
         path = write_capture(output, sweep(model, ids), model, dtype)
-        return f"wrote {path} ({int(ids.numel())} tokens, {model.config.num_hidden_layers + 2} states)"
+        return f"wrote {printable(path)} ({int(ids.numel())} tokens, {model.config.num_hidden_layers + 2} states)"
 
-    click.echo(run_guarded(run))
+    echo_text(run_guarded(run))
 
 
 def _parse_ids(text: str) -> "object":

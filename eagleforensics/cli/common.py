@@ -12,7 +12,7 @@ from typing import Callable, TypeVar
 
 import click
 
-from ..errors import ForensicsError
+from ..errors import ForensicsError, printable
 
 T = TypeVar("T")
 TRACEBACK_ENV = "EAGLEFORENSICS_TRACEBACK"
@@ -24,7 +24,7 @@ def run_guarded(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except ForensicsError as exc:  # one line even when a file name holds a newline
-        click.echo(f"eagleforensics: error: {_one_line(str(exc))}", err=True)
+        click.echo(f"eagleforensics: error: {printable(exc)}", err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Exit, click.Abort, click.ClickException):
         raise
@@ -34,12 +34,16 @@ def run_guarded(fn: Callable[[], T]) -> T:
     except Exception as exc:  # last resort: a bug must not dump a traceback on the user
         if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
             raise
-        text = " ".join(_one_line(str(exc)).split())[:300]
+        text = " ".join(printable(exc).split())[:300]
         click.echo(f"eagleforensics: internal error: {type(exc).__name__}: {text} "
                    f"(a bug; set {TRACEBACK_ENV}=1 for the traceback and report it)", err=True)
         sys.exit(INTERNAL_EXIT)
 
 
-def _one_line(text: str) -> str:
-    """Escape line breaks so a message is always exactly one line on stderr."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+def echo_text(text: str, err: bool = False) -> None:
+    """Print text the program built (a table, a verdict) with every control character but its line breaks escaped.
+
+    Fields a file controls (key names, paths found in a dataset) are escaped where they are
+    put into the text (``printable``); this pass makes sure no escape sequence reaches the terminal.
+    """
+    click.echo(printable(text, keep_newlines=True), err=err)

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .common import run_guarded
+from ..errors import printable
+from .common import echo_text, run_guarded
 
 if TYPE_CHECKING:
     from ..engines.draftconfig import ConfigAudit
@@ -20,7 +21,7 @@ def render_audit(audit: "ConfigAudit") -> str:
     source = audit.key_read or ("none: no aux capture" if audit.capture_off else "none found: engine default")
     assumed = " (no --engine-version: the newest release the rules know)" if audit.version_assumed else ""
     lines = [
-        f"draft:  {audit.path}",
+        f"draft:  {printable(audit.path)}",
         f"engine: {audit.engine} -> rule {audit.rule}{assumed}; model_type "
         f"{audit.model_type or 'unknown'}; N={audit.num_layers}",
         f"ids:    {audit.ids_used}  (read from: {source})",
@@ -73,5 +74,5 @@ def config(draft: str, engine: str, engine_version: str | None, vllm_runner: str
     audit = run_guarded(lambda: audit_config(
         draft, engine, engine_version=engine_version, model_type=model_type,
         num_layers=num_layers, target_path=target_dir, vllm_runner=vllm_runner))
-    click.echo(json.dumps(audit.to_dict(), indent=2) if as_json else render_audit(audit))
+    echo_text(json.dumps(audit.to_dict(), indent=2) if as_json else render_audit(audit))
     sys.exit(1 if audit.has_warnings else 0)

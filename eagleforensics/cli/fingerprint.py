@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from .common import run_guarded
+from ..errors import printable
+from .common import echo_text, run_guarded
 
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
 
@@ -34,15 +35,14 @@ def fingerprint(capture: str, output: str, k: int, seed: int, probes: int, captu
 
     Exit 0: written. 2: bad input.
     """
-    from ..errors import ForensicsError
 
     def run() -> Path:
         from ..evidence.fingerprint import make_fingerprint, write_fingerprint
         from ..io.capture import load_capture
+        from ..io.guards import check_not_input
 
         src, out = Path(capture), Path(output)
-        if out.exists() and src.exists() and out.resolve() == src.resolve():
-            raise ForensicsError("refusing to write the fingerprint over the capture itself", path=out)
+        check_not_input(out, [(src, "the capture")], "fingerprint")  # by device+inode, and never inside it
         cap = load_capture(src, convention=capture_convention, num_layers=num_layers, allow_unsafe=allow_unsafe_pickle)
         return write_fingerprint(make_fingerprint(cap, k=k, seed=seed, probes=probes, device=device), out)
 
@@ -50,4 +50,4 @@ def fingerprint(capture: str, output: str, k: int, seed: int, probes: int, captu
     size = written.stat().st_size
     source = Path(capture)
     whole = sum(f.stat().st_size for f in source.rglob("*") if f.is_file()) if source.is_dir() else source.stat().st_size
-    click.echo(f"wrote {written} ({size / 1e6:.2f} MB, {size / max(whole, 1):.1%} of the capture)")
+    echo_text(f"wrote {printable(written)} ({size / 1e6:.2f} MB, {size / max(whole, 1):.1%} of the capture)")

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import ForensicsError
-from .common import run_guarded
+from ..errors import ForensicsError, printable
+from .common import echo_text, run_guarded
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..report.pipeline import ReportOutcome
@@ -20,6 +20,7 @@ def _table(records: list[dict]) -> str:
     from ..engines.logs import SUMMARY_COLUMNS
 
     df = pd.DataFrame(records, columns=SUMMARY_COLUMNS).astype({c: "float64" for c in SUMMARY_COLUMNS[3:]})
+    df["run"] = df["run"].map(printable)  # labels come from the command line: one row stays one line
     return df.to_string(index=False, na_rep="n/a", float_format=lambda v: f"{v:.3f}")
 
 
@@ -71,10 +72,10 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
     from ..engines.logs import SUMMARY_COLUMNS
 
     if as_json:
-        click.echo(json.dumps([{k: r.get(k) for k in SUMMARY_COLUMNS} for r in records], indent=2, default=str))
+        echo_text(json.dumps([{k: r.get(k) for k in SUMMARY_COLUMNS} for r in records], indent=2, default=str))
     else:
-        click.echo(_table(records))
+        echo_text(_table(records))
     if outcome is not None:  # on stderr with --json, so stdout stays one JSON document
-        for line in (f"VERDICT: {outcome.verdict}", f"report: {outcome.html}",
-                     *([f"notebook: {outcome.notebook}"] if outcome.notebook is not None else [])):
-            click.echo(line, err=as_json)
+        for line in (f"VERDICT: {outcome.verdict}", f"report: {printable(outcome.html)}",
+                     *([f"notebook: {printable(outcome.notebook)}"] if outcome.notebook is not None else [])):
+            echo_text(line, err=as_json)

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from .common import run_guarded
+from .common import echo_text, run_guarded
 
 ENGINES = ("sglang", "vllm", "trtllm")
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
@@ -55,5 +55,5 @@ def replay(drafter: str, capture: str, train: str | None, target: str | None, wi
         drafter, capture, target=target, train=train, wirings=list(wirings), steps=steps, cost_ratio=cost_ratio,
         engine=engine, draft_config=draft_config, engine_version=engine_version, model_type=model_type,
         device=device, max_tokens=max_tokens, convention=capture_convention, allow_unsafe=allow_unsafe_pickle))
-    click.echo(result.to_json() if as_json else result.to_text())
+    echo_text(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)

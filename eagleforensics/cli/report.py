@@ -5,7 +5,8 @@ import sys
 
 import click
 
-from .common import run_guarded
+from ..errors import printable
+from .common import echo_text, run_guarded
 
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
 ENGINES = ("sglang", "vllm", "trtllm")
@@ -51,8 +52,8 @@ def report(shard: str, capture: str, output: str | None, capture_convention: str
         shard, capture, output, capture_convention=capture_convention, engine=engine, max_tokens=max_tokens,
         device=device, title=title, draft_config=draft_config, engine_version=engine_version,
         model_type=model_type, with_input=with_input, keep_notebook=keep_notebook, drafter=drafter, target=target))
-    click.echo(f"VERDICT: {outcome.verdict}")
-    click.echo(f"report: {outcome.html}")
+    echo_text(f"VERDICT: {outcome.verdict}")
+    echo_text(f"report: {printable(outcome.html)}")
     if outcome.notebook is not None:
-        click.echo(f"notebook: {outcome.notebook}")
+        echo_text(f"notebook: {printable(outcome.notebook)}")
     sys.exit(outcome.exit_code)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ForensicsError
+from ..io.guards import load_yaml, open_regular, parse_json, read_regular
 from ..positions import Position, default_aux_positions
 from ..results import Finding
 from .rules import (
@@ -107,25 +108,26 @@ class _Draft:
                 YAML_KEY: self.yaml_ids}[key]
 
 
+# A config (JSON or YAML) larger than this is not a config.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
 def _read_mapping(path: Path) -> dict[str, Any]:
-    """Load a JSON or YAML file that must hold one mapping; every failure names the file."""
+    """Load a JSON or YAML file that must hold one mapping; every failure names the file.
+
+    Only a regular file is opened (a FIFO would block), its size is bounded, JSON nesting is
+    limited and YAML aliases may not expand past a small size (``io.guards``).
+    """
+    raw = read_regular(path, MAX_CONFIG_BYTES, "config file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ForensicsError(f"cannot read file: {exc.strerror or exc}", path=path) from exc
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ForensicsError(f"not UTF-8 text (byte {exc.start}): not a config file", path=path) from None
     if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ForensicsError("reading a YAML file needs pyyaml: pip install pyyaml",
-                                 path=path) from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ForensicsError(f"bad YAML: {str(exc).splitlines()[0]}", path=path) from exc
+        data = load_yaml(text, path)
     else:
         try:
-            data = json.loads(text)
+            data = parse_json(raw, path)
         except json.JSONDecodeError as exc:
             raise ForensicsError(f"bad JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                                  path=path) from exc
@@ -177,7 +179,7 @@ def _config_file(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.is_file():
+    if not p.exists():
         raise ForensicsError("no such file (expected a config.json, a directory holding one, "
                              "or a TensorRT-LLM YAML)", path=p)
     return p
@@ -228,11 +230,13 @@ def fc_in_features(model_dir: Path | None) -> int | None:
         return None
     for file in sorted(model_dir.glob("*.safetensors")):
         try:
-            with file.open("rb") as fh:
+            with open_regular(file, "safetensors file") as fh:
                 (size,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(size)) if 0 < size < 100_000_000 else {}
+                header = parse_json(fh.read(size), file, "safetensors header") if 0 < size < 100_000_000 else {}
         except (OSError, struct.error, ValueError):
             raise ForensicsError("not a readable safetensors file", path=file) from None
+        if not isinstance(header, dict):
+            raise ForensicsError("not a readable safetensors file (its header is not a JSON object)", path=file)
         for name, meta in header.items():
             if (name == "fc.weight" or name.endswith(".fc.weight")) and isinstance(meta, dict):
                 shape = meta.get("shape") or []

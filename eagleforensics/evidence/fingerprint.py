@@ -34,7 +34,9 @@ import numpy as np
 import torch
 
 from ..errors import ForensicsError
+from ..io.atomic import write_bytes_atomic
 from ..io.capture import SweepHeader
+from ..io.guards import open_regular, parse_json
 from ..io.safeload import gunzip
 from ..positions import Position
 
@@ -216,13 +218,9 @@ def write_fingerprint(doc: dict[str, Any], path: str | Path) -> Path:
     """Write a fingerprint (``.gz`` names are gzip-compressed); the format key comes first for sniffing."""
     p = Path(path)
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-    p.parent.mkdir(parents=True, exist_ok=True)
     if p.name.endswith(".gz"):
-        with gzip.open(p, "wb", compresslevel=6) as fh:
-            fh.write(text)
-    else:
-        p.write_bytes(text)
-    return p
+        text = gzip.compress(text, compresslevel=6, mtime=0)
+    return write_bytes_atomic(p, text)  # all or nothing: a full disk leaves the previous file as it was
 
 
 def _head(path: Path, n: int = 64) -> bytes:
@@ -247,8 +245,9 @@ def load_fingerprint(path: str | Path) -> Fingerprint:
     """Read a fingerprint file written by ``write_fingerprint``."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
-        doc = json.loads(gunzip(p) if raw[:2] == b"\x1f\x8b" else raw)
+        with open_regular(p, "fingerprint file") as fh:
+            raw = fh.read()
+        doc = parse_json(gunzip(p) if raw[:2] == b"\x1f\x8b" else raw, p, "fingerprint")
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ForensicsError(f"cannot read the fingerprint ({exc})", path=p) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import ForensicsError
+from .guards import check_expansion, check_zip_members, expansion_limit, parse_json
 from .sizecheck import check_legacy_torch, check_npy, human_bytes
 
 UNSAFE_HINT = (
@@ -148,7 +149,7 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
                 path=path,
             )
         try:
-            header = json.loads(fh.read(hlen))
+            header = parse_json(fh.read(hlen), path, "safetensors header")
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ForensicsError(f"corrupt safetensors header ({exc})", path=path) from None
     if not isinstance(header, dict):
@@ -197,27 +198,41 @@ def read_tensor(handle: Any, name: str, path: Path) -> torch.Tensor:
 
 
 def gunzip_limit() -> int:
-    """The most a gzip stream may expand to: half of this machine's physical memory."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 8 * 1024**3
+    """The most a gzip stream may expand to: half of the memory this process may use (cgroup-aware)."""
+    return expansion_limit()
 
 
 def gunzip(p: Path, limit: int | None = None) -> bytes:
-    """Decompress a gzip file in chunks, refusing one that expands past ``limit`` (a gzip bomb)."""
+    """Decompress a gzip file in chunks, refusing one that expands past ``limit`` or ``MAX_RATIO`` (a gzip bomb)."""
     cap = gunzip_limit() if limit is None else limit
+    packed = p.stat().st_size
     out = bytearray()
     try:
         with gzip.open(p, "rb") as fh:
-            while chunk := fh.read(1 << 24):
+            while chunk := fh.read(1 << 22):
                 out += chunk
                 if len(out) > cap:
-                    raise ForensicsError(f"gzip stream expands past {cap} bytes (half this machine's memory): "
-                                         "refusing what looks like a gzip bomb", path=p)
+                    raise ForensicsError(f"gzip stream expands past {cap} bytes (half the memory this process may "
+                                         "use): refusing what looks like a gzip bomb", path=p)
+                check_expansion(len(out), packed, p, "gzip stream", limit=cap)
     except (EOFError, OSError, zlib.error) as exc:
         raise ForensicsError(f"truncated or corrupt gzip stream ({exc})", path=p) from None
     return bytes(out)
+
+
+def _check_zip(source: Any, p: Path, where: str = "") -> None:
+    """Bound every member of the zip archive ``source`` (a path or a buffer) before torch or numpy expands it."""
+    try:
+        with zipfile.ZipFile(source) as zf:
+            check_zip_members(zf, p, where)
+    except ForensicsError:
+        raise
+    except Exception as exc:  # zipfile raises many types for one cause (bad bytes)
+        raise ForensicsError(f"{where}truncated or corrupt zip archive ({' '.join(str(exc).split())[:120]})",
+                             path=p) from None
+    finally:
+        if hasattr(source, "seek"):
+            source.seek(0)
 
 
 def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = True) -> Any:
@@ -236,12 +251,16 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         if not payload:
             raise ForensicsError("gzip stream is empty", path=p)
         buf = io.BytesIO(payload)
+        if payload[:4] == b"PK\x03\x04":  # a zip inside the gzip: its members are bounded too
+            _check_zip(buf, p, "inside the gzip stream: ")
         if payload[:1] == b"\x80":
             check_legacy_torch(buf, len(payload), p)
         return _torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False)
     if kind == "pickle":
         with p.open("rb") as fh:
             check_legacy_torch(fh, p.stat().st_size, p)
+    if kind in ("torch-zip", "npz"):
+        _check_zip(p, p)
     if kind in ("torch-zip", "pickle"):
         return _torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip")
     if kind == "safetensors":
@@ -252,9 +271,18 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         return out
     if kind == "npy":
         return _numpy_to_torch(_np_load(p), p)
-    # npz
+    # npz: members are read lazily, so a damaged one fails here, not in np.load
     with _np_load(p) as archive:
-        return {name: _numpy_to_torch(archive[name], p) for name in archive.files}
+        out = {}
+        for name in archive.files:
+            try:
+                out[name] = _numpy_to_torch(archive[name], p)
+            except ForensicsError:
+                raise
+            except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+                raise ForensicsError(f"npz member {name!r} is truncated or corrupt "
+                                     f"({' '.join(str(exc).split())[:120]})", path=p) from None
+        return out
 
 
 def _np_load(p: Path) -> Any:

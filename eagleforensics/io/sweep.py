@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import ForensicsError
+from .atomic import atomic_path
 from .capture import CAPTURE_FORMAT, META_KEY
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,10 +72,10 @@ def write_capture(path: str | Path, tensors: dict[str, torch.Tensor], model: tor
         "dtype": dtype,
     }
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     # one metadata key holding sorted JSON: safetensors orders several keys arbitrarily,
     # which would break byte-for-byte regeneration of the samples
-    save_file(out, str(p), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+    with atomic_path(p) as tmp:  # all or nothing: a full disk leaves no half capture
+        save_file(out, str(tmp), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
     return p
 
 

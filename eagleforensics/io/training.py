@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import ForensicsError
+from ..errors import ForensicsError, printable
 from .safeload import load_object
 
 FORMATS = ("specforge", "speculators", "modelopt", "eagle", "list", "generic")
@@ -238,7 +238,8 @@ def _from_generic(obj: Any, path: str) -> TrainingRecord:
     elif isinstance(obj, dict):
         ids, mask, used = _common(obj, path)
         meta = _metadata({k: v for k, v in obj.items() if not (isinstance(v, torch.Tensor) and v.is_floating_point())}, used)
-        items = [(str(k), None, v) for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        # a key name is shown in every table: control characters are escaped here, where it enters
+        items = [(printable(k), None, v) for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     else:
         raise ForensicsError(f"holds a {type(obj).__name__}, not tensors", path=path)
     for key, index, t in items:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 from ..engines.crosscheck import check_request
 from ..engines.rules import ENGINES as SERVING_ENGINES
 from ..errors import ForensicsError
+from ..io.atomic import write_bytes_atomic
+from ..io.guards import check_not_input
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..io.capture import Capture
@@ -328,11 +329,9 @@ def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schem
         raise ForensicsError("is a directory; give the report file name (e.g. reports/report.html)", path=html_path)
     executed_path = html_path.with_suffix(".ipynb")
     failed_path = html_path.with_suffix(".failed.ipynb")
-    taken = {str(Path(p).resolve()) for p in inputs}
-    for p in (html_path, executed_path, failed_path):
-        if str(p) in taken:
-            raise ForensicsError("would overwrite an input file; choose another report name", path=p)
-    html_path.parent.mkdir(parents=True, exist_ok=True)
+    inputs = list(inputs)
+    for p in (html_path, executed_path, failed_path):  # by device+inode, and never inside an input directory
+        check_not_input(p, inputs, "report")
     with tempfile.TemporaryDirectory(prefix="eagleforensics-report-") as tmp:
         work = Path(tmp) / f"{notebook.stem}.executed.ipynb"
         try:
@@ -340,13 +339,14 @@ def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schem
         except NotebookFailed as exc:
             if not work.exists():
                 raise
-            shutil.copyfile(work, failed_path)
+            write_bytes_atomic(failed_path, work.read_bytes())
             raise NotebookFailed(f"{exc.detail} (executed notebook kept at {failed_path})") from None
         summary = read_summary(nb, schema)
         nb.metadata["title"] = heading
-        html_path.write_text(to_html(nb, with_input), encoding="utf-8")
+        page = to_html(nb, with_input).encode("utf-8")
         if keep_notebook:
-            shutil.copyfile(work, executed_path)
+            write_bytes_atomic(executed_path, work.read_bytes())
+        write_bytes_atomic(html_path, page)  # a failed write leaves the previous report as it was
     return ReportOutcome(html_path, executed_path if keep_notebook else None, summary)
 
 

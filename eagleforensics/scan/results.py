@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ForensicsError
+from ..errors import ForensicsError, printable
+from ..io.guards import check_not_input, open_regular, parse_json
 from .summary import compact
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 HEADER_KEY = "eagleforensics_scan"
 FORMAT_VERSION = 1
+MAX_HEADER_LINE = 1024 * 1024  # the header line is a few hundred bytes
 
 
 def natural_key(rel: str) -> list[Any]:
@@ -35,60 +37,80 @@ def make_header(root: Path, reference: str | None) -> dict[str, Any]:
             "reference": None if reference is None else str(Path(reference).resolve())}
 
 
-def read_results(path: str | Path, *, repair: bool = False) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The header and the record lines of a results file, compacted (last line per path wins).
+def _read_header(fh: Any, p: Path) -> dict[str, Any]:
+    """The first line of a results file, parsed and checked before anything else is read."""
+    first = fh.readline(MAX_HEADER_LINE + 1)
+    if not first:
+        raise ForensicsError("not a scan results file (empty)", path=p)
+    if len(first) > MAX_HEADER_LINE or not first.endswith(b"\n"):
+        raise ForensicsError("not a scan results file (no header line)", path=p)
+    try:
+        obj = parse_json(first, p, "results file header")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        obj = None
+    if not isinstance(obj, dict) or HEADER_KEY not in obj:
+        raise ForensicsError("not a scan results file (no header line)", path=p)
+    return obj
 
-    A last line without its newline is what an interrupted write leaves: it is dropped
-    (and cut off the file when ``repair``). Any other unreadable line is an error.
+
+def read_results(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], int]:
+    """The header, the record lines (compacted: last line per path wins) and the size of a half last line.
+
+    The header line is checked first, so nothing else of a file that is not a results file is
+    read. A last line without its newline is what an interrupted write leaves: it is dropped
+    here (``repair_tail`` cuts it off, once the file is known to be the right one). Any other
+    unreadable line is an error.
     """
     p = Path(path)
-    raw = p.read_bytes()
-    good_end = raw.rfind(b"\n") + 1
-    if repair and good_end < len(raw):
-        with p.open("r+b") as fh:
-            fh.truncate(good_end)
-    text = raw[:good_end].decode("utf-8", errors="replace")
-    header: dict[str, Any] | None = None
+    with open_regular(p, "scan results file") as fh:
+        header = _read_header(fh, p)
+        rest = fh.read()
+    good = rest.rfind(b"\n") + 1
     records: dict[str, dict[str, Any]] = {}
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(rest[:good].decode("utf-8", errors="replace").splitlines(), 2):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = parse_json(line, p, f"line {n}")
         except json.JSONDecodeError:
             raise ForensicsError(f"line {n} is not JSON: not a scan results file, or damaged", path=p) from None
-        if header is None:
-            if not isinstance(obj, dict) or HEADER_KEY not in obj:
-                raise ForensicsError("not a scan results file (no header line)", path=p)
-            header = obj
-        elif isinstance(obj, dict) and "path" in obj:
+        if isinstance(obj, dict) and isinstance(obj.get("path"), str):
             records[obj["path"]] = compact(obj)
-    if header is None:
-        raise ForensicsError("not a scan results file (empty)", path=p)
-    return header, records
+    return header, records, len(rest) - good
+
+
+def repair_tail(path: Path, half: int) -> None:
+    """Cut a half-written last line (``half`` bytes) off a results file already verified as the right one."""
+    if half:
+        size = path.stat().st_size
+        with path.open("r+b") as fh:
+            fh.truncate(size - half)
 
 
 def open_results(output: Path, header: dict[str, Any], resume: bool) -> dict[str, dict[str, Any]] | None:
-    """Records already in a results file written for the same dataset and reference; None for a new file."""
+    """Records already in a results file written for the same dataset and reference; None for a new file.
+
+    The file is verified (header line, dataset, reference) before anything in it is changed.
+    """
     if output.exists() and output.stat().st_size > 0:
         if not resume:
             raise ForensicsError("results file exists; pass --resume to continue that scan, or choose another -o",
                                  path=output)
-        old, records = read_results(output, repair=True)
+        old, records, half = read_results(output)
         for key in ("dataset", "reference"):
             if old.get(key) != header[key]:
                 raise ForensicsError(f"results file was written for {key} {old.get(key)}, not {header[key]}; "
                                      "choose another -o", path=output)
+        repair_tail(output, half)
         return records
     return None
 
 
-def check_output(output: Path, root: Path) -> None:
-    r, o = root.resolve(), output.resolve()
-    if o == r or r in o.parents:
-        raise ForensicsError("the results file would be written inside the dataset; choose -o elsewhere", path=output)
-    if o.is_dir():
+def check_output(output: Path, root: Path, reference: str | Path | None = None) -> None:
+    """The results file is no input: not inside the dataset, not the reference (by device+inode), not a directory."""
+    if output.resolve().is_dir():
         raise ForensicsError("is a directory; -o takes a file name", path=output)
+    check_not_input(output, [(root, "the dataset"), (reference, "the reference capture")], "results file")
 
 
 # ---------------------------------------------------------------- result
@@ -155,7 +177,7 @@ class ScanResult:
         """One sentence: how many records, how many outliers."""
         o = self.overview()
         tail = "no outliers" if not o["outliers"] else f"{o['outliers']} outlier records ({o['unreadable']} unreadable)"
-        return f"Scanned {o['records']} records of {self.dataset}: {tail}."
+        return f"Scanned {o['records']} records of {printable(self.dataset)}: {tail}."
 
     def to_dict(self) -> dict[str, Any]:
         """Overview, per-slot summary and every outlier with its reasons, JSON-ready."""
@@ -174,8 +196,8 @@ class ScanResult:
         if self.outliers:
             lines.append("outliers:")
             for path, reasons in list(self.outliers.items())[:max_outliers]:
-                lines.append(f"  {path}")
-                lines += [f"    - {r}" for r in reasons]
+                lines.append(f"  {printable(path)}")  # names found in the dataset: one line each, escaped
+                lines += [f"    - {printable(r)}" for r in reasons]
             if len(self.outliers) > max_outliers:
                 lines.append(f"  ... and {len(self.outliers) - max_outliers} more (all of them with --json)")
         return "\n".join(lines).rstrip()
@@ -193,7 +215,7 @@ def build_result(dataset: str, reference: dict[str, Any] | None, output: str | N
 
 def load_results(path: str | Path) -> ScanResult:
     """Re-judge a finished (or partial) results file without reading the dataset again."""
-    header, records = read_results(path)
+    header, records, _ = read_results(path)
     lines = [records[k] for k in sorted(records, key=natural_key)]
     ref = None if header.get("reference") is None else {"path": header["reference"]}
     return build_result(header["dataset"], ref, str(path), lines, 0, len(lines))

@@ -11,12 +11,14 @@ dataset-wide judgement (``scan_summary``) is made from the lines at the end.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..errors import ForensicsError
+from ..io.atomic import is_fixable, write_error
 from .results import (
     ScanResult,
     build_result,
@@ -67,12 +69,89 @@ def inspect_batch(root: str, rels: list[str], reference: "Reference | None", all
     return [inspect_file(root, rel, reference, allow_unsafe) for rel in rels]
 
 
-def _init_worker(reference: "Reference | None") -> None:
+def _die_with_parent(parent: int) -> None:
+    """Make this worker die when the scan process dies, even by SIGKILL, and leave Ctrl-C to the parent.
+
+    Linux: ``PR_SET_PDEATHSIG`` sends SIGKILL to the worker when its parent exits. Elsewhere a
+    daemon thread polls the parent pid. SIGINT is ignored: the terminal sends Ctrl-C to the
+    whole process group, and the parent alone reports it (one line) and stops the workers.
+    """
+    import signal
+    import sys
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: fall back to polling
+            pass
+    if os.getppid() != parent:  # the parent died before the line above ran
+        os._exit(1)
+
+    def watch() -> None:
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="eagleforensics-parent-watch", daemon=True).start()
+
+
+def _init_worker(reference: "Reference | None", parent: int | None = None) -> None:
     import torch
 
     global _WORKER_REFERENCE
+    if parent is not None:
+        _die_with_parent(parent)
     torch.set_num_threads(1)
     _WORKER_REFERENCE = reference
+
+
+def make_pool(workers: int, reference: "Reference | None") -> Any:
+    """A process pool of fresh interpreters (spawn) whose workers die with this process and ignore Ctrl-C."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(reference, os.getpid()))
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while workers are started (a child keeps the mask it was started with).
+
+    A Ctrl-C during that moment is delivered when the block ends, to this process only.
+    """
+    import signal
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def stop_pool(pool: Any, finished: bool) -> None:
+    """Shut the pool down; when the scan did not finish (Ctrl-C, an error), kill the workers now.
+
+    Without the kill, the interpreter's exit would wait for the batches they are running.
+    """
+    if not finished:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            try:
+                proc.kill()
+            except (OSError, ValueError, AttributeError):  # already gone
+                pass
+    pool.shutdown(wait=finished, cancel_futures=True)
 
 
 def _worker_batch(root: str, rels: list[str], allow_unsafe: bool) -> list[dict[str, Any]]:
@@ -98,18 +177,19 @@ def _run_local(root: str, rels: list[str], reference: "Reference | None", worker
         finally:
             torch.set_num_threads(threads)
         return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                               initargs=(reference,))
+    pool = make_pool(workers, reference)
+    finished = False
     try:
-        futures = [pool.submit(_worker_batch, root, b, allow_unsafe) for b in _batches(rels, workers)]
+        with _sigint_blocked():  # workers start inside submit(): they inherit SIGINT blocked, so never see Ctrl-C
+            futures = [pool.submit(_worker_batch, root, b, allow_unsafe) for b in _batches(rels, workers)]
         for fut in as_completed(futures):
             exc = fut.exception()
             yield exc if exc is not None else fut.result()
-    finally:  # on Ctrl-C, return now: queued batches are dropped, not run to the end unseen
-        pool.shutdown(wait=False, cancel_futures=True)
+        finished = True
+    finally:  # on Ctrl-C or an error, return now: running batches are killed, queued ones dropped
+        stop_pool(pool, finished)
 
 
 def _run_dask(root: str, rels: list[str], reference: "Reference | None", scheduler: Any,
@@ -165,6 +245,7 @@ def _collect(source: Iterable[Any], total: int, out_path: Path | None, header: d
     failures: list[BaseException] = []
     bar = _progress_bar(total, progress)
     fh = None
+    header_written = header is None
     try:
         for batch in source:
             if isinstance(batch, BaseException):
@@ -172,20 +253,51 @@ def _collect(source: Iterable[Any], total: int, out_path: Path | None, header: d
                 continue
             for line in batch:
                 new[line["path"]] = compact(line)  # the file keeps the full line
-            if out_path is not None and fh is None:
-                out_path.parent.mkdir(parents=True, exist_ok=True)
-                fh = out_path.open("w" if header is not None else "a", encoding="utf-8")
-                if header is not None:
-                    fh.write(json.dumps(header) + "\n")
-            if fh is not None:
-                fh.write("".join(json.dumps(line) + "\n" for line in batch))
-                fh.flush()
+            try:
+                if out_path is not None and fh is None:
+                    out_path.parent.mkdir(parents=True, exist_ok=True)
+                    fh = out_path.open("w" if header is not None else "a", encoding="utf-8")
+                    if header is not None:
+                        fh.write(json.dumps(header) + "\n")
+                        fh.flush()
+                    header_written = True
+                if fh is not None:
+                    fh.write("".join(json.dumps(line) + "\n" for line in batch))
+                    fh.flush()
+            except OSError as exc:
+                if out_path is None or not is_fixable(exc):
+                    raise
+                if not header_written:  # a file without its whole header cannot be resumed: it is ours, remove it
+                    _discard(fh, out_path)
+                    fh = None
+                raise _write_failed(exc, out_path, fresh=not header_written) from None
             bar.update(len(batch))
     finally:
         bar.close()
         if fh is not None:
-            fh.close()
+            try:
+                fh.close()
+            except OSError:  # the buffered tail could not be written: the line it held is half, dropped on --resume
+                pass
+        close = getattr(source, "close", None)
+        if close is not None:  # stop the workers now, not when the generator is collected
+            close()
     return new, failures
+
+
+def _discard(fh: Any, out_path: Path) -> None:
+    for step in ((lambda: fh.close()) if fh is not None else (lambda: None), out_path.unlink):
+        try:
+            step()
+        except OSError:
+            pass
+
+
+def _write_failed(exc: OSError, out_path: Path, fresh: bool) -> ForensicsError:
+    """The one-line error for a results file that cannot be written, saying how to continue."""
+    hint = ("the lines written so far are kept: run the same command with --resume to continue once there is room"
+            if not fresh else "nothing was scanned into it yet: run the command again once there is room")
+    return write_error(exc, out_path, hint)
 
 
 def scan(
@@ -219,7 +331,7 @@ def scan(
     out_path = None if output is None else Path(output)
     fresh = False
     if out_path is not None:
-        check_output(out_path, root)
+        check_output(out_path, root, None if ref is None else ref.path)
         found = open_results(out_path, header, resume)
         fresh, done = found is None, found or {}
     todo = [r for r in rels if r not in done]
