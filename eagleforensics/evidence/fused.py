@@ -1,0 +1,322 @@
+"""The scorer's hot loops as compiled kernels (numba): each capture row read once, straight from the file.
+
+Every capture position of a sweep lies in a file (safetensors, zip .pt, one file per
+position); the file is memory-mapped and each kernel reads the stored values (bf16 and fp16
+as 16-bit integers, widened in a small per-thread row buffer; fp32/fp64 as they are) and
+keeps what ``sums.Sums`` keeps, in one pass, in parallel over tokens:
+
+* ``direct``: every row's squared norm and finiteness, and for aligned rows the dot product
+  with every slot and the slots' own norms;
+* ``fit_equations`` / ``fit_scores``: the gain normal equations of a post-norm slot against
+  a raw position, then each token's products with the fitted gain (two reads of that position);
+* ``max_abs``: the largest |training - capture| over valid tokens of one cell.
+
+Norms and products accumulate in float64 (the torch path accumulates float32 blocks), so the
+results agree with it to float32 rounding. Mapped pages are dropped after each block
+(``MADV_DONTNEED``): they stay in the page cache but leave the process's resident memory.
+
+Without numba (or on CUDA) the torch path in ``match`` runs instead. The compiled code is
+cached next to this file, or in numba's user cache; where neither is writable (a read-only
+install) it is compiled in memory at each start instead.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+try:  # optional at run time: the torch path covers every case
+    import numba
+    from numba import prange
+except ImportError:  # pragma: no cover - exercised where numba is absent
+    numba = None
+    prange = range
+
+AVAILABLE = numba is not None and os.environ.get("EAGLEFORENSICS_FUSED", "1") != "0"
+BF16, F16, F32, F64 = 0, 1, 2, 3  # how a kernel widens stored values (bf16/fp16 arrive as uint16)
+EPS = 1e-12  # as sums.EPS / norms.unit_rms
+_FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf rows must stay visible
+
+
+def _jit(fn: Callable[..., Any], parallel: bool = True) -> Any:
+    """``njit(parallel, cache=True)``; in memory only where no cache folder can be written (read-only install)."""
+    if numba is None:
+        return fn
+    opts = dict(parallel=parallel, nogil=True, fastmath=_FLAGS)
+    try:
+        return numba.njit(cache=True, **opts)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, **opts)(fn)
+
+
+def _widen(src: Any, start: int, n: int, kind: int, out: Any, bits: Any) -> None:
+    """Stored values src[start:start+n] into float32 ``out``; ``bits`` is ``out`` viewed as uint32."""
+    if kind == BF16:  # bf16 is the top half of a float32
+        for h in range(n):
+            bits[h] = np.uint32(src[start + h]) << np.uint32(16)
+    elif kind == F16:  # magnitude bits moved into float32 place, rescaled; Inf/NaN and sign set apart
+        for h in range(n):
+            bits[h] = (np.uint32(src[start + h]) & np.uint32(0x7FFF)) << np.uint32(13)
+        for h in range(n):
+            out[h] *= np.float32(5.192296858534828e33)  # 2**112: the exponent bias difference
+        for h in range(n):
+            v = np.uint32(src[start + h])
+            sign = (v & np.uint32(0x8000)) << np.uint32(16)
+            if (v & np.uint32(0x7C00)) == np.uint32(0x7C00):
+                bits[h] = sign | np.uint32(0x7F800000) | ((v & np.uint32(0x3FF)) << np.uint32(13))
+            else:
+                bits[h] |= sign
+    else:
+        for h in range(n):
+            out[h] = np.float32(src[start + h])
+
+
+def _sq64(x: Any, n: int) -> float:
+    s = 0.0
+    for h in range(n):
+        v = np.float64(x[h])
+        s += v * v
+    return s
+
+
+def _dot64(x: Any, y: Any, n: int) -> float:
+    s = 0.0
+    for h in range(n):
+        s += np.float64(x[h]) * np.float64(y[h])
+    return s
+
+
+def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: int, cs: int, lw: int,
+            yb: Any, ykind: int, xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any, work: int) -> None:
+    """Rows [r0, r1) of every position: squared norms and finiteness; in the aligned window also
+    the slot products. ``yb`` [rows, K, H] holds the stored training rows of the window part of
+    [r0, r1) (``ykind`` as ``kind``). Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K];
+    yy, y_ok [Lw, K]); a bad row is zero in every product, as in the torch path."""
+    n = r1 - r0
+    g_count = offs.shape[0]
+    k_count = yb.shape[1]
+    wa = max(r0, cs)
+    for w in prange(work):
+        xf = np.empty(h, np.float32)
+        xu = xf.view(np.uint32)
+        yf = np.empty((k_count, h), np.float32)
+        yu = yf.view(np.uint32)
+        for i in range(r0 + n * w // work, r0 + n * (w + 1) // work):
+            win = cs <= i < cs + lw
+            if win:
+                j = i - cs
+                for k in range(k_count):
+                    _widen(yb[i - wa, k], 0, h, ykind, yf[k], yu[k])
+                    s = _sq64(yf[k], h)
+                    ok = np.isfinite(s)
+                    y_ok[j, k] = ok
+                    if ok:
+                        yy[j, k] = np.float32(s)
+                    else:
+                        yy[j, k] = 0.0
+                        yf[k, :] = 0.0
+            for g in range(g_count):
+                _widen(bases[fidx[g]], offs[g] + i * h, h, kind, xf, xu)
+                s = _sq64(xf, h)
+                xx[g, i] = np.float32(s)
+                rowbad = not np.isfinite(s)
+                bad[g, i] = rowbad
+                if win:
+                    for k in range(k_count):
+                        dot[i - cs, g, k] = 0.0 if rowbad else np.float32(_dot64(xf, yf[k], h))
+
+
+def _fit_equations(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: Any, bad_row: Any,
+                   y: Any, ykind: int, y_ok: Any, num: Any, den: Any, work: int) -> None:
+    """Gain normal equations of one position and one slot over the aligned window: num = sum u*y,
+    den = sum u*u with u = x / rms(x) (bad capture or training rows count as zero). ``y`` [Lw, H]
+    holds the slot's stored rows; parallel over slices of H, each summing every token in float64."""
+    for w in prange(work):
+        h0, h1 = h * w // work, h * (w + 1) // work
+        m = h1 - h0
+        xf = np.empty(m, np.float32)
+        xu = xf.view(np.uint32)
+        yf = np.empty(m, np.float32)
+        yu = yf.view(np.uint32)
+        acc_n = np.zeros(m)
+        acc_d = np.zeros(m)
+        for j in range(lw):
+            i = cs + j
+            if bad_row[i]:
+                continue
+            scale = np.float32(1.0) / np.sqrt(np.float32(xx_row[i]) / np.float32(h) + np.float32(EPS))
+            _widen(base, off + i * h + h0, m, kind, xf, xu)
+            for q in range(m):
+                xf[q] *= scale
+                acc_d[q] += np.float64(xf[q]) * np.float64(xf[q])
+            if y_ok[j]:
+                _widen(y[j], h0, m, ykind, yf, yu)
+                for q in range(m):
+                    acc_n[q] += np.float64(xf[q]) * np.float64(yf[q])
+        for q in range(m):
+            den[h0 + q] = acc_d[q]
+            num[h0 + q] = acc_n[q]
+
+
+def _fit_scores(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: Any, bad_row: Any,
+                y: Any, ykind: int, y_ok: Any, gain: Any, fdot: Any, fpp: Any, work: int) -> None:
+    """Per aligned token of one position, one slot: pred = gain * u; fdot[j] = pred . y, fpp[j] = |pred|^2."""
+    for w in prange(work):
+        xf = np.empty(h, np.float32)
+        xu = xf.view(np.uint32)
+        yf = np.empty(h, np.float32)
+        yu = yf.view(np.uint32)
+        for j in range(lw * w // work, lw * (w + 1) // work):
+            i = cs + j
+            if bad_row[i]:
+                fdot[j] = 0.0
+                fpp[j] = 0.0
+                continue
+            scale = np.float32(1.0) / np.sqrt(np.float32(xx_row[i]) / np.float32(h) + np.float32(EPS))
+            _widen(base, off + i * h, h, kind, xf, xu)
+            for q in range(h):
+                xf[q] = xf[q] * scale * gain[q]
+            fpp[j] = np.float32(_sq64(xf, h))
+            if y_ok[j]:
+                _widen(y[j], 0, h, ykind, yf, yu)
+                fdot[j] = np.float32(_dot64(xf, yf, h))
+            else:
+                fdot[j] = 0.0
+
+
+def _max_abs(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: Any, bad_row: Any,
+             y: Any, ykind: int, y_ok: Any, gain: Any, fitted: bool, out: Any, work: int) -> None:
+    """out[j] = max |y - pred| of aligned token j (0 where either row is bad); pred = x, or gain * x / rms(x)."""
+    for w in prange(work):
+        xf = np.empty(h, np.float32)
+        xu = xf.view(np.uint32)
+        yf = np.empty(h, np.float32)
+        yu = yf.view(np.uint32)
+        for j in range(lw * w // work, lw * (w + 1) // work):
+            i = cs + j
+            out[j] = 0.0
+            if bad_row[i] or not y_ok[j]:
+                continue
+            _widen(base, off + i * h, h, kind, xf, xu)
+            _widen(y[j], 0, h, ykind, yf, yu)
+            worst = np.float32(0.0)
+            if fitted:
+                scale = np.float32(1.0) / np.sqrt(np.float32(xx_row[i]) / np.float32(h) + np.float32(EPS))
+                for q in range(h):
+                    worst = max(worst, abs(yf[q] - xf[q] * scale * gain[q]))
+            else:
+                for q in range(h):
+                    worst = max(worst, abs(yf[q] - xf[q]))
+            out[j] = worst
+
+
+if numba is not None:
+    _widen = numba.njit(inline="always", fastmath=_FLAGS)(_widen)
+    _sq64 = numba.njit(inline="always", fastmath=_FLAGS)(_sq64)
+    _dot64 = numba.njit(inline="always", fastmath=_FLAGS)(_dot64)
+direct = _jit(_direct)
+fit_equations = _jit(_fit_equations)
+fit_scores = _jit(_fit_scores)
+max_abs = _jit(_max_abs)
+
+
+def threads() -> int:
+    return int(numba.get_num_threads()) if numba is not None else 1
+
+
+# ---- the capture as mapped arrays -------------------------------------------------------------
+
+_KINDS = {"bfloat16": (BF16, np.uint16), "float16": (F16, np.uint16), "float32": (F32, np.float32),
+          "float64": (F64, np.float64)}
+
+
+def kind_of(dtype: Any) -> tuple[int, Any] | None:
+    """(kernel kind, numpy storage type) of a torch dtype, None when the kernels do not read it."""
+    return _KINDS.get(str(dtype).replace("torch.", ""))
+
+
+def as_stored(t: Any) -> tuple[np.ndarray, int]:
+    """A torch tensor's values as a numpy view of its stored bits (bf16/fp16 as uint16), and its kind."""
+    import torch
+
+    kind, np_type = _KINDS[str(t.dtype).replace("torch.", "")]
+    if np_type is np.uint16:
+        t = t.view(torch.int16)
+    return t.numpy().view(np_type), kind
+
+
+class Mapped:
+    """Every position of a capture as (file index, element offset) into read-only maps of its files.
+
+    Built only when each position is a plain row-major [T, H] block of one file at an offset
+    that is a whole number of elements, all of one dtype the kernels read; else ``of`` is None.
+    """
+
+    def __init__(self, maps: list[mmap.mmap], arrays: list[np.ndarray], fidx: np.ndarray, offs: np.ndarray,
+                 kind: int, itemsize: int, h: int) -> None:
+        self.maps, self.arrays, self.fidx, self.offs = maps, arrays, fidx, offs
+        self.kind, self.itemsize, self.h = kind, itemsize, h
+        self.page = mmap.PAGESIZE
+
+    @classmethod
+    def of(cls, rows: list[Any], h: int) -> "Mapped | None":
+        """``rows``: one ``filerows.FileRows`` per position (in the scorer's order)."""
+        if not rows or numba is None:
+            return None
+        kinds = {kind_of(r.dtype) for r in rows}
+        if len(kinds) != 1 or None in kinds:
+            return None
+        ((kind, np_type),) = kinds
+        size = np.dtype(np_type).itemsize
+        if any(r.cols != h or r.offset % size for r in rows):
+            return None
+        files: dict[str, int] = {}
+        maps: list[mmap.mmap] = []
+        arrays: list[np.ndarray] = []
+        fidx, offs = [], []
+        try:
+            for r in rows:
+                if r.path not in files:
+                    with open(r.path, "rb") as fh:
+                        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                    files[r.path] = len(maps)
+                    maps.append(mm)
+                    arrays.append(np.frombuffer(mm, dtype=np_type, count=len(mm) // size))
+                if r.offset + r.rows * r.row_bytes > len(maps[files[r.path]]):
+                    return None  # the file is shorter than its header says: the torch path names the error
+                fidx.append(files[r.path])
+                offs.append(r.offset // size)
+        except (OSError, ValueError):
+            return None
+        return cls(maps, arrays, np.array(fidx, np.int64), np.array(offs, np.int64), kind, size, h)
+
+    def typed_arrays(self) -> Any:
+        out = numba.typed.List()
+        for a in self.arrays:
+            out.append(a)
+        return out
+
+    def drop(self, r0: int, r1: int, positions: Any = None) -> None:
+        """Unmap rows [r0, r1) of the given positions (all by default) from this process; the page cache keeps them."""
+        row = self.h * self.itemsize
+        for g in (range(len(self.offs)) if positions is None else positions):
+            mm = self.maps[self.fidx[g]]
+            a = int(self.offs[g]) * self.itemsize + r0 * row
+            start = a - a % self.page
+            stop = min(len(mm), int(self.offs[g]) * self.itemsize + r1 * row)
+            if stop > start:
+                try:
+                    mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
+                except (OSError, AttributeError, ValueError):  # pragma: no cover - platforms without madvise
+                    return
+
+    def close(self) -> None:
+        self.arrays.clear()
+        for mm in self.maps:
+            try:
+                mm.close()
+            except BufferError:  # a view is still alive somewhere; the map goes with it
+                pass
