@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import mmap
 import os
-import warnings
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -35,9 +35,18 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
     prange = range
 
+if numba is not None and not os.environ.get("NUMBA_THREADING_LAYER"):
+    # numba's own pthread pool: threads sleep when idle. OpenMP threads spin at every join, and
+    # with another process on a core a 2-thread kernel ran 5-10x slower than one thread.
+    # The pool takes one launch at a time: ``LOCK`` serialises callers from several threads.
+    numba.config.THREADING_LAYER = "workqueue"
+LOCK = threading.Lock()
+
 AVAILABLE = numba is not None and os.environ.get("EAGLEFORENSICS_FUSED", "1") != "0"
 BF16, F16, F32, F64 = 0, 1, 2, 3  # how a kernel widens stored values (bf16/fp16 arrive as uint16)
 EPS = 1e-12  # as sums.EPS / norms.unit_rms
+BLOCK = 256  # elements summed in float32 (vectorised) before each float64 addition
+Y_BYTES = 512 << 10  # widened training rows per ``direct`` call: they stay in L2 cache while every position meets them
 _FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf rows must stay visible
 
 
@@ -75,58 +84,116 @@ def _widen(src: Any, start: int, n: int, kind: int, out: Any, bits: Any) -> None
 
 
 def _sq64(x: Any, n: int) -> float:
-    s = 0.0
-    for h in range(n):
-        v = np.float64(x[h])
-        s += v * v
-    return s
+    """sum(x*x): float32 partial sums over blocks of BLOCK (vectorised), added up in float64."""
+    total = 0.0
+    nb = n // BLOCK
+    for b in range(nb + 1):
+        b0 = b * BLOCK
+        acc = np.float32(0.0)
+        for q in range(BLOCK if b < nb else n - b0):
+            v = x[b0 + q]
+            acc += v * v
+        total += acc
+    return total
 
 
 def _dot64(x: Any, y: Any, n: int) -> float:
+    """sum(x*y), summed as ``_sq64``."""
+    total = 0.0
+    nb = n // BLOCK
+    for b in range(nb + 1):
+        b0 = b * BLOCK
+        acc = np.float32(0.0)
+        for q in range(BLOCK if b < nb else n - b0):
+            acc += x[b0 + q] * y[b0 + q]
+        total += acc
+    return total
+
+
+def _row4(x: Any, y0: Any, y1: Any, y2: Any, y3: Any, n: int, out: Any) -> None:
+    """out = [x.x, x.y0, x.y1, x.y2, x.y3] in one read of x (summed as ``_sq64``)."""
     s = 0.0
-    for h in range(n):
-        s += np.float64(x[h]) * np.float64(y[h])
-    return s
+    t0 = 0.0
+    t1 = 0.0
+    t2 = 0.0
+    t3 = 0.0
+    nb = n // BLOCK
+    for b in range(nb + 1):
+        b0 = b * BLOCK
+        aa = np.float32(0.0)
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for q in range(BLOCK if b < nb else n - b0):
+            h = b0 + q
+            v = x[h]
+            aa += v * v
+            a0 += v * y0[h]
+            a1 += v * y1[h]
+            a2 += v * y2[h]
+            a3 += v * y3[h]
+        s += aa
+        t0 += a0
+        t1 += a1
+        t2 += a2
+        t3 += a3
+    out[0] = s
+    out[1] = t0
+    out[2] = t1
+    out[3] = t2
+    out[4] = t3
 
 
 def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: int, cs: int, lw: int,
-            yb: Any, ykind: int, xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any, work: int) -> None:
+            yb: Any, ykind: int, yw: Any, xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any) -> None:
     """Rows [r0, r1) of every position: squared norms and finiteness; in the aligned window also
     the slot products. ``yb`` [rows, K, H] holds the stored training rows of the window part of
-    [r0, r1) (``ykind`` as ``kind``). Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K];
-    yy, y_ok [Lw, K]); a bad row is zero in every product, as in the torch path."""
-    n = r1 - r0
-    g_count = offs.shape[0]
+    [r0, r1) (``ykind`` as ``kind``); ``yw`` [>= rows, K rounded up to 4, H] float32 is scratch.
+    Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]); a bad row is
+    zero in every product, as in the torch path.
+
+    The training rows are widened once (a few rows, sized to stay in L2 cache); then each
+    position's rows are read in file order, one position per work item."""
     k_count = yb.shape[1]
-    wa = max(r0, cs)
-    for w in prange(work):
+    k_pad = yw.shape[1]
+    wa, wb = max(r0, cs), min(r1, cs + lw)
+    for r in prange(max(0, wb - wa)):
+        j = wa + r - cs
+        for k in range(k_pad):
+            if k >= k_count:
+                yw[r, k, :] = 0.0
+                continue
+            _widen(yb[r, k], 0, h, ykind, yw[r, k], yw[r, k].view(np.uint32))
+            s = _sq64(yw[r, k], h)
+            ok = np.isfinite(s)
+            y_ok[j, k] = ok
+            yy[j, k] = np.float32(s) if ok else 0.0
+            if not ok:
+                yw[r, k, :] = 0.0
+    for g in prange(offs.shape[0]):
         xf = np.empty(h, np.float32)
         xu = xf.view(np.uint32)
-        yf = np.empty((k_count, h), np.float32)
-        yu = yf.view(np.uint32)
-        for i in range(r0 + n * w // work, r0 + n * (w + 1) // work):
-            win = cs <= i < cs + lw
-            if win:
-                j = i - cs
-                for k in range(k_count):
-                    _widen(yb[i - wa, k], 0, h, ykind, yf[k], yu[k])
-                    s = _sq64(yf[k], h)
-                    ok = np.isfinite(s)
-                    y_ok[j, k] = ok
-                    if ok:
-                        yy[j, k] = np.float32(s)
-                    else:
-                        yy[j, k] = 0.0
-                        yf[k, :] = 0.0
-            for g in range(g_count):
-                _widen(bases[fidx[g]], offs[g] + i * h, h, kind, xf, xu)
+        part = np.empty(5)
+        base = bases[fidx[g]]
+        for i in range(r0, r1):
+            _widen(base, offs[g] + i * h, h, kind, xf, xu)
+            if not (wa <= i < wb):
                 s = _sq64(xf, h)
-                xx[g, i] = np.float32(s)
-                rowbad = not np.isfinite(s)
-                bad[g, i] = rowbad
-                if win:
-                    for k in range(k_count):
-                        dot[i - cs, g, k] = 0.0 if rowbad else np.float32(_dot64(xf, yf[k], h))
+            else:
+                yr = yw[i - wa]
+                for k0 in range(0, k_pad, 4):
+                    _row4(xf, yr[k0], yr[k0 + 1], yr[k0 + 2], yr[k0 + 3], h, part)
+                    if k0 == 0:
+                        s = part[0]
+                    for k in range(k0, min(k0 + 4, k_count)):
+                        dot[i - cs, g, k] = np.float32(part[1 + k - k0])
+            xx[g, i] = np.float32(s)
+            rowbad = not np.isfinite(s)  # a NaN/Inf row: recorded, and zero in every product
+            bad[g, i] = rowbad
+            if rowbad and wa <= i < wb:
+                for k in range(k_count):
+                    dot[i - cs, g, k] = 0.0
 
 
 def _fit_equations(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: Any, bad_row: Any,
@@ -213,14 +280,44 @@ def _max_abs(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: A
             out[j] = worst
 
 
+def _row_stats(y: Any, kind: int, norms: Any, bad: Any, work: int) -> None:
+    """Per row of a [T, H] array of stored values: its L2 norm (float32) and whether it holds NaN/Inf."""
+    t, h = y.shape
+    for w in prange(work):
+        xf = np.empty(h, np.float32)
+        xu = xf.view(np.uint32)
+        for r in range(t * w // work, t * (w + 1) // work):
+            _widen(y[r], 0, h, kind, xf, xu)
+            s = _sq64(xf, h)
+            norms[r] = np.float32(np.sqrt(s))
+            bad[r] = not np.isfinite(s)
+
+
 if numba is not None:
     _widen = numba.njit(inline="always", fastmath=_FLAGS)(_widen)
     _sq64 = numba.njit(inline="always", fastmath=_FLAGS)(_sq64)
     _dot64 = numba.njit(inline="always", fastmath=_FLAGS)(_dot64)
+    _row4 = numba.njit(inline="always", fastmath=_FLAGS)(_row4)
 direct = _jit(_direct)
 fit_equations = _jit(_fit_equations)
 fit_scores = _jit(_fit_scores)
 max_abs = _jit(_max_abs)
+row_stats_kernel = _jit(_row_stats)
+
+
+def row_stats(t: Any) -> tuple[Any, Any] | None:
+    """(per-row L2 norms float32, per-row NaN/Inf flags) of a CPU [T, H] torch tensor in one pass,
+    or None where the kernels cannot read it (no numba, another dtype or device)."""
+    import torch
+
+    if not AVAILABLE or t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1:
+        return None
+    y, kind = as_stored(t.detach())
+    norms = torch.empty(t.shape[0], dtype=torch.float32)
+    bad = torch.empty(t.shape[0], dtype=torch.bool)
+    with LOCK:
+        row_stats_kernel(y, kind, norms.numpy(), bad.numpy(), max(1, min(t.shape[0], 4 * threads())))
+    return norms, bad
 
 
 def threads() -> int:

@@ -137,7 +137,8 @@ def score_slots(
         if dev.type == "cuda":
             _position_major(src, positions, sums, slots, train_start, progress, gpu=True)
         elif mapped is not None:
-            _fused_sweep(mapped, positions, sums, slots, train_start, progress, fit_candidates)
+            with fused.LOCK:
+                _fused_sweep(mapped, positions, sums, slots, train_start, progress, fit_candidates)
         elif src.streams:
             _token_major(src, positions, sums, slots, train_start, progress, fit_candidates, pool, workers)
         else:
@@ -420,13 +421,20 @@ def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position
             max_abs[i, j] = worst[c] if math.isfinite(worst[c]) else np.nan
 
     if mapped is not None:  # compiled kernels, one at a time (each is parallel already)
-        for g, cells in wanted.items():
-            for i, j, vj in cells:
-                max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + lw], i,
-                                               None if vj is None else sums.gain[vj, fit_idx.index(i)])
+        with fused.LOCK:
+            _fused_cells(mapped, sums, wanted, slots, ts, fit_idx, max_abs)
         return
     for f in [pool.submit(one, g, cells) for g, cells in wanted.items()]:
         f.result()
+
+
+def _fused_cells(mapped: fused.Mapped, sums: Sums, wanted: dict[int, list[tuple[int, int, int | None]]],
+                 slots: list[torch.Tensor], ts: int, fit_idx: list[int], max_abs: np.ndarray) -> None:
+    """``_fill_max_abs`` through the compiled kernel: position g of each (slot i, column j, virtual j) cell."""
+    for g, cells in wanted.items():
+        for i, j, vj in cells:
+            gain = None if vj is None or sums.gain is None else sums.gain[vj, fit_idx.index(i)]
+            max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, gain)
 
 
 def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | None:
@@ -460,10 +468,14 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
     yy, y_ok = sums.yy.numpy(), sums.y_ok.numpy()
     kinds = {fused.kind_of(s.dtype) for s in slots}
     stage = slots[0].dtype if len(kinds) == 1 and None not in kinds else torch.float32
-    rows = max(1, min(t, FUSED_BYTES // max(1, len(positions) * h * m.itemsize)))
-    ybuf = torch.empty((min(rows, max(lw, 1)), k, h), dtype=stage)
+    k_pad = max(4, -(-k // 4) * 4)
+    rows = max(1, min(t, fused.Y_BYTES // (k_pad * h * 4)))  # training rows widened per call stay in L2
+    drop_rows = max(rows, FUSED_BYTES // max(1, len(positions) * h * m.itemsize))
+    ybuf = torch.empty((rows, k, h), dtype=stage)
+    yw = np.empty((rows, k_pad, h), np.float32)
     bases = m.typed_arrays()
     work_max = 4 * fused.threads()
+    dropped = 0
     for a in range(0, t, rows):
         b = min(t, a + rows)
         wa, wb = max(a, cs), min(b, cs + lw)
@@ -472,9 +484,10 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
             for i, s in enumerate(slots):
                 yb[:, i].copy_(s[ts + wa - cs:ts + wb - cs])
         y_np, ykind = fused.as_stored(yb)
-        fused.direct(bases, m.fidx, m.offs, h, m.kind, a, b, cs, lw, y_np, ykind, xx, bad, dot, yy, y_ok,
-                     min(b - a, work_max))
-        m.drop(a, b)
+        fused.direct(bases, m.fidx, m.offs, h, m.kind, a, b, cs, lw, y_np, ykind, yw, xx, bad, dot, yy, y_ok)
+        if b - dropped >= drop_rows or b == t:
+            m.drop(dropped, b)
+            dropped = b
     if progress is not None:
         for pos in positions:
             progress(pos)
