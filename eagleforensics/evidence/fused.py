@@ -97,6 +97,16 @@ def _sq64(x: Any, n: int) -> float:
     return total
 
 
+def _sq_exact(x: Any, n: int) -> float:
+    """sum(x*x) in float64 throughout: where the float32 partial sums overflowed, the row may still
+    be finite (values above ~1e19). Non-finite exactly when a value is NaN or Inf."""
+    total = 0.0
+    for h in range(n):
+        v = np.float64(x[h])
+        total += v * v
+    return total
+
+
 def _dot64(x: Any, y: Any, n: int) -> float:
     """sum(x*y), summed as ``_sq64``."""
     total = 0.0
@@ -166,6 +176,8 @@ def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: in
                 continue
             _widen(yb[r, k], 0, h, ykind, yw[r, k], yw[r, k].view(np.uint32))
             s = _sq64(yw[r, k], h)
+            if not np.isfinite(s):
+                s = _sq_exact(yw[r, k], h)
             ok = np.isfinite(s)
             y_ok[j, k] = ok
             yy[j, k] = np.float32(s) if ok else 0.0
@@ -188,6 +200,8 @@ def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: in
                         s = part[0]
                     for k in range(k0, min(k0 + 4, k_count)):
                         dot[i - cs, g, k] = np.float32(part[1 + k - k0])
+            if not np.isfinite(s):
+                s = _sq_exact(xf, h)
             xx[g, i] = np.float32(s)
             rowbad = not np.isfinite(s)  # a NaN/Inf row: recorded, and zero in every product
             bad[g, i] = rowbad
@@ -289,6 +303,8 @@ def _row_stats(y: Any, kind: int, norms: Any, bad: Any, work: int) -> None:
         for r in range(t * w // work, t * (w + 1) // work):
             _widen(y[r], 0, h, kind, xf, xu)
             s = _sq64(xf, h)
+            if not np.isfinite(s):
+                s = _sq_exact(xf, h)
             norms[r] = np.float32(np.sqrt(s))
             bad[r] = not np.isfinite(s)
 
@@ -297,6 +313,7 @@ if numba is not None:
     _widen = numba.njit(inline="always", fastmath=_FLAGS)(_widen)
     _sq64 = numba.njit(inline="always", fastmath=_FLAGS)(_sq64)
     _dot64 = numba.njit(inline="always", fastmath=_FLAGS)(_dot64)
+    _sq_exact = numba.njit(fastmath=_FLAGS)(_sq_exact)
     _row4 = numba.njit(inline="always", fastmath=_FLAGS)(_row4)
 direct = _jit(_direct)
 fit_equations = _jit(_fit_equations)
