@@ -111,17 +111,16 @@ def test_nan_and_inf_capture_rows_are_skipped_as_in_the_torch_path(tmp_path, mon
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_every_16_bit_pattern_widens_exactly(dtype):
-    """One value per row: the kernel's norm is |x| exactly wherever x*x is a normal float32
-    (fp16 subnormals included), NaN/Inf rows are flagged, and every norm equals torch's."""
+    """One value per row: the kernel's norm is |x| exactly (fp16 subnormals and values whose square
+    overflows float32 included; below 1e-18 the square underflows), NaN/Inf rows are flagged."""
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
     x = bits.view(dtype).reshape(-1, 1)
     norms, bad = fused.row_stats(x)
     want = x.float().abs().reshape(-1)
     finite = torch.isfinite(want)
     assert torch.equal(bad, ~finite)
-    square_ok = finite & (want > 1e-18) & (want < 1e18)
+    square_ok = finite & (want > 1e-18)
     assert square_ok.sum() > 30000 and torch.equal(norms[square_ok], want[square_ok])
-    assert torch.equal(norms[finite], torch.linalg.vector_norm(x.float(), dim=-1)[finite])
     assert torch.isnan(norms[torch.isnan(want)]).all() and torch.isinf(norms[torch.isinf(want)]).all()
 
 

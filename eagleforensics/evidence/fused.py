@@ -1,9 +1,10 @@
 """The scorer's hot loops as compiled kernels (numba): each capture row read once, straight from the file.
 
 Every capture position of a sweep lies in a file (safetensors, zip .pt, one file per
-position); the file is memory-mapped and each kernel reads the stored values (bf16 and fp16
-as 16-bit integers, widened in a small per-thread row buffer; fp32/fp64 as they are) and
-keeps what ``sums.Sums`` keeps, in one pass, in parallel over tokens:
+position); the file is memory-mapped and each kernel reads the stored bits as 16-bit
+integers (bf16 is the top half of a float32: a shift; fp16 is rebuilt from its fields; fp32
+from two halves), widened into a small per-thread row buffer, and keeps what ``sums.Sums``
+keeps, in one pass, in parallel:
 
 * ``direct``: every row's squared norm and finiteness, and for aligned rows the dot product
   with every slot and the slots' own norms;
@@ -11,8 +12,10 @@ keeps what ``sums.Sums`` keeps, in one pass, in parallel over tokens:
   a raw position, then each token's products with the fitted gain (two reads of that position);
 * ``max_abs``: the largest |training - capture| over valid tokens of one cell.
 
-Norms and products accumulate in float64 (the torch path accumulates float32 blocks), so the
-results agree with it to float32 rounding. Mapped pages are dropped after each block
+Sums are float32 over blocks of 256 values (vectorised), added up in float64, so results agree
+with the torch path (float32 throughout) to float32 rounding. Every array reaches a kernel as
+the same numba type whatever the dtypes (a flat uint16 view plus offsets and row strides), so
+each kernel compiles once. Mapped pages are dropped after each block
 (``MADV_DONTNEED``): they stay in the page cache but leave the process's resident memory.
 
 Without numba (or on CUDA) the torch path in ``match`` runs instead. The compiled code is
@@ -43,7 +46,7 @@ if numba is not None and not os.environ.get("NUMBA_THREADING_LAYER"):
 LOCK = threading.Lock()
 
 AVAILABLE = numba is not None and os.environ.get("EAGLEFORENSICS_FUSED", "1") != "0"
-BF16, F16, F32, F64 = 0, 1, 2, 3  # how a kernel widens stored values (bf16/fp16 arrive as uint16)
+BF16, F16, F32 = 0, 1, 2  # how a kernel widens stored values; all arrive as uint16 (fp32 as two)
 EPS = 1e-12  # as sums.EPS / norms.unit_rms
 BLOCK = 256  # elements summed in float32 (vectorised) before each float64 addition
 Y_BYTES = 512 << 10  # widened training rows per ``direct`` call: they stay in L2 cache while every position meets them
@@ -61,12 +64,20 @@ def _jit(fn: Callable[..., Any], parallel: bool = True) -> Any:
         return numba.njit(cache=False, **opts)(fn)
 
 
+def _units(kind: int) -> int:
+    """uint16 units per stored value."""
+    return 2 if kind == F32 else 1
+
+
 def _widen(src: Any, start: int, n: int, kind: int, out: Any, bits: Any) -> None:
-    """Stored values src[start:start+n] into float32 ``out``; ``bits`` is ``out`` viewed as uint32."""
+    """n stored values from unit ``start`` of uint16 ``src`` into float32 ``out`` (``bits``: it as uint32)."""
     if kind == BF16:  # bf16 is the top half of a float32
         for h in range(n):
             bits[h] = np.uint32(src[start + h]) << np.uint32(16)
-    elif kind == F16:  # magnitude bits moved into float32 place, rescaled; Inf/NaN and sign set apart
+    elif kind == F32:  # little-endian halves
+        for h in range(n):
+            bits[h] = np.uint32(src[start + 2 * h]) | (np.uint32(src[start + 2 * h + 1]) << np.uint32(16))
+    else:  # fp16: magnitude bits moved into float32 place and rescaled; Inf/NaN and sign set apart
         for h in range(n):
             bits[h] = (np.uint32(src[start + h]) & np.uint32(0x7FFF)) << np.uint32(13)
         for h in range(n):
@@ -78,9 +89,6 @@ def _widen(src: Any, start: int, n: int, kind: int, out: Any, bits: Any) -> None
                 bits[h] = sign | np.uint32(0x7F800000) | ((v & np.uint32(0x3FF)) << np.uint32(13))
             else:
                 bits[h] |= sign
-    else:
-        for h in range(n):
-            out[h] = np.float32(src[start + h])
 
 
 def _sq64(x: Any, n: int) -> float:
@@ -155,26 +163,33 @@ def _row4(x: Any, y0: Any, y1: Any, y2: Any, y3: Any, n: int, out: Any) -> None:
     out[4] = t3
 
 
+def _scale(xx: Any, h: int) -> Any:
+    """1 / rms of a row from its squared norm, in float32 as the torch path computes it."""
+    return np.float32(1.0) / np.sqrt(np.float32(xx) / np.float32(h) + np.float32(EPS))
+
+
 def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: int, cs: int, lw: int,
-            yb: Any, ykind: int, yw: Any, xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any) -> None:
-    """Rows [r0, r1) of every position: squared norms and finiteness; in the aligned window also
-    the slot products. ``yb`` [rows, K, H] holds the stored training rows of the window part of
-    [r0, r1) (``ykind`` as ``kind``); ``yw`` [>= rows, K rounded up to 4, H] float32 is scratch.
+            yb: Any, yoff: int, yrow: int, yslot: int, ykind: int, yw: Any,
+            xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any) -> None:
+    """Rows [r0, r1) of every position: squared norms and finiteness; in the aligned window also the
+    slot products. Training row r of the window part of [r0, r1), slot k, starts at unit
+    ``yoff + r*yrow + k*yslot`` of ``yb``; ``yw`` [>= rows, K rounded up to 4, H] float32 is scratch.
     Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]); a bad row is
     zero in every product, as in the torch path.
 
     The training rows are widened once (a few rows, sized to stay in L2 cache); then each
     position's rows are read in file order, one position per work item."""
-    k_count = yb.shape[1]
+    k_count = dot.shape[2]
     k_pad = yw.shape[1]
     wa, wb = max(r0, cs), min(r1, cs + lw)
+    step = h * _units(kind)
     for r in prange(max(0, wb - wa)):
         j = wa + r - cs
         for k in range(k_pad):
             if k >= k_count:
                 yw[r, k, :] = 0.0
                 continue
-            _widen(yb[r, k], 0, h, ykind, yw[r, k], yw[r, k].view(np.uint32))
+            _widen(yb, yoff + r * yrow + k * yslot, h, ykind, yw[r, k], yw[r, k].view(np.uint32))
             s = _sq64(yw[r, k], h)
             if not np.isfinite(s):
                 s = _sq_exact(yw[r, k], h)
@@ -189,7 +204,7 @@ def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: in
         part = np.empty(5)
         base = bases[fidx[g]]
         for i in range(r0, r1):
-            _widen(base, offs[g] + i * h, h, kind, xf, xu)
+            _widen(base, offs[g] + i * step, h, kind, xf, xu)
             if not (wa <= i < wb):
                 s = _sq64(xf, h)
             else:
@@ -210,11 +225,16 @@ def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: in
                     dot[i - cs, g, k] = 0.0
 
 
-def _fit_equations(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: Any, bad_row: Any,
-                   y: Any, ykind: int, y_ok: Any, num: Any, den: Any, work: int) -> None:
-    """Gain normal equations of one position and one slot over the aligned window: num = sum u*y,
-    den = sum u*u with u = x / rms(x) (bad capture or training rows count as zero). ``y`` [Lw, H]
-    holds the slot's stored rows; parallel over slices of H, each summing every token in float64."""
+def _fit_equations(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
+                   yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, num: Any, den: Any,
+                   work: int) -> None:
+    """Gain normal equations of position g (rows from unit ``off`` of ``base``) and one slot (aligned
+    row j from unit ``yoff + j*yrow`` of ``yb``; validity ``y_ok[:, col]``) over the window:
+    num = sum u*y, den = sum u*u with u = x / rms(x), bad rows counting as zero. Parallel over
+    slices of H, each summing every token in float64."""
+    step = h * _units(kind)
+    yu_ = _units(ykind)
+    xu_ = _units(kind)
     for w in prange(work):
         h0, h1 = h * w // work, h * (w + 1) // work
         m = h1 - h0
@@ -226,15 +246,15 @@ def _fit_equations(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_
         acc_d = np.zeros(m)
         for j in range(lw):
             i = cs + j
-            if bad_row[i]:
+            if bad[g, i]:
                 continue
-            scale = np.float32(1.0) / np.sqrt(np.float32(xx_row[i]) / np.float32(h) + np.float32(EPS))
-            _widen(base, off + i * h + h0, m, kind, xf, xu)
+            scale = _scale(xx[g, i], h)
+            _widen(base, off + i * step + h0 * xu_, m, kind, xf, xu)
             for q in range(m):
                 xf[q] *= scale
                 acc_d[q] += np.float64(xf[q]) * np.float64(xf[q])
-            if y_ok[j]:
-                _widen(y[j], h0, m, ykind, yf, yu)
+            if y_ok[j, col]:
+                _widen(yb, yoff + j * yrow + h0 * yu_, m, ykind, yf, yu)
                 for q in range(m):
                     acc_n[q] += np.float64(xf[q]) * np.float64(yf[q])
         for q in range(m):
@@ -242,9 +262,12 @@ def _fit_equations(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_
             num[h0 + q] = acc_n[q]
 
 
-def _fit_scores(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: Any, bad_row: Any,
-                y: Any, ykind: int, y_ok: Any, gain: Any, fdot: Any, fpp: Any, work: int) -> None:
-    """Per aligned token of one position, one slot: pred = gain * u; fdot[j] = pred . y, fpp[j] = |pred|^2."""
+def _fit_scores(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
+                yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
+                fdot: Any, fpp: Any, work: int) -> None:
+    """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
+    fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``)."""
+    step = h * _units(kind)
     for w in prange(work):
         xf = np.empty(h, np.float32)
         xu = xf.view(np.uint32)
@@ -252,25 +275,28 @@ def _fit_scores(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row
         yu = yf.view(np.uint32)
         for j in range(lw * w // work, lw * (w + 1) // work):
             i = cs + j
-            if bad_row[i]:
-                fdot[j] = 0.0
-                fpp[j] = 0.0
+            if bad[g, i]:
+                fdot[j, vj, f] = 0.0
+                fpp[j, vj, f] = 0.0
                 continue
-            scale = np.float32(1.0) / np.sqrt(np.float32(xx_row[i]) / np.float32(h) + np.float32(EPS))
-            _widen(base, off + i * h, h, kind, xf, xu)
+            scale = _scale(xx[g, i], h)
+            _widen(base, off + i * step, h, kind, xf, xu)
             for q in range(h):
-                xf[q] = xf[q] * scale * gain[q]
-            fpp[j] = np.float32(_sq64(xf, h))
-            if y_ok[j]:
-                _widen(y[j], 0, h, ykind, yf, yu)
-                fdot[j] = np.float32(_dot64(xf, yf, h))
+                xf[q] = xf[q] * scale * gain[vj, f, q]
+            fpp[j, vj, f] = np.float32(_sq64(xf, h))
+            if y_ok[j, col]:
+                _widen(yb, yoff + j * yrow, h, ykind, yf, yu)
+                fdot[j, vj, f] = np.float32(_dot64(xf, yf, h))
             else:
-                fdot[j] = 0.0
+                fdot[j, vj, f] = 0.0
 
 
-def _max_abs(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: Any, bad_row: Any,
-             y: Any, ykind: int, y_ok: Any, gain: Any, fitted: bool, out: Any, work: int) -> None:
-    """out[j] = max |y - pred| of aligned token j (0 where either row is bad); pred = x, or gain * x / rms(x)."""
+def _max_abs(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
+             yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
+             fitted: bool, out: Any, work: int) -> None:
+    """out[j] = max |y - pred| of aligned token j (0 where either row is bad); pred = x, or with
+    ``fitted`` gain[vj, f] * x / rms(x) (arguments as ``fit_equations``)."""
+    step = h * _units(kind)
     for w in prange(work):
         xf = np.empty(h, np.float32)
         xu = xf.view(np.uint32)
@@ -279,29 +305,28 @@ def _max_abs(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx_row: A
         for j in range(lw * w // work, lw * (w + 1) // work):
             i = cs + j
             out[j] = 0.0
-            if bad_row[i] or not y_ok[j]:
+            if bad[g, i] or not y_ok[j, col]:
                 continue
-            _widen(base, off + i * h, h, kind, xf, xu)
-            _widen(y[j], 0, h, ykind, yf, yu)
+            _widen(base, off + i * step, h, kind, xf, xu)
+            _widen(yb, yoff + j * yrow, h, ykind, yf, yu)
             worst = np.float32(0.0)
             if fitted:
-                scale = np.float32(1.0) / np.sqrt(np.float32(xx_row[i]) / np.float32(h) + np.float32(EPS))
+                scale = _scale(xx[g, i], h)
                 for q in range(h):
-                    worst = max(worst, abs(yf[q] - xf[q] * scale * gain[q]))
+                    worst = max(worst, abs(yf[q] - xf[q] * scale * gain[vj, f, q]))
             else:
                 for q in range(h):
                     worst = max(worst, abs(yf[q] - xf[q]))
             out[j] = worst
 
 
-def _row_stats(y: Any, kind: int, norms: Any, bad: Any, work: int) -> None:
-    """Per row of a [T, H] array of stored values: its L2 norm (float32) and whether it holds NaN/Inf."""
-    t, h = y.shape
+def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms: Any, bad: Any, work: int) -> None:
+    """Per row of a [t, H] tensor (row r from unit ``yoff + r*yrow`` of ``yb``): L2 norm (float32), NaN/Inf flag."""
     for w in prange(work):
         xf = np.empty(h, np.float32)
         xu = xf.view(np.uint32)
         for r in range(t * w // work, t * (w + 1) // work):
-            _widen(y[r], 0, h, kind, xf, xu)
+            _widen(yb, yoff + r * yrow, h, ykind, xf, xu)
             s = _sq64(xf, h)
             if not np.isfinite(s):
                 s = _sq_exact(xf, h)
@@ -310,11 +335,9 @@ def _row_stats(y: Any, kind: int, norms: Any, bad: Any, work: int) -> None:
 
 
 if numba is not None:
-    _widen = numba.njit(inline="always", fastmath=_FLAGS)(_widen)
-    _sq64 = numba.njit(inline="always", fastmath=_FLAGS)(_sq64)
-    _dot64 = numba.njit(inline="always", fastmath=_FLAGS)(_dot64)
+    for _name in ("_units", "_widen", "_sq64", "_dot64", "_row4", "_scale"):
+        globals()[_name] = numba.njit(inline="always", fastmath=_FLAGS)(globals()[_name])
     _sq_exact = numba.njit(fastmath=_FLAGS)(_sq_exact)
-    _row4 = numba.njit(inline="always", fastmath=_FLAGS)(_row4)
 direct = _jit(_direct)
 fit_equations = _jit(_fit_equations)
 fit_scores = _jit(_fit_scores)
@@ -322,51 +345,63 @@ max_abs = _jit(_max_abs)
 row_stats_kernel = _jit(_row_stats)
 
 
-def row_stats(t: Any) -> tuple[Any, Any] | None:
-    """(per-row L2 norms float32, per-row NaN/Inf flags) of a CPU [T, H] torch tensor in one pass,
-    or None where the kernels cannot read it (no numba, another dtype or device)."""
-    import torch
-
-    if not AVAILABLE or t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1:
-        return None
-    y, kind = as_stored(t.detach())
-    norms = torch.empty(t.shape[0], dtype=torch.float32)
-    bad = torch.empty(t.shape[0], dtype=torch.bool)
-    with LOCK:
-        row_stats_kernel(y, kind, norms.numpy(), bad.numpy(), max(1, min(t.shape[0], 4 * threads())))
-    return norms, bad
-
-
 def threads() -> int:
     return int(numba.get_num_threads()) if numba is not None else 1
 
 
-# ---- the capture as mapped arrays -------------------------------------------------------------
+# ---- torch tensors and files as the kernels' uint16 views ---------------------------------------
 
-_KINDS = {"bfloat16": (BF16, np.uint16), "float16": (F16, np.uint16), "float32": (F32, np.float32),
-          "float64": (F64, np.float64)}
+_KINDS = {"bfloat16": BF16, "float16": F16, "float32": F32}
 
 
-def kind_of(dtype: Any) -> tuple[int, Any] | None:
-    """(kernel kind, numpy storage type) of a torch dtype, None when the kernels do not read it."""
+def kind_of(dtype: Any) -> int | None:
+    """The kernel kind of a torch dtype, None when the kernels do not read it."""
     return _KINDS.get(str(dtype).replace("torch.", ""))
 
 
-def as_stored(t: Any) -> tuple[np.ndarray, int]:
-    """A torch tensor's values as a numpy view of its stored bits (bf16/fp16 as uint16), and its kind."""
+class Rows:
+    """A CPU [T, H] tensor as the kernels read it: its storage as flat uint16, the unit offset of
+    row 0, units between rows, and its kind. Not bf16/fp16/fp32, or with strided columns: a
+    float32 copy (``copied``)."""
+
+    def __init__(self, t: Any) -> None:
+        import torch
+
+        self.copied = kind_of(t.dtype) is None or t.stride(-1) != 1 or t.device.type != "cpu"
+        if self.copied:
+            t = t.detach().to("cpu", torch.float32).contiguous()
+        t = t.detach()
+        size = t.element_size()
+        st = t.untyped_storage()
+        flat = torch.empty(0, dtype=torch.int16).set_(st, 0, (st.nbytes() // 2,), (1,))
+        self.base = flat.numpy().view(np.uint16)
+        self.off = t.storage_offset() * size // 2
+        self.row = (t.stride(0) if t.shape[0] > 1 else t.shape[-1]) * size // 2
+        self.kind = kind_of(t.dtype)
+        self.keep = t  # the storage must outlive the view
+
+
+def row_stats(t: Any) -> tuple[Any, Any] | None:
+    """(per-row L2 norms float32, per-row NaN/Inf flags) of a CPU [T, H] torch tensor in one pass,
+    or None where the kernels cannot read it without a copy (no numba, another dtype or device)."""
     import torch
 
-    kind, np_type = _KINDS[str(t.dtype).replace("torch.", "")]
-    if np_type is np.uint16:
-        t = t.view(torch.int16)
-    return t.numpy().view(np_type), kind
+    if not AVAILABLE or t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1:
+        return None
+    y = Rows(t)
+    norms = torch.empty(t.shape[0], dtype=torch.float32)
+    bad = torch.empty(t.shape[0], dtype=torch.bool)
+    with LOCK:
+        row_stats_kernel(y.base, y.off, y.row, t.shape[0], t.shape[1], y.kind, norms.numpy(), bad.numpy(),
+                         max(1, min(t.shape[0], 4 * threads())))
+    return norms, bad
 
 
 class Mapped:
-    """Every position of a capture as (file index, element offset) into read-only maps of its files.
+    """Every position of a capture as (file index, uint16 offset) into read-only maps of its files.
 
-    Built only when each position is a plain row-major [T, H] block of one file at an offset
-    that is a whole number of elements, all of one dtype the kernels read; else ``of`` is None.
+    Built only when each position is a plain row-major [T, H] block of one file at an even byte
+    offset, all of one dtype the kernels read (bf16, fp16, fp32); else ``of`` is None.
     """
 
     def __init__(self, maps: list[mmap.mmap], arrays: list[np.ndarray], fidx: np.ndarray, offs: np.ndarray,
@@ -383,9 +418,8 @@ class Mapped:
         kinds = {kind_of(r.dtype) for r in rows}
         if len(kinds) != 1 or None in kinds:
             return None
-        ((kind, np_type),) = kinds
-        size = np.dtype(np_type).itemsize
-        if any(r.cols != h or r.offset % size for r in rows):
+        (kind,) = kinds
+        if any(r.cols != h or r.offset % 2 for r in rows):
             return None
         files: dict[str, int] = {}
         maps: list[mmap.mmap] = []
@@ -398,14 +432,14 @@ class Mapped:
                         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
                     files[r.path] = len(maps)
                     maps.append(mm)
-                    arrays.append(np.frombuffer(mm, dtype=np_type, count=len(mm) // size))
+                    arrays.append(np.frombuffer(mm, dtype=np.uint16, count=len(mm) // 2))
                 if r.offset + r.rows * r.row_bytes > len(maps[files[r.path]]):
                     return None  # the file is shorter than its header says: the torch path names the error
                 fidx.append(files[r.path])
-                offs.append(r.offset // size)
+                offs.append(r.offset // 2)
         except (OSError, ValueError):
             return None
-        return cls(maps, arrays, np.array(fidx, np.int64), np.array(offs, np.int64), kind, size, h)
+        return cls(maps, arrays, np.array(fidx, np.int64), np.array(offs, np.int64), kind, 4 if kind == F32 else 2, h)
 
     def typed_arrays(self) -> Any:
         out = numba.typed.List()
@@ -418,19 +452,11 @@ class Mapped:
         row = self.h * self.itemsize
         for g in (range(len(self.offs)) if positions is None else positions):
             mm = self.maps[self.fidx[g]]
-            a = int(self.offs[g]) * self.itemsize + r0 * row
+            a = int(self.offs[g]) * 2 + r0 * row
             start = a - a % self.page
-            stop = min(len(mm), int(self.offs[g]) * self.itemsize + r1 * row)
+            stop = min(len(mm), int(self.offs[g]) * 2 + r1 * row)
             if stop > start:
                 try:
                     mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
                 except (OSError, AttributeError, ValueError):  # pragma: no cover - platforms without madvise
                     return
-
-    def close(self) -> None:
-        self.arrays.clear()
-        for mm in self.maps:
-            try:
-                mm.close()
-            except BufferError:  # a view is still alive somewhere; the map goes with it
-                pass

@@ -433,8 +433,8 @@ def _fused_cells(mapped: fused.Mapped, sums: Sums, wanted: dict[int, list[tuple[
     """``_fill_max_abs`` through the compiled kernel: position g of each (slot i, column j, virtual j) cell."""
     for g, cells in wanted.items():
         for i, j, vj in cells:
-            gain = None if vj is None or sums.gain is None else sums.gain[vj, fit_idx.index(i)]
-            max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, gain)
+            f = fit_idx.index(i) if vj is not None else 0
+            max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, vj, f)
 
 
 def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | None:
@@ -454,11 +454,6 @@ def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | N
     return fused.Mapped.of(rows, h)
 
 
-def _slot_view(s: torch.Tensor) -> tuple[np.ndarray, int] | None:
-    """A training slot's rows as stored (numpy view, no copy) and its kernel kind; None for other dtypes."""
-    return fused.as_stored(s) if fused.kind_of(s.dtype) is not None else None
-
-
 def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: list[torch.Tensor], ts: int,
                  progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
     """CPU, compiled: one pass over every row of every position (norms, slot products), a block of rows
@@ -472,6 +467,7 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
     rows = max(1, min(t, fused.Y_BYTES // (k_pad * h * 4)))  # training rows widened per call stay in L2
     drop_rows = max(rows, FUSED_BYTES // max(1, len(positions) * h * m.itemsize))
     ybuf = torch.empty((rows, k, h), dtype=stage)
+    yv = fused.Rows(ybuf.view(rows, k * h))
     yw = np.empty((rows, k_pad, h), np.float32)
     bases = m.typed_arrays()
     work_max = 4 * fused.threads()
@@ -479,12 +475,11 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
     for a in range(0, t, rows):
         b = min(t, a + rows)
         wa, wb = max(a, cs), min(b, cs + lw)
-        yb = ybuf[:max(0, wb - wa)]
         if wb > wa:
             for i, s in enumerate(slots):
-                yb[:, i].copy_(s[ts + wa - cs:ts + wb - cs])
-        y_np, ykind = fused.as_stored(yb)
-        fused.direct(bases, m.fidx, m.offs, h, m.kind, a, b, cs, lw, y_np, ykind, yw, xx, bad, dot, yy, y_ok)
+                ybuf[:wb - wa, i].copy_(s[ts + wa - cs:ts + wb - cs])
+        fused.direct(bases, m.fidx, m.offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
+                     yv.kind, yw, xx, bad, dot, yy, y_ok)
         if b - dropped >= drop_rows or b == t:
             m.drop(dropped, b)
             dropped = b
@@ -495,42 +490,37 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
         return
     js = list(range(len(sums.virt))) if fit_candidates is None else _candidates(sums, fit_candidates)
     assert sums.num is not None and sums.den is not None and sums.gain is not None
+    fdot, fpp, gain = sums.fdot.numpy(), sums.fpp.numpy(), sums.gain.numpy()
+    ys = {i: fused.Rows(slots[i][ts:ts + lw]) for i in sums.fit_idx}
     for j in js:
         g = sums.virt[j]
         base, off = m.arrays[m.fidx[g]], int(m.offs[g])
-        x_row, bad_row = xx[g], bad[g]
         for f, i in enumerate(sums.fit_idx):
-            y, ykind = _stage_view(slots[i][ts:ts + lw])
+            y = ys[i]
             num, den = np.empty(h), np.empty(h)
-            fused.fit_equations(base, off, h, m.kind, cs, lw, x_row, bad_row, y, ykind, y_ok[:, i], num, den,
-                                min(h, work_max))
+            fused.fit_equations(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
+                                num, den, min(h, work_max))
             sums.num[g, f] = torch.from_numpy(num)
             sums.den[g] = torch.from_numpy(den)
         sums.fit([j])
-        gain = sums.gain.numpy()
         for f, i in enumerate(sums.fit_idx):
-            y, ykind = _stage_view(slots[i][ts:ts + lw])
-            fused.fit_scores(base, off, h, m.kind, cs, lw, x_row, bad_row, y, ykind, y_ok[:, i], gain[j, f],
-                             sums.fdot.numpy()[:, j, f], sums.fpp.numpy()[:, j, f], min(max(lw, 1), work_max))
+            y = ys[i]
+            fused.fit_scores(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
+                             gain, j, f, fdot, fpp, min(lw, work_max))
         m.drop(cs, cs + lw, [g])
 
 
-def _stage_view(s: torch.Tensor) -> tuple[np.ndarray, int]:
-    """Rows of one slot as the kernels read them: its own storage where they can, else a float32 copy."""
-    got = _slot_view(s)
-    return got if got is not None else fused.as_stored(s.float())
-
-
-def _fused_max_abs(m: fused.Mapped, sums: Sums, g: int, y: torch.Tensor, i: int, gain: torch.Tensor | None) -> float:
-    """max |training - capture| of slot i against position g (or its fitted column, with ``gain``)."""
+def _fused_max_abs(m: fused.Mapped, sums: Sums, g: int, y: torch.Tensor, i: int, vj: int | None, f: int) -> float:
+    """max |training - capture| of slot i against position g (or its fitted column ``vj``, slot ``f`` of the fit)."""
     cs, lw, h = sums.cs, sums.lw, sums.h
     if lw == 0:
         return 0.0
     out = np.empty(lw, np.float32)
-    yv, ykind = _stage_view(y)
-    g_np = gain.numpy() if gain is not None else np.zeros(h, np.float32)
-    fused.max_abs(m.arrays[m.fidx[g]], int(m.offs[g]), h, m.kind, cs, lw, sums.xx[g].numpy(), sums.bad[g].numpy(),
-                  yv, ykind, sums.y_ok[:, i].numpy(), g_np, gain is not None, out, min(lw, 4 * fused.threads()))
+    yv = fused.Rows(y)
+    gain = sums.gain.numpy() if vj is not None and sums.gain is not None else np.zeros((1, 1, h), np.float32)
+    fused.max_abs(m.arrays[m.fidx[g]], int(m.offs[g]), h, m.kind, cs, lw, sums.xx.numpy(), sums.bad.numpy(), g,
+                  yv.base, yv.off, yv.row, yv.kind, sums.y_ok.numpy(), i, gain, vj or 0, f, vj is not None, out,
+                  min(lw, 4 * fused.threads()))
     m.drop(cs, cs + lw, [g])
     worst = float(out.max())
     return worst if math.isfinite(worst) else float("nan")
