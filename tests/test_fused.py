@@ -26,6 +26,12 @@ pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not instal
 FIELDS = ("score", "rel_diff", "max_abs", "norm_ratio", "per_token")
 
 
+@pytest.fixture(autouse=True)
+def always_compiled(monkeypatch):
+    """Test captures are small: below ``MIN_BYTES`` a fresh process would leave them to torch."""
+    monkeypatch.setattr(fused, "MIN_BYTES", 0)
+
+
 def _slots(run, dtype, nan_row=7):
     slots = [run.p(p).to(dtype).contiguous() for p in (2, N // 2 + 1, N - 2)] + [run.hs[N].to(dtype).contiguous()]
     slots[1] = slots[1].clone()
@@ -170,7 +176,7 @@ def test_a_read_only_install_compiles_in_memory_without_error(tmp_path):
     cmd = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && ! touch {ro}/probe 2>/dev/null && "
            f"exec {sys.executable} -W error {script}")
     env = {**os.environ, "PYTHONPATH": str(ro), "HOME": str(ro / "home"), "XDG_CACHE_HOME": str(ro / "home"),
-           "NUMBA_CACHE_DIR": str(ro / "cache")}
+           "NUMBA_CACHE_DIR": str(ro / "cache"), "EAGLEFORENSICS_FUSED": "1"}
     res = subprocess.run(["unshare", "--mount", "sh", "-c", cmd], env=env, capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]

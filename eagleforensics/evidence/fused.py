@@ -45,7 +45,11 @@ if numba is not None and not os.environ.get("NUMBA_THREADING_LAYER"):
     numba.config.THREADING_LAYER = "workqueue"
 LOCK = threading.Lock()
 
-AVAILABLE = numba is not None and os.environ.get("EAGLEFORENSICS_FUSED", "1") != "0"
+_MODE = os.environ.get("EAGLEFORENSICS_FUSED", "auto")  # 0: never, 1: always, auto: by size
+AVAILABLE = numba is not None and _MODE != "0"
+# Below this many bytes to read, a process that has not loaded the kernels yet leaves the work to
+# torch: loading the cached machine code (~0.5 s) costs more than scoring a small capture.
+MIN_BYTES = 0 if _MODE == "1" else 64 << 20
 BF16, F16, F32 = 0, 1, 2  # how a kernel widens stored values; all arrive as uint16 (fp32 as two)
 EPS = 1e-12  # as sums.EPS / norms.unit_rms
 BLOCK = 256  # elements summed in float32 (vectorised) before each float64 addition
@@ -168,14 +172,15 @@ def _scale(xx: Any, h: int) -> Any:
     return np.float32(1.0) / np.sqrt(np.float32(xx) / np.float32(h) + np.float32(EPS))
 
 
-def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: int, cs: int, lw: int,
-            yb: Any, yoff: int, yrow: int, yslot: int, ykind: int, yw: Any,
+def _direct(base: Any, gidx: Any, offs: Any, h: int, kind: int, r0: int, r1: int, cs: int, lw: int,
+            yb: Any, yoff: int, yrow: int, yslot: int, ykind: int, widen_y: bool, yw: Any,
             xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any) -> None:
-    """Rows [r0, r1) of every position: squared norms and finiteness; in the aligned window also the
-    slot products. Training row r of the window part of [r0, r1), slot k, starts at unit
-    ``yoff + r*yrow + k*yslot`` of ``yb``; ``yw`` [>= rows, K rounded up to 4, H] float32 is scratch.
-    Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]); a bad row is
-    zero in every product, as in the torch path.
+    """Rows [r0, r1) of the positions ``gidx`` (row 0 of each at unit ``offs`` of ``base``, one file):
+    squared norms and finiteness; in the aligned window also the slot products. Training row r of
+    the window part of [r0, r1), slot k, starts at unit ``yoff + r*yrow + k*yslot`` of ``yb``; they
+    are widened into ``yw`` [>= rows, K rounded up to 4, H] when ``widen_y`` (else ``yw`` holds them
+    from a call on another file). Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K];
+    yy, y_ok [Lw, K]); a bad row is zero in every product, as in the torch path.
 
     The training rows are widened once (a few rows, sized to stay in L2 cache); then each
     position's rows are read in file order, one position per work item."""
@@ -183,7 +188,7 @@ def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: in
     k_pad = yw.shape[1]
     wa, wb = max(r0, cs), min(r1, cs + lw)
     step = h * _units(kind)
-    for r in prange(max(0, wb - wa)):
+    for r in prange(max(0, wb - wa) if widen_y else 0):
         j = wa + r - cs
         for k in range(k_pad):
             if k >= k_count:
@@ -198,13 +203,13 @@ def _direct(bases: Any, fidx: Any, offs: Any, h: int, kind: int, r0: int, r1: in
             yy[j, k] = np.float32(s) if ok else 0.0
             if not ok:
                 yw[r, k, :] = 0.0
-    for g in prange(offs.shape[0]):
+    for q in prange(offs.shape[0]):
+        g = gidx[q]
         xf = np.empty(h, np.float32)
         xu = xf.view(np.uint32)
         part = np.empty(5)
-        base = bases[fidx[g]]
         for i in range(r0, r1):
-            _widen(base, offs[g] + i * step, h, kind, xf, xu)
+            _widen(base, offs[q] + i * step, h, kind, xf, xu)
             if not (wa <= i < wb):
                 s = _sq64(xf, h)
             else:
@@ -349,6 +354,14 @@ def threads() -> int:
     return int(numba.get_num_threads()) if numba is not None else 1
 
 
+def wanted(nbytes: int) -> bool:
+    """Whether to score ``nbytes`` of stored values with the kernels: numba present and allowed, and
+    the work large enough to pay for loading them (or they are loaded already in this process)."""
+    if not AVAILABLE:
+        return False
+    return nbytes >= MIN_BYTES or any(getattr(k, "signatures", None) for k in (direct, row_stats_kernel))
+
+
 # ---- torch tensors and files as the kernels' uint16 views ---------------------------------------
 
 _KINDS = {"bfloat16": BF16, "float16": F16, "float32": F32}
@@ -386,7 +399,8 @@ def row_stats(t: Any) -> tuple[Any, Any] | None:
     or None where the kernels cannot read it without a copy (no numba, another dtype or device)."""
     import torch
 
-    if not AVAILABLE or t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1:
+    if t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1 \
+            or not wanted(t.numel() * t.element_size()):
         return None
     y = Rows(t)
     norms = torch.empty(t.shape[0], dtype=torch.float32)
@@ -441,10 +455,12 @@ class Mapped:
             return None
         return cls(maps, arrays, np.array(fidx, np.int64), np.array(offs, np.int64), kind, 4 if kind == F32 else 2, h)
 
-    def typed_arrays(self) -> Any:
-        out = numba.typed.List()
-        for a in self.arrays:
-            out.append(a)
+    def groups(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per file: (its uint16 view, the indices of its positions, their unit offsets)."""
+        out = []
+        for f, arr in enumerate(self.arrays):
+            idx = np.flatnonzero(self.fidx == f).astype(np.int64)
+            out.append((arr, idx, self.offs[idx]))
         return out
 
     def drop(self, r0: int, r1: int, positions: Any = None) -> None:

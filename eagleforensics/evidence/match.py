@@ -132,7 +132,9 @@ def score_slots(
     k, length = len(slots), max(int(length), 0)
     h = int(slots[0].shape[1]) if slots else src.h
     sums = Sums(k, len(positions), src.t, length, capture_start, h, fit_idx, virt, dev)
-    mapped = _mapped(src, positions, h) if dev.type == "cpu" and src.streams and k and fused.AVAILABLE else None
+    size = torch.empty((), dtype=_stage_dtype(src)).element_size()
+    mapped = _mapped(src, positions, h) if dev.type == "cpu" and src.streams and k and fused.wanted(
+        len(positions) * src.t * h * size) else None
     with _workers(dev) as (pool, workers):
         if dev.type == "cuda":
             _position_major(src, positions, sums, slots, train_start, progress, gpu=True)
@@ -469,7 +471,7 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
     ybuf = torch.empty((rows, k, h), dtype=stage)
     yv = fused.Rows(ybuf.view(rows, k * h))
     yw = np.empty((rows, k_pad, h), np.float32)
-    bases = m.typed_arrays()
+    groups = m.groups()
     work_max = 4 * fused.threads()
     dropped = 0
     for a in range(0, t, rows):
@@ -478,8 +480,9 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
         if wb > wa:
             for i, s in enumerate(slots):
                 ybuf[:wb - wa, i].copy_(s[ts + wa - cs:ts + wb - cs])
-        fused.direct(bases, m.fidx, m.offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
-                     yv.kind, yw, xx, bad, dot, yy, y_ok)
+        for f, (base, gidx, offs) in enumerate(groups):  # one call per file; the first widens the training rows
+            fused.direct(base, gidx, offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
+                         yv.kind, f == 0, yw, xx, bad, dot, yy, y_ok)
         if b - dropped >= drop_rows or b == t:
             m.drop(dropped, b)
             dropped = b
