@@ -27,6 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -314,15 +315,18 @@ def _max_abs(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, 
                 continue
             _widen(base, off + i * step, h, kind, xf, xu)
             _widen(yb, yoff + j * yrow, h, ykind, yf, yu)
-            worst = np.float32(0.0)
             if fitted:
                 scale = _scale(xx[g, i], h)
                 for q in range(h):
-                    worst = max(worst, abs(yf[q] - xf[q] * scale * gain[vj, f, q]))
+                    xf[q] = abs(yf[q] - xf[q] * scale * gain[vj, f, q])
             else:
                 for q in range(h):
-                    worst = max(worst, abs(yf[q] - xf[q]))
-            out[j] = worst
+                    xf[q] = abs(yf[q] - xf[q])
+            worst = np.uint32(0)
+            for q in range(h):  # non-negative floats order as their bits: an integer max vectorises
+                worst = max(worst, xu[q])
+            xu[0] = worst
+            out[j] = xf[0]
 
 
 def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms: Any, bad: Any, work: int) -> None:
@@ -394,20 +398,34 @@ class Rows:
         self.keep = t  # the storage must outlive the view
 
 
+_STATS: "OrderedDict[tuple[Any, ...], tuple[Any, Any, Any]]" = OrderedDict()
+STATS_KEPT = 8  # recent row_stats results: align asks for a slot's norms and its NaN rows separately
+
+
 def row_stats(t: Any) -> tuple[Any, Any] | None:
     """(per-row L2 norms float32, per-row NaN/Inf flags) of a CPU [T, H] torch tensor in one pass,
-    or None where the kernels cannot read it without a copy (no numba, another dtype or device)."""
+    or None where the kernels cannot read it without a copy (no numba, another dtype or device).
+
+    The last few results are kept with the tensor they describe (so its memory cannot be reused
+    for another while the entry lives) and reused while its data are unchanged (same version)."""
     import torch
 
     if t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1 \
             or not wanted(t.numel() * t.element_size()):
         return None
-    y = Rows(t)
-    norms = torch.empty(t.shape[0], dtype=torch.float32)
-    bad = torch.empty(t.shape[0], dtype=torch.bool)
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
     with LOCK:
+        hit = _STATS.get(key)
+        if hit is not None:
+            return hit[1].clone(), hit[2].clone()
+        y = Rows(t)
+        norms = torch.empty(t.shape[0], dtype=torch.float32)
+        bad = torch.empty(t.shape[0], dtype=torch.bool)
         row_stats_kernel(y.base, y.off, y.row, t.shape[0], t.shape[1], y.kind, norms.numpy(), bad.numpy(),
                          max(1, min(t.shape[0], 4 * threads())))
+        _STATS[key] = (t, norms.clone(), bad.clone())
+        while len(_STATS) > STATS_KEPT:
+            _STATS.popitem(last=False)
     return norms, bad
 
 
