@@ -21,6 +21,7 @@ checked against free disk space first, and are deleted afterwards unless ``--kee
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -202,7 +203,7 @@ def main() -> None:
                             os.environ.update(MODES[mode][0])
                             from eagleforensics.evidence import fused
 
-                            fused.AVAILABLE = mode != "torch" and fused.numba is not None
+                            fused.AVAILABLE = mode != "torch" and importlib.util.find_spec("numba") is not None
                             fused.MIN_BYTES = 0
                             rows[str(t)]["modes"][mode]["inproc_s"] = inproc_seconds(
                                 sweeps[t], MODES[mode][1], args.repeat)

@@ -42,8 +42,9 @@ def _slots(run, dtype, nan_row=7):
 def _both(monkeypatch, slots, cap, window, fit_candidates):
     """(compiled, torch) score matrices of the same call; asserts the compiled kernels really ran."""
     calls = []
-    real = fused.direct
-    monkeypatch.setattr(fused, "direct", lambda *a: calls.append(1) or real(*a))
+    kern = fused.kernels()
+    real = kern.direct
+    monkeypatch.setattr(kern, "direct", lambda *a: calls.append(1) or real(*a))
     fit = [False, False, False, True]
     got = match.score_slots(slots, fit, cap.positions, cap, *window, fit_candidates=fit_candidates)
     assert calls, "the compiled path did not run"
@@ -147,7 +148,7 @@ def _child(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
 
 
 def test_without_numba_the_torch_path_gives_the_same_answer(tmp_path):
-    code = ("import sys, json; sys.modules['numba'] = None\n"
+    code = ("import sys, json; sys.modules['numba'] = None\nimport os; os.environ['EAGLEFORENSICS_FUSED'] = '1'\n"
             "from eagleforensics.alignment import align\nfrom eagleforensics.evidence import fused\n"
             "assert not fused.AVAILABLE\n"
             f"r = align({str(SAMPLES / 'record_wrong_fix.pt')!r}, {str(SAMPLES / 'capture_sweep.safetensors')!r})\n"
@@ -170,7 +171,7 @@ def test_a_read_only_install_compiles_in_memory_without_error(tmp_path):
     code = ("import torch\nfrom eagleforensics.evidence import fused, norms\n"
             "x = torch.randn(8, 64).to(torch.bfloat16)\n"
             "assert torch.allclose(norms.token_norms(x), torch.linalg.vector_norm(x.float(), dim=-1))\n"
-            "print(type(fused.row_stats_kernel._cache).__name__)")
+            "print(type(fused.kernels().row_stats._cache).__name__)")
     script = tmp_path / "child.py"
     script.write_text(code)
     cmd = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && ! touch {ro}/probe 2>/dev/null && "

@@ -24,30 +24,21 @@ install) it is compiled in memory at each start instead.
 """
 from __future__ import annotations
 
+import importlib.util
 import mmap
 import os
+import types
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
 
-try:  # optional at run time: the torch path covers every case
-    import numba
-    from numba import prange
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    numba = None
-    prange = range
-
-if numba is not None and not os.environ.get("NUMBA_THREADING_LAYER"):
-    # numba's own pthread pool: threads sleep when idle. OpenMP threads spin at every join, and
-    # with another process on a core a 2-thread kernel ran 5-10x slower than one thread.
-    # The pool takes one launch at a time: ``LOCK`` serialises callers from several threads.
-    numba.config.THREADING_LAYER = "workqueue"
-LOCK = threading.Lock()
+prange = range  # numba.prange once ``kernels()`` has imported numba (0.3 s, paid only when they are used)
+LOCK = threading.RLock()  # one launch at a time: numba's workqueue pool takes no concurrent launches
 
 _MODE = os.environ.get("EAGLEFORENSICS_FUSED", "auto")  # 0: never, 1: always, auto: by size
-AVAILABLE = numba is not None and _MODE != "0"
+AVAILABLE = _MODE != "0" and importlib.util.find_spec("numba") is not None
 # Below this many bytes to read, a process that has not loaded the kernels yet leaves the work to
 # torch: loading the cached machine code (~0.5 s) costs more than scoring a small capture.
 MIN_BYTES = 0 if _MODE == "1" else 64 << 20
@@ -58,10 +49,8 @@ Y_BYTES = 512 << 10  # widened training rows per ``direct`` call: they stay in L
 _FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf rows must stay visible
 
 
-def _jit(fn: Callable[..., Any], parallel: bool = True) -> Any:
+def _jit(numba: Any, fn: Callable[..., Any], parallel: bool = True) -> Any:
     """``njit(parallel, cache=True)``; in memory only where no cache folder can be written (read-only install)."""
-    if numba is None:
-        return fn
     opts = dict(parallel=parallel, nogil=True, fastmath=_FLAGS)
     try:
         return numba.njit(cache=True, **opts)(fn)
@@ -343,27 +332,37 @@ def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms:
             bad[r] = not np.isfinite(s)
 
 
-if numba is not None:
-    for _name in ("_units", "_widen", "_sq64", "_dot64", "_row4", "_scale"):
-        globals()[_name] = numba.njit(inline="always", fastmath=_FLAGS)(globals()[_name])
-    _sq_exact = numba.njit(fastmath=_FLAGS)(_sq_exact)
-direct = _jit(_direct)
-fit_equations = _jit(_fit_equations)
-fit_scores = _jit(_fit_scores)
-max_abs = _jit(_max_abs)
-row_stats_kernel = _jit(_row_stats)
+_KERNELS: types.SimpleNamespace | None = None
 
 
-def threads() -> int:
-    return int(numba.get_num_threads()) if numba is not None else 1
+def kernels() -> types.SimpleNamespace:
+    """The compiled kernels (``direct``, ``fit_equations``, ``fit_scores``, ``max_abs``, ``row_stats``):
+    numba imported, each loaded from its cache (or compiled) on first call."""
+    global _KERNELS, prange
+    with LOCK:
+        if _KERNELS is None:
+            import numba
+
+            if not os.environ.get("NUMBA_THREADING_LAYER"):
+                # numba's own pthread pool: its threads sleep when idle. OpenMP threads spin at every
+                # join, and with another process on a core a 2-thread kernel ran 5-10x slower.
+                numba.config.THREADING_LAYER = "workqueue"
+            prange = numba.prange
+            g = globals()
+            for name in ("_units", "_widen", "_sq64", "_dot64", "_row4", "_scale"):
+                g[name] = numba.njit(inline="always", fastmath=_FLAGS)(g[name])
+            g["_sq_exact"] = numba.njit(fastmath=_FLAGS)(g["_sq_exact"])
+            _KERNELS = types.SimpleNamespace(
+                direct=_jit(numba, _direct), fit_equations=_jit(numba, _fit_equations),
+                fit_scores=_jit(numba, _fit_scores), max_abs=_jit(numba, _max_abs),
+                row_stats=_jit(numba, _row_stats), threads=int(numba.get_num_threads()))
+    return _KERNELS
 
 
 def wanted(nbytes: int) -> bool:
     """Whether to score ``nbytes`` of stored values with the kernels: numba present and allowed, and
     the work large enough to pay for loading them (or they are loaded already in this process)."""
-    if not AVAILABLE:
-        return False
-    return nbytes >= MIN_BYTES or any(getattr(k, "signatures", None) for k in (direct, row_stats_kernel))
+    return AVAILABLE and (nbytes >= MIN_BYTES or _KERNELS is not None)
 
 
 # ---- torch tensors and files as the kernels' uint16 views ---------------------------------------
@@ -414,6 +413,7 @@ def row_stats(t: Any) -> tuple[Any, Any] | None:
             or not wanted(t.numel() * t.element_size()):
         return None
     key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
+    k = kernels()
     with LOCK:
         hit = _STATS.get(key)
         if hit is not None:
@@ -421,8 +421,8 @@ def row_stats(t: Any) -> tuple[Any, Any] | None:
         y = Rows(t)
         norms = torch.empty(t.shape[0], dtype=torch.float32)
         bad = torch.empty(t.shape[0], dtype=torch.bool)
-        row_stats_kernel(y.base, y.off, y.row, t.shape[0], t.shape[1], y.kind, norms.numpy(), bad.numpy(),
-                         max(1, min(t.shape[0], 4 * threads())))
+        k.row_stats(y.base, y.off, y.row, t.shape[0], t.shape[1], y.kind, norms.numpy(), bad.numpy(),
+                    max(1, min(t.shape[0], 4 * k.threads)))
         _STATS[key] = (t, norms.clone(), bad.clone())
         while len(_STATS) > STATS_KEPT:
             _STATS.popitem(last=False)
@@ -445,7 +445,7 @@ class Mapped:
     @classmethod
     def of(cls, rows: list[Any], h: int) -> "Mapped | None":
         """``rows``: one ``filerows.FileRows`` per position (in the scorer's order)."""
-        if not rows or numba is None:
+        if not rows or not AVAILABLE:
             return None
         kinds = {kind_of(r.dtype) for r in rows}
         if len(kinds) != 1 or None in kinds:

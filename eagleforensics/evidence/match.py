@@ -472,7 +472,8 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
     yv = fused.Rows(ybuf.view(rows, k * h))
     yw = np.empty((rows, k_pad, h), np.float32)
     groups = m.groups()
-    work_max = 4 * fused.threads()
+    kern = fused.kernels()
+    work_max = 4 * kern.threads
     dropped = 0
     for a in range(0, t, rows):
         b = min(t, a + rows)
@@ -481,7 +482,7 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
             for i, s in enumerate(slots):
                 ybuf[:wb - wa, i].copy_(s[ts + wa - cs:ts + wb - cs])
         for f, (base, gidx, offs) in enumerate(groups):  # one call per file; the first widens the training rows
-            fused.direct(base, gidx, offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
+            kern.direct(base, gidx, offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
                          yv.kind, f == 0, yw, xx, bad, dot, yy, y_ok)
         if b - dropped >= drop_rows or b == t:
             m.drop(dropped, b)
@@ -501,14 +502,14 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
         for f, i in enumerate(sums.fit_idx):
             y = ys[i]
             num, den = np.empty(h), np.empty(h)
-            fused.fit_equations(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
+            kern.fit_equations(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
                                 num, den, min(h, work_max))
             sums.num[g, f] = torch.from_numpy(num)
             sums.den[g] = torch.from_numpy(den)
         sums.fit([j])
         for f, i in enumerate(sums.fit_idx):
             y = ys[i]
-            fused.fit_scores(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
+            kern.fit_scores(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
                              gain, j, f, fdot, fpp, min(lw, work_max))
         m.drop(cs, cs + lw, [g])
 
@@ -520,10 +521,11 @@ def _fused_max_abs(m: fused.Mapped, sums: Sums, g: int, y: torch.Tensor, i: int,
         return 0.0
     out = np.empty(lw, np.float32)
     yv = fused.Rows(y)
+    kern = fused.kernels()
     gain = sums.gain.numpy() if vj is not None and sums.gain is not None else np.zeros((1, 1, h), np.float32)
-    fused.max_abs(m.arrays[m.fidx[g]], int(m.offs[g]), h, m.kind, cs, lw, sums.xx.numpy(), sums.bad.numpy(), g,
+    kern.max_abs(m.arrays[m.fidx[g]], int(m.offs[g]), h, m.kind, cs, lw, sums.xx.numpy(), sums.bad.numpy(), g,
                   yv.base, yv.off, yv.row, yv.kind, sums.y_ok.numpy(), i, gain, vj or 0, f, vj is not None, out,
-                  min(lw, 4 * fused.threads()))
+                  min(lw, 4 * kern.threads))
     m.drop(cs, cs + lw, [g])
     worst = float(out.max())
     return worst if math.isfinite(worst) else float("nan")
