@@ -272,7 +272,11 @@ def _print_shape(shape: str, r: dict[str, Any], report: dict[str, Any], tokens: 
     line("marginal GB/s", f"{rate / 1e9:.2f}", [
         f"{r['modes'][m]['marginal_bytes_per_s'] / 1e9:.2f}" if extra(m) > 0.05 else "not measurable" for m in modes])
     line("  / cat read rate", "1.00x", [f"{r['modes'][m]['ratio']:.2f}x" if extra(m) > 0.05 else "" for m in modes])
-    line("  per CPU-second, GB", "", [f"{r['modes'][m]['marginal_bytes_per_cpu_s'] / 1e9:.2f}" for m in modes])
+    def extra_cpu(m: str) -> float:
+        return large["modes"][m]["cpu"] - small["modes"][m]["cpu"]
+
+    line("  per CPU-second, GB", "", [f"{r['modes'][m]['marginal_bytes_per_cpu_s'] / 1e9:.2f}" if extra_cpu(m) > 0.05
+                                     else "not measurable" for m in modes])
     if any("inproc_marginal_bytes_per_s" in r["modes"][m] for m in modes):
         line("in-process marginal / cat", "", [
             f"{r['modes'][m]['inproc_marginal_bytes_per_s'] / rate:.2f}x" if "inproc_marginal_bytes_per_s"
