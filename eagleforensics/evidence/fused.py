@@ -39,12 +39,13 @@ LOCK = threading.RLock()  # one launch at a time: numba's workqueue pool takes n
 
 _MODE = os.environ.get("EAGLEFORENSICS_FUSED", "auto")  # 0: never, 1: always, auto: by size
 AVAILABLE = _MODE != "0" and importlib.util.find_spec("numba") is not None
-# Below this many bytes to read, a process that has not loaded the kernels yet leaves the work to
-# torch: loading the cached machine code (~0.5 s) costs more than scoring a small capture.
+# Below this many bytes to read the work goes to torch: loading the kernels' cached machine code
+# (~0.5 s, and numba's import) costs more than scoring a small capture takes.
 MIN_BYTES = 0 if _MODE == "1" else 64 << 20
 BF16, F16, F32 = 0, 1, 2  # how a kernel widens stored values; all arrive as uint16 (fp32 as two)
 EPS = 1e-12  # as sums.EPS / norms.unit_rms
 BLOCK = 256  # elements summed in float32 (vectorised) before each float64 addition
+REMAP_MARGIN = 2 << 20  # bytes around a dropped block that are dropped again (see ``Mapped.drop``)
 Y_BYTES = 512 << 10  # widened training rows per ``direct`` call: they stay in L2 cache while every position meets them
 _FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf rows must stay visible
 
@@ -361,8 +362,9 @@ def kernels() -> types.SimpleNamespace:
 
 def wanted(nbytes: int) -> bool:
     """Whether to score ``nbytes`` of stored values with the kernels: numba present and allowed, and
-    the work large enough to pay for loading them (or they are loaded already in this process)."""
-    return AVAILABLE and (nbytes >= MIN_BYTES or _KERNELS is not None)
+    the work large enough to pay for loading them. By size alone, never by what ran before in the
+    process, so one input always gets the same numbers (the two paths differ in the last bits)."""
+    return AVAILABLE and nbytes >= MIN_BYTES
 
 
 # ---- torch tensors and files as the kernels' uint16 views ---------------------------------------
@@ -441,6 +443,7 @@ class Mapped:
         self.maps, self.arrays, self.fidx, self.offs = maps, arrays, fidx, offs
         self.kind, self.itemsize, self.h = kind, itemsize, h
         self.page = mmap.PAGESIZE
+        self.t = 0  # rows per position
 
     @classmethod
     def of(cls, rows: list[Any], h: int) -> "Mapped | None":
@@ -471,7 +474,9 @@ class Mapped:
                 offs.append(r.offset // 2)
         except (OSError, ValueError):
             return None
-        return cls(maps, arrays, np.array(fidx, np.int64), np.array(offs, np.int64), kind, 4 if kind == F32 else 2, h)
+        out = cls(maps, arrays, np.array(fidx, np.int64), np.array(offs, np.int64), kind, 4 if kind == F32 else 2, h)
+        out.t = rows[0].rows
+        return out
 
     def groups(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per file: (its uint16 view, the indices of its positions, their unit offsets)."""
@@ -486,9 +491,13 @@ class Mapped:
         row = self.h * self.itemsize
         for g in (range(len(self.offs)) if positions is None else positions):
             mm = self.maps[self.fidx[g]]
-            a = int(self.offs[g]) * 2 + r0 * row
+            first = int(self.offs[g]) * 2
+            # from a little before r0: a fault maps the pages around it (fault-around, or a whole large
+            # folio of the page cache, up to 2 MB), so the block after the last drop re-mapped some
+            # pages before it; the same past a position's last row
+            a = max(first, first + r0 * row - REMAP_MARGIN)
             start = a - a % self.page
-            stop = min(len(mm), int(self.offs[g]) * 2 + r1 * row)
+            stop = min(len(mm), first + r1 * row + (REMAP_MARGIN if r1 >= self.t else 0))
             if stop > start:
                 try:
                     mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
