@@ -138,7 +138,7 @@ def compile_seconds(repeat: int) -> dict[str, float]:
         first = run(cmd, env)[0]
         cached = best(cmd, repeat, env)["wall"]
     torch_path = best(cmd, repeat, MODES["torch"][0])["wall"]
-    auto = best(cmd, repeat)["wall"]  # the default: a capture this small goes to torch in a fresh process
+    auto = best(cmd, repeat)["wall"]  # the default: a capture this small goes to torch
     return {"first": first, "cached": cached, "torch_path": torch_path, "auto": auto}
 
 
