@@ -18,6 +18,10 @@ the same numba type whatever the dtypes (a flat uint16 view plus offsets and row
 each kernel compiles once. Mapped pages are dropped after each block
 (``MADV_DONTNEED``): they stay in the page cache but leave the process's resident memory.
 
+A file cut short before it is mapped goes to the torch path, which names the error; one cut short
+*while* it is being read ends the process with SIGBUS (a mapping cannot raise), where the torch
+path's reads would raise a one-line error.
+
 Without numba (or on CUDA) the torch path in ``match`` runs instead. The compiled code is
 cached next to this file, or in numba's user cache; where neither is writable (a read-only
 install) it is compiled in memory at each start instead.
