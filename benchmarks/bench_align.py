@@ -1,24 +1,27 @@
 """Benchmark ``eagleforensics align`` at Kimi-K2 and Llama-8B shapes: throughput, start-up, peak memory.
 
-    python benchmarks/bench_align.py                   # both shapes, T = 512 and 2048, CPU
-    python benchmarks/bench_align.py --device cuda     # the GPU mode (adds the host-to-device copy rate)
+    python benchmarks/bench_align.py                   # both shapes, T = 512 and 2048, every CPU mode
+    python benchmarks/bench_align.py --device cuda     # adds the GPU mode (and the host-to-device copy rate)
 
-Reports, per shape, in one run:
+Reports, per shape, in one run, side by side for each way of scoring (``cat`` of the file; the
+torch path, ``EAGLEFORENSICS_FUSED=0``; the compiled numba kernels, the default; GPU mode where
+there is a GPU):
 
 * marginal throughput: (capture bytes at T=2048 - at T=512) / (align seconds at 2048 - at 512),
   so interpreter start-up and imports cancel; as a ratio to the page-cache read rate of the
   same file (``cat FILE > /dev/null`` after a warm read, best of 3) measured in the same run;
-* peak RSS of the align process (``wait4`` rusage) over the capture's size, and over and
-  above a bare ``import torch`` process;
+* peak RSS of the align process (``wait4`` rusage) over the capture's size;
 * whether align placed the three aux slots and the post-norm final where they were drawn from.
 
-And once: ``eagleforensics --help`` and ``align`` on data_samples (start-up). Each align
-run is repeated (best wall time kept). Synthetic files go to a temporary folder (or
-``--dir``), checked against free disk space first, and are deleted afterwards unless ``--keep``.
+And once: ``eagleforensics --help``, ``align`` on data_samples (start-up), and the numba
+compile: ``align`` with an empty cache folder, then again with it filled. Each align run is
+repeated (best wall time kept). Synthetic files go to a temporary folder (or ``--dir``),
+checked against free disk space first, and are deleted afterwards unless ``--keep``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -41,11 +44,19 @@ FP_CLI = [sys.executable, "-c", "from eagleforensics.cli.fingerprint import fing
 
 PEAKRSS = Path(__file__).resolve().parent / "peakrss.py"
 
-def run(cmd: list[str]) -> tuple[float, int, int, str, float]:
+MODES = {  # name -> (environment, --device)
+    "torch": ({"EAGLEFORENSICS_FUSED": "0"}, "cpu"),
+    "fused": ({"EAGLEFORENSICS_FUSED": "1"}, "cpu"),
+    "gpu": ({}, "cuda"),
+}
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str, float]:
     """Wall seconds, exit code, peak RSS in bytes (the child's own, via peakrss.py), CPU seconds, stdout."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, str(PEAKRSS), *cmd], stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
+        proc = subprocess.Popen([sys.executable, str(PEAKRSS), *cmd], stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
+                                env={**os.environ, **(env or {})})
         assert proc.stdout is not None
         out = proc.stdout.read()
         proc.stdout.close()
@@ -60,8 +71,8 @@ def run(cmd: list[str]) -> tuple[float, int, int, str, float]:
     return wall, code, peak_kib * 1024, out.decode(), usage.ru_utime + usage.ru_stime
 
 
-def best(cmd: list[str], repeat: int) -> dict[str, Any]:
-    runs = [run(cmd) for _ in range(repeat)]
+def best(cmd: list[str], repeat: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    runs = [run(cmd, env) for _ in range(repeat)]
     wall = min(r[0] for r in runs)
     return {"wall": wall, "rc": runs[0][1], "rss": max(r[2] for r in runs), "out": runs[0][3],
             "cpu": min(r[4] for r in runs)}
@@ -119,21 +130,36 @@ def h2d_rate(nbytes: int = 1 << 30) -> dict[str, float]:
     return out
 
 
+def compile_seconds(repeat: int) -> dict[str, float]:
+    """``align`` on the safetensors sample with an empty numba cache folder (compiles), then with it filled."""
+    cmd = [*CLI, "align", "data_samples/record_layer_outputs.pt", "data_samples/capture_sweep.safetensors"]
+    with tempfile.TemporaryDirectory(prefix="ef-numba-") as cache:
+        env = {"NUMBA_CACHE_DIR": cache, "EAGLEFORENSICS_FUSED": "1"}
+        first = run(cmd, env)[0]
+        cached = best(cmd, repeat, env)["wall"]
+    torch_path = best(cmd, repeat, MODES["torch"][0])["wall"]
+    auto = best(cmd, repeat)["wall"]  # the default: a capture this small goes to torch
+    return {"first": first, "cached": cached, "torch_path": torch_path, "auto": auto}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--tokens", nargs=2, type=int, default=[512, 2048], metavar=("T_SMALL", "T_LARGE"))
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
+                    help="cuda/auto add the GPU mode beside the CPU ones")
+    ap.add_argument("--modes", nargs="+", default=None, choices=list(MODES),
+                    help="which ways of scoring to time (default: torch and fused, plus gpu with --device cuda)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where the synthetic files go (default: a temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic files")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--no-fingerprint", action="store_true", help="skip fingerprinting the large sweep")
     ap.add_argument("--inproc", action="store_true",
-                    help="also time align inside this process after a warm-up (GPU mode: CUDA start-up varies by "
-                         "seconds between processes, more than the whole sweep takes)")
+                    help="also time align inside this process after a warm-up (always for the GPU mode: CUDA "
+                         "start-up varies by seconds between processes, more than the whole sweep takes)")
     args = ap.parse_args()
-    args.inproc = args.inproc or args.device != "cpu"
+    modes = args.modes or ["torch", "fused"] + (["gpu"] if args.device != "cpu" else [])
 
     need = sum(62 * t * h * 2 * 1.1 + 4 * t * h * 2 for s in args.shapes for n, h in [SHAPES[s]] for t in args.tokens)
     folder = args.dir or Path(tempfile.mkdtemp(prefix="ef-bench-"))
@@ -141,101 +167,133 @@ def main() -> None:
     free = shutil.disk_usage(folder).free
     if free < need * 1.2:
         raise SystemExit(f"{folder}: {free / 1e9:.1f} GB free, the synthetic sweeps need {need / 1e9:.1f} GB")
-    report: dict[str, Any] = {"device": args.device, "cpus": os.cpu_count(), "shapes": {},
-                              "load_before": os.getloadavg()[0]}
+    report: dict[str, Any] = {"device": args.device, "modes": modes, "cpus": os.cpu_count(), "shapes": {},
+                              "load_before": os.getloadavg()}
     try:
         report["help_s"] = best([*CLI, "--help"], 5)["wall"]
-        tiny = best([*CLI, "align", "data_samples/record_layer_outputs.pt", "data_samples/capture.pt",
-                     "--device", args.device], args.repeat)
-        report["tiny_align_s"] = tiny["wall"]
+        report["compile"] = compile_seconds(args.repeat)
         report["import_torch_rss"] = best([sys.executable, "-c", "import torch"], 1)["rss"]
-        if args.device != "cpu":
+        if "gpu" in modes:
             import torch
 
             if torch.cuda.is_available():
                 report["h2d"] = h2d_rate()
+            else:
+                modes.remove("gpu")
         for shape in args.shapes:
             rows: dict[str, Any] = {}
+            sweeps = {}
             for t in args.tokens:
                 t0 = time.perf_counter()
-                sweep = write_sweep(folder, shape, t)
-                made = time.perf_counter() - t0
-                rate = read_rate(sweep.capture)
-                res = best([*CLI, "align", str(sweep.record), str(sweep.capture), "--json", "--device", args.device],
-                           args.repeat)
-                rows[str(t)] = {"bytes": sweep.capture_bytes, "read_rate": rate, "wall": res["wall"], "cpu": res["cpu"],
-                                "rss": res["rss"], "rc": res["rc"], "placed_right": placed_right(res["out"], sweep),
-                                "write_s": made, "out": res["out"]}
+                sweep = sweeps[t] = write_sweep(folder, shape, t)
+                row: dict[str, Any] = {"bytes": sweep.capture_bytes, "write_s": time.perf_counter() - t0,
+                                       "read_rate": read_rate(sweep.capture), "modes": {}}
+                for mode in modes:
+                    env, device = MODES[mode]
+                    res = best([*CLI, "align", str(sweep.record), str(sweep.capture), "--json", "--device", device],
+                               args.repeat, env)
+                    row["modes"][mode] = {"wall": res["wall"], "cpu": res["cpu"], "rss": res["rss"], "rc": res["rc"],
+                                          "placed_right": placed_right(res["out"], sweep), "out": res["out"]}
+                rows[str(t)] = row
             small, large = (rows[str(t)] for t in args.tokens)
-            if args.inproc:
-                for t in args.tokens:
-                    rows[str(t)]["inproc_s"] = inproc_seconds(write_sweep(folder, shape, t), args.device, args.repeat)
+            if args.inproc or "gpu" in modes:
+                for mode in modes:
+                    if mode == "gpu" or args.inproc:
+                        for t in args.tokens:
+                            os.environ.update(MODES[mode][0])
+                            from eagleforensics.evidence import fused
+
+                            fused.AVAILABLE = mode != "torch" and importlib.util.find_spec("numba") is not None
+                            fused.MIN_BYTES = 0
+                            rows[str(t)]["modes"][mode]["inproc_s"] = inproc_seconds(
+                                sweeps[t], MODES[mode][1], args.repeat)
             if not args.no_fingerprint:
                 fp = folder / f"{shape}-T{args.tokens[1]}.fp.json"
-                made = best([*FP_CLI, str(sweep.capture), "-o", str(fp), "--device", args.device], 1)
-                est = best([*CLI, "align", str(sweep.record), str(fp), "--json"], 1)
-                same = json.loads(est["out"])["verdict"] == json.loads(large["out"])["verdict"]
+                made = best([*FP_CLI, str(sweeps[args.tokens[1]].capture), "-o", str(fp)], 1)
+                est = best([*CLI, "align", str(sweeps[args.tokens[1]].record), str(fp), "--json"], 1)
+                same = json.loads(est["out"])["verdict"] == json.loads(large["modes"][modes[0]]["out"])["verdict"]
                 large["fingerprint"] = {"write_s": made["wall"], "bytes": fp.stat().st_size, "align_s": est["wall"],
                                         "same_verdict": same}
             extra_bytes = large["bytes"] - small["bytes"]
-            extra_s = max(large["wall"] - small["wall"], 1e-9)
             rate = max(small["read_rate"], large["read_rate"])  # the faster cat: the harder bar
-            report["shapes"][shape] = {
-                "by_tokens": rows, "marginal_bytes_per_s": extra_bytes / extra_s,
-                "marginal_bytes_per_cpu_s": extra_bytes / max(large["cpu"] - small["cpu"], 1e-9),
-                "read_rate": rate, "ratio": extra_bytes / extra_s / rate,
-                "rss_over_capture": large["rss"] / large["bytes"],
-                "rss_above_torch_over_capture": (large["rss"] - report["import_torch_rss"]) / large["bytes"],
-            }
-            if args.inproc:
-                report["shapes"][shape]["inproc_marginal_bytes_per_s"] = extra_bytes / max(
-                    large["inproc_s"] - small["inproc_s"], 1e-9)
-            _print_shape(shape, report["shapes"][shape], report)
+            summary: dict[str, Any] = {"by_tokens": rows, "read_rate": rate, "modes": {}}
+            for mode in modes:
+                a, b = small["modes"][mode], large["modes"][mode]
+                m = {"marginal_bytes_per_s": extra_bytes / max(b["wall"] - a["wall"], 1e-9),
+                     "marginal_bytes_per_cpu_s": extra_bytes / max(b["cpu"] - a["cpu"], 1e-9),
+                     "rss_over_capture": b["rss"] / large["bytes"],
+                     "rss_over_capture_small": a["rss"] / small["bytes"],
+                     "all_right": a["placed_right"] and b["placed_right"]}
+                m["ratio"] = m["marginal_bytes_per_s"] / rate
+                if "inproc_s" in b:
+                    m["inproc_marginal_bytes_per_s"] = extra_bytes / max(b["inproc_s"] - a["inproc_s"], 1e-9)
+                summary["modes"][mode] = m
+            report["shapes"][shape] = summary
+            _print_shape(shape, summary, report, args.tokens)
     finally:
         if args.dir is None and not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    report["load_after"] = os.getloadavg()[0]
-    print(f"load average (1 min) before {report['load_before']:.2f}, after {report['load_after']:.2f} "
-          f"on {report['cpus']} CPUs: other processes share these cores and slow every figure")
-    print(f"start-up: eagleforensics --help {report['help_s']:.3f} s; align on data_samples {report['tiny_align_s']:.2f} s"
-          f"; bare `import torch` peak RSS {report['import_torch_rss'] / 2**20:.0f} MiB")
+    report["load_after"] = os.getloadavg()
+    print(f"\nload average (1/5/15 min) before {'/'.join(f'{x:.1f}' for x in report['load_before'])}, after "
+          f"{'/'.join(f'{x:.1f}' for x in report['load_after'])} on {report['cpus']} CPUs: other processes "
+          "share these cores and slow every figure")
+    c = report["compile"]
+    print(f"start-up: eagleforensics --help {report['help_s']:.3f} s; align on the safetensors sample "
+          f"{c['cached']:.2f} s (numba cache filled), {c['first']:.2f} s with an empty cache (compiling), "
+          f"{c['torch_path']:.2f} s on the torch path, {c['auto']:.2f} s by default; bare `import torch` peak RSS "
+          f"{report['import_torch_rss'] / 2**20:.0f} MiB")
     if "h2d" in report:
         print("host-to-device copy: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in report["h2d"].items()))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2))
 
 
-def _print_shape(shape: str, r: dict[str, Any], report: dict[str, Any]) -> None:
+def _print_shape(shape: str, r: dict[str, Any], report: dict[str, Any], tokens: list[int]) -> None:
     n, h = SHAPES[shape]
-    print(f"\n{shape} (N={n}, H={h}), device {report['device']}")
-    for t, row in r["by_tokens"].items():
-        print(f"  T={t:>5}: capture {row['bytes'] / 1e9:.2f} GB, align {row['wall']:.2f} s ({row['cpu']:.2f} CPU-s) "
-              f"({row['bytes'] / row['wall'] / 1e9:.2f} GB/s overall), peak RSS {row['rss'] / 2**20:.0f} MiB "
-              f"({row['rss'] / row['bytes']:.2f}x capture), cat {row['read_rate'] / 1e9:.1f} GB/s, "
-              f"verdict {'right' if row['placed_right'] else 'WRONG'} (exit {row['rc']})")
-    sizes = sorted(r["by_tokens"], key=int)
-    extra_s = r["by_tokens"][sizes[-1]]["wall"] - r["by_tokens"][sizes[0]]["wall"]
-    if report["device"] != "cpu" or extra_s < 0.05:
-        rate = (f"  marginal throughput between processes: not measurable (start-up varies by more than the "
-                f"extra {extra_s:+.2f} s); see in-process below")
-    else:
-        rate = (f"  marginal throughput {r['marginal_bytes_per_s'] / 1e9:.2f} GB/s = {r['ratio']:.2f}x the page-cache "
-                f"read rate ({r['marginal_bytes_per_cpu_s'] / 1e9:.2f} GB per CPU-second)")
-    print(f"{rate}; peak RSS {r['rss_over_capture']:.2f}x capture ({r['rss_above_torch_over_capture']:.2f}x "
-          "above a bare torch import)", flush=True)
-    if "inproc_marginal_bytes_per_s" in r:
-        rate = r["inproc_marginal_bytes_per_s"]
-        secs = ", ".join(f"T={t} {row['inproc_s']:.3f} s" for t, row in r["by_tokens"].items())
-        extra = f", {rate / report['h2d']['pinned']:.2f}x the pinned host-to-device rate" if "h2d" in report else ""
-        print(f"  in-process (warm) align: {secs}; marginal {rate / 1e9:.2f} GB/s = {rate / r['read_rate']:.2f}x "
-              f"the page-cache read rate{extra}", flush=True)
-    for t, row in r["by_tokens"].items():
-        row.pop("out", None)
+    modes = list(r["modes"])
+    rate = r["read_rate"]
+    by = r["by_tokens"]
+    small, large = by[str(tokens[0])], by[str(tokens[1])]
+    width = 24
+    print(f"\n{shape} (N={n}, H={h}): capture {small['bytes'] / 1e9:.2f} / {large['bytes'] / 1e9:.2f} GB at "
+          f"T={tokens[0]} / {tokens[1]}")
+    print(f"  {'':<30}{'cat':>{width}}" + "".join(f"{m:>{width}}" for m in modes))
+
+    def line(label: str, cat: str, cells: list[str]) -> None:
+        print(f"  {label:<30}{cat:>{width}}" + "".join(f"{c:>{width}}" for c in cells))
+
+    for t in tokens:
+        row = by[str(t)]
+        line(f"T={t}: wall s (CPU s)", f"{row['bytes'] / row['read_rate']:.2f}",
+             [f"{row['modes'][m]['wall']:.2f} ({row['modes'][m]['cpu']:.2f})" for m in modes])
+    def extra(m: str) -> float:
+        return large["modes"][m]["wall"] - small["modes"][m]["wall"]
+
+    line("marginal GB/s", f"{rate / 1e9:.2f}", [
+        f"{r['modes'][m]['marginal_bytes_per_s'] / 1e9:.2f}" if extra(m) > 0.05 else "not measurable" for m in modes])
+    line("  / cat read rate", "1.00x", [f"{r['modes'][m]['ratio']:.2f}x" if extra(m) > 0.05 else "" for m in modes])
+    def extra_cpu(m: str) -> float:
+        return large["modes"][m]["cpu"] - small["modes"][m]["cpu"]
+
+    line("  per CPU-second, GB", "", [f"{r['modes'][m]['marginal_bytes_per_cpu_s'] / 1e9:.2f}" if extra_cpu(m) > 0.05
+                                     else "not measurable" for m in modes])
+    if any("inproc_marginal_bytes_per_s" in r["modes"][m] for m in modes):
+        line("in-process marginal / cat", "", [
+            f"{r['modes'][m]['inproc_marginal_bytes_per_s'] / rate:.2f}x" if "inproc_marginal_bytes_per_s"
+            in r["modes"][m] else "" for m in modes])
+    line(f"peak RSS / capture T={tokens[0]}", "", [f"{r['modes'][m]['rss_over_capture_small']:.2f}x" for m in modes])
+    line(f"peak RSS / capture T={tokens[1]}", "", [
+        f"{r['modes'][m]['rss_over_capture']:.2f}x ({large['modes'][m]['rss'] / 2**20:.0f} MiB)" for m in modes])
+    line("verdict", "", ["right" if r["modes"][m]["all_right"] else "WRONG" for m in modes])
+    for t, row in by.items():
+        for m in modes:
+            row["modes"][m].pop("out", None)
         f = row.get("fingerprint")
         if f:
             print(f"  fingerprint of T={t}: written in {f['write_s']:.2f} s, {f['bytes'] / 1e6:.1f} MB "
                   f"({f['bytes'] / row['bytes']:.1%} of the capture); align on it {f['align_s']:.2f} s, "
                   f"verdict {'the same as' if f['same_verdict'] else 'DIFFERENT from'} the full capture's", flush=True)
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

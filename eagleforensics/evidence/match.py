@@ -45,6 +45,7 @@ import torch
 from ..errors import ForensicsError
 from ..io.prefetch import Prefetch
 from ..positions import Position
+from . import fused
 from .sums import Sums
 
 CHUNK_BYTES = 4 << 20  # float32 block [L, P, H] reduced at once on CPU (measured best on a 2-core Zen 4)
@@ -52,6 +53,7 @@ READ_BYTES = 16 << 20  # one read buffer of [rows, P, H] stored values (two are 
 READ_ROWS = 64  # at most this many rows of every position per read
 GPU_READERS = 4  # reader threads filling pinned buffers in GPU mode; env EAGLEFORENSICS_READERS overrides
 FIT_CANDIDATES = 4  # CPU: fitted columns at the raw positions each post-norm slot resembles most
+FUSED_BYTES = 32 << 20  # CPU, compiled path: capture bytes (all positions) per kernel call; their pages are then dropped
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -95,6 +97,7 @@ class _Source:
     def __init__(self, read: Any, positions: list[Position]) -> None:
         owner = getattr(read, "__self__", None)
         read = owner if hasattr(owner, "read_rows") else read  # Capture.read given: use its capture
+        self.capture = read if hasattr(read, "read_rows") else None
         if hasattr(read, "read_rows"):  # a capture.Capture
             self.rows, self.t, self.streams = read.read_rows, int(read.num_tokens), bool(read.streams)
             self.full = read.read
@@ -129,14 +132,20 @@ def score_slots(
     k, length = len(slots), max(int(length), 0)
     h = int(slots[0].shape[1]) if slots else src.h
     sums = Sums(k, len(positions), src.t, length, capture_start, h, fit_idx, virt, dev)
+    size = torch.empty((), dtype=_stage_dtype(src)).element_size()
+    mapped = _mapped(src, positions, h) if dev.type == "cpu" and src.streams and k and fused.wanted(
+        len(positions) * src.t * h * size) else None
     with _workers(dev) as (pool, workers):
         if dev.type == "cuda":
             _position_major(src, positions, sums, slots, train_start, progress, gpu=True)
+        elif mapped is not None:
+            with fused.LOCK:
+                _fused_sweep(mapped, positions, sums, slots, train_start, progress, fit_candidates)
         elif src.streams:
             _token_major(src, positions, sums, slots, train_start, progress, fit_candidates, pool, workers)
         else:
             _position_major(src, positions, sums, slots, train_start, progress, gpu=False)
-        return _assemble(sums, positions, columns, src, slots, train_start, fit_idx, virt, pool)
+        return _assemble(sums, positions, columns, src, slots, train_start, fit_idx, virt, pool, mapped)
 
 
 @contextmanager
@@ -338,7 +347,7 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
 
 def _assemble(sums: Sums, positions: list[Position], columns: list[Position], src: _Source,
               slots: list[torch.Tensor], ts: int, fit_idx: list[int], virt: list[int],
-              pool: ThreadPoolExecutor) -> ScoreMatrix:
+              pool: ThreadPoolExecutor, mapped: fused.Mapped | None = None) -> ScoreMatrix:
     """Turn the sums into the slots x columns matrices, then the max abs error of each slot's best column."""
     k, lw = sums.k, sums.lw
     col = {c: j for j, c in enumerate(columns)}
@@ -363,14 +372,15 @@ def _assemble(sums: Sums, positions: list[Position], columns: list[Position], sr
     norms = {p: xx[g].clamp_min(0).sqrt().numpy() for g, p in enumerate(positions)}
     bad = sums.bad.sum(1).cpu()
     nonfinite = {p: int(bad[g]) for g, p in enumerate(positions)}
-    _fill_max_abs(out["score"], out["max_abs"], columns, positions, sums, src, slots, ts, fit_idx, virt, pool)
+    _fill_max_abs(out["score"], out["max_abs"], columns, positions, sums, src, slots, ts, fit_idx, virt, pool,
+                  mapped)
     return ScoreMatrix(columns, out["score"], out["rel_diff"], out["max_abs"], out["norm_ratio"], tokens,
                        per_token, norms, nonfinite, device=str(sums.device))
 
 
 def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position], positions: list[Position],
                   sums: Sums, src: _Source, slots: list[torch.Tensor], ts: int, fit_idx: list[int],
-                  virt: list[int], pool: ThreadPoolExecutor) -> None:
+                  virt: list[int], pool: ThreadPoolExecutor, mapped: fused.Mapped | None = None) -> None:
     """max |training - capture| over valid aligned tokens, for each slot's best column (one more read of it)."""
     index = {p: g for g, p in enumerate(positions)}
     virt_of = {g: j for j, g in enumerate(virt)}
@@ -412,5 +422,110 @@ def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position
         for c, (i, j, _vj) in enumerate(cells):
             max_abs[i, j] = worst[c] if math.isfinite(worst[c]) else np.nan
 
+    if mapped is not None:  # compiled kernels, one at a time (each is parallel already)
+        with fused.LOCK:
+            _fused_cells(mapped, sums, wanted, slots, ts, fit_idx, max_abs)
+        return
     for f in [pool.submit(one, g, cells) for g, cells in wanted.items()]:
         f.result()
+
+
+def _fused_cells(mapped: fused.Mapped, sums: Sums, wanted: dict[int, list[tuple[int, int, int | None]]],
+                 slots: list[torch.Tensor], ts: int, fit_idx: list[int], max_abs: np.ndarray) -> None:
+    """``_fill_max_abs`` through the compiled kernel: position g of each (slot i, column j, virtual j) cell."""
+    for g, cells in wanted.items():
+        for i, j, vj in cells:
+            f = fit_idx.index(i) if vj is not None else 0
+            max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, vj, f)
+
+
+def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | None:
+    """The capture's positions as memory-mapped arrays for the compiled kernels, when each is a plain
+    row block of a file (``filerows.FileRows`` behind ``Capture.read_rows``); None otherwise."""
+    from ..io.filerows import FileRows
+
+    cap = src.capture
+    if cap is None or not hasattr(cap, "readers"):
+        return None
+    rows = []
+    for pos in positions:
+        reader = getattr(getattr(cap.readers.get(pos), "_rows", None), "__self__", None)
+        if not isinstance(reader, FileRows) or reader.rows != src.t:
+            return None
+        rows.append(reader)
+    return fused.Mapped.of(rows, h)
+
+
+def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: list[torch.Tensor], ts: int,
+                 progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
+    """CPU, compiled: one pass over every row of every position (norms, slot products), a block of rows
+    at a time straight from the mapped file; then the fitted columns (two reads of each candidate)."""
+    h, cs, lw, t, k = sums.h, sums.cs, sums.lw, sums.t, sums.k
+    xx, bad, dot = sums.xx.numpy(), sums.bad.numpy(), sums.dot.numpy()
+    yy, y_ok = sums.yy.numpy(), sums.y_ok.numpy()
+    kinds = {fused.kind_of(s.dtype) for s in slots}
+    stage = slots[0].dtype if len(kinds) == 1 and None not in kinds else torch.float32
+    k_pad = max(4, -(-k // 4) * 4)
+    rows = max(1, min(t, fused.Y_BYTES // (k_pad * h * 4)))  # training rows widened per call stay in L2
+    drop_rows = max(rows, FUSED_BYTES // max(1, len(positions) * h * m.itemsize))
+    ybuf = torch.empty((rows, k, h), dtype=stage)
+    yv = fused.Rows(ybuf.view(rows, k * h))
+    yw = np.empty((rows, k_pad, h), np.float32)
+    groups = m.groups()
+    kern = fused.kernels()
+    work_max = 4 * kern.threads
+    dropped = 0
+    for a in range(0, t, rows):
+        b = min(t, a + rows)
+        wa, wb = max(a, cs), min(b, cs + lw)
+        if wb > wa:
+            for i, s in enumerate(slots):
+                ybuf[:wb - wa, i].copy_(s[ts + wa - cs:ts + wb - cs])
+        for f, (base, gidx, offs) in enumerate(groups):  # one call per file; the first widens the training rows
+            kern.direct(base, gidx, offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
+                         yv.kind, f == 0, yw, xx, bad, dot, yy, y_ok)
+        if b - dropped >= drop_rows or b == t:
+            m.drop(dropped, b)
+            dropped = b
+    if progress is not None:
+        for pos in positions:
+            progress(pos)
+    if not sums.virt or not lw:
+        return
+    js = list(range(len(sums.virt))) if fit_candidates is None else _candidates(sums, fit_candidates)
+    assert sums.num is not None and sums.den is not None and sums.gain is not None
+    fdot, fpp, gain = sums.fdot.numpy(), sums.fpp.numpy(), sums.gain.numpy()
+    ys = {i: fused.Rows(slots[i][ts:ts + lw]) for i in sums.fit_idx}
+    for j in js:
+        g = sums.virt[j]
+        base, off = m.arrays[m.fidx[g]], int(m.offs[g])
+        for f, i in enumerate(sums.fit_idx):
+            y = ys[i]
+            num, den = np.empty(h), np.empty(h)
+            kern.fit_equations(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
+                                num, den, min(h, work_max))
+            sums.num[g, f] = torch.from_numpy(num)
+            sums.den[g] = torch.from_numpy(den)
+        sums.fit([j])
+        for f, i in enumerate(sums.fit_idx):
+            y = ys[i]
+            kern.fit_scores(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
+                             gain, j, f, fdot, fpp, min(lw, work_max))
+        m.drop(cs, cs + lw, [g])
+
+
+def _fused_max_abs(m: fused.Mapped, sums: Sums, g: int, y: torch.Tensor, i: int, vj: int | None, f: int) -> float:
+    """max |training - capture| of slot i against position g (or its fitted column ``vj``, slot ``f`` of the fit)."""
+    cs, lw, h = sums.cs, sums.lw, sums.h
+    if lw == 0:
+        return 0.0
+    out = np.empty(lw, np.float32)
+    yv = fused.Rows(y)
+    kern = fused.kernels()
+    gain = sums.gain.numpy() if vj is not None and sums.gain is not None else np.zeros((1, 1, h), np.float32)
+    kern.max_abs(m.arrays[m.fidx[g]], int(m.offs[g]), h, m.kind, cs, lw, sums.xx.numpy(), sums.bad.numpy(), g,
+                  yv.base, yv.off, yv.row, yv.kind, sums.y_ok.numpy(), i, gain, vj or 0, f, vj is not None, out,
+                  min(lw, 4 * kern.threads))
+    m.drop(cs, cs + lw, [g])
+    worst = float(out.max())
+    return worst if math.isfinite(worst) else float("nan")

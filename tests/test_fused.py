@@ -1,0 +1,185 @@
+"""The compiled (numba) scorer: the same numbers as the torch path on real captures of every dtype,
+exact 16-bit widening, NaN/Inf rows, the fallback without numba, and a read-only install."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eagleforensics.alignment import align
+from eagleforensics.evidence import fused, match
+from eagleforensics.evidence.norms import nonfinite_rows, token_norms
+from eagleforensics.io.capture import load_capture
+from eagleforensics.io.sweep import write_capture
+
+from .realdata import N, ROOT, SAMPLES, _model, forward
+
+pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
+FIELDS = ("score", "rel_diff", "max_abs", "norm_ratio", "per_token")
+
+
+@pytest.fixture(autouse=True)
+def always_compiled(monkeypatch):
+    """Test captures are small: below ``MIN_BYTES`` a fresh process would leave them to torch."""
+    monkeypatch.setattr(fused, "MIN_BYTES", 0)
+
+
+def _slots(run, dtype, nan_row=7):
+    slots = [run.p(p).to(dtype).contiguous() for p in (2, N // 2 + 1, N - 2)] + [run.hs[N].to(dtype).contiguous()]
+    slots[1] = slots[1].clone()
+    slots[1][nan_row] = float("nan")
+    return slots
+
+
+def _both(monkeypatch, slots, cap, window, fit_candidates):
+    """(compiled, torch) score matrices of the same call; asserts the compiled kernels really ran."""
+    calls = []
+    kern = fused.kernels()
+    real = kern.direct
+    monkeypatch.setattr(kern, "direct", lambda *a: calls.append(1) or real(*a))
+    fit = [False, False, False, True]
+    got = match.score_slots(slots, fit, cap.positions, cap, *window, fit_candidates=fit_candidates)
+    assert calls, "the compiled path did not run"
+    monkeypatch.setattr(fused, "AVAILABLE", False)
+    ref = match.score_slots(slots, fit, cap.positions, cap, *window, fit_candidates=fit_candidates)
+    monkeypatch.setattr(fused, "AVAILABLE", True)
+    return got, ref
+
+
+def _worst(got, ref) -> dict[str, float]:
+    out = {}
+    assert got.columns == ref.columns
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(ref, name)
+        assert np.array_equal(np.isnan(a), np.isnan(b)), name
+        out[name] = float(np.nanmax(np.abs(a - b))) if np.isfinite(a).any() else 0.0
+    assert np.array_equal(got.tokens_used, ref.tokens_used)
+    assert got.nonfinite_capture == ref.nonfinite_capture
+    for p, v in ref.column_norms.items():
+        np.testing.assert_allclose(got.column_norms[p], v, rtol=1e-6)
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_compiled_scores_equal_the_torch_path_on_every_capture_dtype(tmp_path, monkeypatch, family):
+    """Real sweeps stored as bf16, fp16, fp32; bf16 and fp32 records with a NaN row; two token windows,
+    candidate and exhaustive fitted columns: scores agree within 1e-6."""
+    run = forward(family)
+    worst: dict[str, float] = {}
+    for dtype in ("bfloat16", "float16", "float32"):
+        path = tmp_path / f"{dtype}.safetensors"
+        write_capture(path, run.sweep, _model(family, 0), dtype=dtype)
+        cap = load_capture(path)
+        for sdtype in (torch.bfloat16, torch.float32):
+            for window, fc in (((0, 0, 32), None), ((3, 5, 20), match.FIT_CANDIDATES)):
+                got, ref = _both(monkeypatch, _slots(run, sdtype), cap, window, fc)
+                for k, v in _worst(got, ref).items():
+                    worst[k] = max(worst.get(k, 0.0), v)
+    assert worst["score"] < 1e-6 and worst["rel_diff"] < 1e-6, worst
+    assert worst["per_token"] < 1e-5 and worst["max_abs"] < 1e-5, worst
+
+
+def test_pt_and_directory_captures_take_the_compiled_path_too(tmp_path, monkeypatch):
+    """Zip .pt storages and one file per position are mapped like safetensors."""
+    run = forward("qwen3")
+    torch.save({"hidden_states": [h[None] for h in run.hs], "input_ids": run.ids.clone()}, tmp_path / "hf.pt")
+    d = tmp_path / "dir"
+    d.mkdir()
+    for p in range(N + 1):
+        save_file({"h": run.p(p).to(torch.bfloat16).contiguous()}, str(d / f"layer_{p}.safetensors"))
+    for path, conv in ((tmp_path / "hf.pt", "hf"), (d, "vllm")):
+        cap = load_capture(path, convention=conv, num_layers=N)
+        got, ref = _both(monkeypatch, _slots(run, torch.bfloat16), cap, (0, 0, 32), None)
+        assert _worst(got, ref)["score"] < 1e-6
+
+
+def test_nan_and_inf_capture_rows_are_skipped_as_in_the_torch_path(tmp_path, monkeypatch):
+    run = forward("llama")
+    sweep = dict(run.sweep)
+    sweep["hidden.3"] = sweep["hidden.3"].clone()
+    sweep["hidden.3"][4] = float("nan")
+    sweep["hidden.5"] = sweep["hidden.5"].clone()
+    sweep["hidden.5"][9, 2] = float("inf")
+    path = tmp_path / "bad.safetensors"
+    write_capture(path, sweep, _model("llama", 0), dtype="bfloat16")
+    cap = load_capture(path)
+    got, ref = _both(monkeypatch, _slots(run, torch.bfloat16), cap, (0, 0, 32), None)
+    assert _worst(got, ref)["score"] < 1e-6
+    assert sum(got.nonfinite_capture.values()) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_16_bit_pattern_widens_exactly(dtype):
+    """One value per row: the kernel's norm is |x| exactly (fp16 subnormals and values whose square
+    overflows float32 included; below 1e-18 the square underflows), NaN/Inf rows are flagged."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype).reshape(-1, 1)
+    norms, bad = fused.row_stats(x)
+    want = x.float().abs().reshape(-1)
+    finite = torch.isfinite(want)
+    assert torch.equal(bad, ~finite)
+    square_ok = finite & (want > 1e-18)
+    assert square_ok.sum() > 30000 and torch.equal(norms[square_ok], want[square_ok])
+    assert torch.isnan(norms[torch.isnan(want)]).all() and torch.isinf(norms[torch.isinf(want)]).all()
+
+
+def test_record_norms_and_nonfinite_rows_match_torch():
+    run = forward("qwen3")
+    x = run.hs[4].to(torch.bfloat16).clone()
+    x[3, 7] = float("nan")
+    x[11, 0] = float("-inf")
+    for t in (x, x.float(), torch.cat([x, x], 1)[:, 64:]):  # a strided slot view too
+        np.testing.assert_allclose(token_norms(t)[~nonfinite_rows(t)], torch.linalg.vector_norm(
+            t.float(), dim=-1)[~nonfinite_rows(t)], rtol=1e-6)
+        assert nonfinite_rows(t).nonzero().flatten().tolist() == [3, 11]
+
+
+def _child(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_without_numba_the_torch_path_gives_the_same_answer(tmp_path):
+    code = ("import sys, json; sys.modules['numba'] = None\nimport os; os.environ['EAGLEFORENSICS_FUSED'] = '1'\n"
+            "from eagleforensics.alignment import align\nfrom eagleforensics.evidence import fused\n"
+            "assert not fused.AVAILABLE\n"
+            f"r = align({str(SAMPLES / 'record_wrong_fix.pt')!r}, {str(SAMPLES / 'capture_sweep.safetensors')!r})\n"
+            "print(json.dumps([[m.position.p, m.position.normed, m.confident, m.score] for m in r.matches]))")
+    res = _child(code, {"PYTHONPATH": str(ROOT)}, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = align(SAMPLES / "record_wrong_fix.pt", SAMPLES / "capture_sweep.safetensors")
+    theirs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [t[:3] for t in theirs] == [[m.position.p, m.position.normed, m.confident] for m in r.matches]
+    assert np.allclose([t[3] for t in theirs], [m.score for m in r.matches], atol=1e-6)
+
+
+def test_a_read_only_install_compiles_in_memory_without_error(tmp_path):
+    """The package and every cache folder numba could use on a read-only mount: no error, no file written."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("needs a private mount namespace (unshare) for a read-only bind mount")
+    ro = tmp_path / "ro"
+    (ro / "home").mkdir(parents=True)
+    shutil.copytree(ROOT / "eagleforensics", ro / "eagleforensics", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import torch\nfrom eagleforensics.evidence import fused, norms\n"
+            "x = torch.randn(8, 64).to(torch.bfloat16)\n"
+            "assert torch.allclose(norms.token_norms(x), torch.linalg.vector_norm(x.float(), dim=-1))\n"
+            "print(type(fused.kernels().row_stats._cache).__name__)")
+    script = tmp_path / "child.py"
+    script.write_text(code)
+    cmd = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && ! touch {ro}/probe 2>/dev/null && "
+           f"exec {sys.executable} -W error {script}")
+    env = {**os.environ, "PYTHONPATH": str(ro), "HOME": str(ro / "home"), "XDG_CACHE_HOME": str(ro / "home"),
+           "NUMBA_CACHE_DIR": str(ro / "cache"), "EAGLEFORENSICS_FUSED": "1"}
+    res = subprocess.run(["unshare", "--mount", "sh", "-c", cmd], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == "NullCache"  # compiled in memory
+    assert not [p for p in ro.rglob("*") if p.suffix in (".nbi", ".nbc")]
