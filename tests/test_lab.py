@@ -237,6 +237,7 @@ def test_align_notebook_from_the_ui(lab: Lab, browser: Any) -> None:
     nb = json.loads(saved.read_text())
     assert any(c.get("outputs") for c in nb["cells"]) and "inputs/capture.pt" in "".join(nb["cells"][0]["source"])
     assert _sha(template) == before
+    page.screenshot(path=str(lab.root.parent / "align.png"))  # kept in pytest's temporary folder, to look at
     assert lab.blocked == []
     print(f"align.ipynb: Run All {took:.1f} s, {len(figures)} figures, saved copy {saved.stat().st_size:,} bytes")
     page.close()
@@ -285,6 +286,7 @@ def test_explore_widgets_from_the_ui(lab: Lab, browser: Any) -> None:
         arg=[area, expected_after], timeout=30000)
     after = _drawn(page, area)
     assert after[2]["svgs"] and after[2]["drawn"] >= len(expected_after)
+    page.screenshot(path=str(lab.root.parent / "explore.png"), full_page=True)
     assert lab.blocked == []
     print(f"explore.ipynb: Run All {took:.1f} s; per-token traces {expected_before} -> {expected_after} after the drag")
     page.close()
