@@ -4,7 +4,7 @@ VENV ?= .venv
 EAGLEFORENSICS ?= $(VENV)/bin/eagleforensics
 SAMPLES := data_samples/record_layer_outputs.pt data_samples/capture.pt
 
-.PHONY: report test
+.PHONY: report test lab
 report: reports/align.html
 
 reports/align.html: $(SAMPLES) notebooks/align.ipynb | $(EAGLEFORENSICS)
@@ -16,3 +16,6 @@ $(EAGLEFORENSICS):
 
 test:
 	bash scripts/test.sh
+
+lab:
+	bash scripts/lab.sh
