@@ -59,6 +59,40 @@ class SlotMatch:
     norm_cv: float
     looks_post_norm: bool
     nonfinite_rows: int
+    # identity: which position, judged from evidence measured on this data (evidence.identity)
+    identity: str = ""  # confident / ambiguous / best-among-captured / none ("" = not judged: a fingerprint)
+    other: Position | None = None  # the position it is ambiguous with, else the runner-up
+    robust_score: float = float("nan")  # median per-token score at ``best``
+    vote_share: float = float("nan")  # share of tokens whose own best is best.p
+    paired_mean: float = float("nan")  # mean per-token (best - runner-up)
+    paired_bound: float = float("nan")  # lower confidence bound of that mean
+    neighbour_step: float = float("nan")  # capture's own cosine of best.p with its closest captured neighbour
+    neighbour: int | None = None
+    missing_neighbours: tuple[int, ...] = ()
+    fitted: bool = False  # best is a post-norm column computed by fitting a norm gain, not a captured one
+    # fidelity: how close it is to that state (evidence.fidelity)
+    fidelity: str = ""  # copy / drift / different
+    fidelity_cause: str = ""  # routing / uniform / corrupted / scale
+    fidelity_text: str = ""
+    differing_tokens: int = 0
+
+    @property
+    def identity_verdict(self) -> str:
+        """The identity answer, also for matches judged by the older score-floor rule (fingerprints)."""
+        return self.identity or ("confident" if self.confident else "none")
+
+    @property
+    def best_label(self) -> str:
+        """``p3``, ``p12 post-norm``, ``p11 post-norm (fitted)``, or ``-``."""
+        return "-" if self.best is None else self.best.label + (" (fitted)" if self.fitted else "")
+
+    @property
+    def identity_text(self) -> str:
+        """Identity in a few words for tables: ``confident``, ``ambiguous p5/p6``, ``best among captured``."""
+        v = self.identity_verdict
+        if v == "ambiguous" and self.best is not None and self.other is not None:
+            return f"ambiguous {self.best.label}/{self.other.label}"
+        return {"best-among-captured": "best among captured"}.get(v, v)
 
     @property
     def name(self) -> str:
@@ -83,6 +117,17 @@ class SlotMatch:
             "rel_diff": _num(self.rel_diff), "max_abs_err": _num(self.max_abs_err), "norm_ratio": _num(self.norm_ratio),
             "tokens": self.tokens, "norm_cv": _num(self.norm_cv), "looks_post_norm": self.looks_post_norm,
             "nonfinite_rows": self.nonfinite_rows,
+            "fitted": self.fitted,
+            "identity": {
+                "verdict": self.identity_verdict,
+                "other": None if self.other is None else {"position": self.other.p, "post_norm": self.other.normed},
+                "robust_score": _num(self.robust_score), "vote_share": _num(self.vote_share),
+                "paired_mean": _num(self.paired_mean), "paired_bound": _num(self.paired_bound),
+                "neighbour_step": _num(self.neighbour_step), "neighbour": self.neighbour,
+                "missing_neighbours": list(self.missing_neighbours),
+            },
+            "fidelity": {"kind": self.fidelity or None, "cause": self.fidelity_cause or None,
+                         "differing_tokens": self.differing_tokens, "text": self.fidelity_text or None},
         }
 
 
@@ -193,12 +238,15 @@ def render_text(result: AlignmentResult) -> str:
              f"[{r.num_layers_source}], H={r.hidden_size})",
              f"tokens:   {r.tokens.length} compared ({r.tokens.method})", "",
              "VERDICT: " + r.verdict, ""]
-    header = ("slot", "role", "holds", "score", "margin", "confident", "tokens")
+    header = ("slot", "role", "holds", "score", "margin", "confident", "identity", "fidelity", "tokens")
     rows = []
     for m in r.matches:
         pos = m.position
-        holds = pos.describe(r.num_layers) if pos else f"no confident match (best {m.best.label if m.best else '-'})"
-        rows.append((m.name, m.role, holds, _fmt(m.score), _fmt(m.margin), "yes" if m.confident else "NO", str(m.tokens)))
+        holds = (pos.describe(r.num_layers) + (" (fitted)" if m.fitted else "") if pos
+                 else f"no confident match (best {m.best_label})")
+        fid = m.fidelity + (f" ({m.fidelity_cause})" if m.fidelity_cause else "") if m.fidelity else "-"
+        rows.append((m.name, m.role, holds, _fmt(m.score), _fmt(m.margin), "yes" if m.confident else "NO",
+                     m.identity_text, fid, str(m.tokens)))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     lines.append("  ".join("-" * w for w in widths))
