@@ -37,7 +37,7 @@ class Thresholds:
     ratio: float = 4.0
     min_tokens: int = MIN_TOKENS
     dtype: str = "float32"
-    copy_gap: float = 1e-6  # identity/fidelity: 1 - score within which a match is a copy at this dtype's rounding
+    copy_gap: float = 1e-7  # identity/fidelity: 1 - score within which a match is a copy at this dtype's rounding
     paired_alpha: float = 1e-3  # identity: one-sided level of the bound on best minus runner-up (sign test)
     step_ratio: float = 4.0  # identity: the layer step must be this many times the match's distance from 1
     min_votes: float = 0.5  # identity: share of tokens whose own best is the slot's best position
@@ -47,10 +47,10 @@ class Thresholds:
 
 
 _BY_DTYPE = {
-    torch.float64: Thresholds(0.9999, 0.0005, 0.005, dtype="float64", copy_gap=1e-6),
-    torch.float32: Thresholds(0.9999, 0.0005, 0.005, dtype="float32", copy_gap=1e-6),
-    torch.float16: Thresholds(0.999, 0.001, 0.01, dtype="float16", copy_gap=1e-5),
-    torch.bfloat16: Thresholds(0.998, 0.002, 0.02, dtype="bfloat16", copy_gap=1e-4),
+    torch.float64: Thresholds(0.9999, 0.0005, 0.005, dtype="float64", copy_gap=1e-7),
+    torch.float32: Thresholds(0.9999, 0.0005, 0.005, dtype="float32", copy_gap=1e-7),
+    torch.float16: Thresholds(0.999, 0.001, 0.01, dtype="float16", copy_gap=1e-6),
+    torch.bfloat16: Thresholds(0.998, 0.002, 0.02, dtype="bfloat16", copy_gap=1e-5),
 }
 
 

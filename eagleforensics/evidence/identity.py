@@ -36,6 +36,8 @@ from .fidelity import Fidelity, judge_fidelity
 MIN_VOTES = 0.5  # share of tokens that must vote for the best position
 PAIRED_ALPHA = 1e-3  # one-sided level of the bound on the median paired difference (docs/calibration.md)
 STEP_RATIO = 4.0  # the match's distance from 1 must be this many times smaller than the layer step's
+FIT_COPY_GAP = 1e-4  # a fitted column competes with a real post-norm one only this close to a copy
+RESOLUTION_FLOOR = 1e-7  # float32 rounding: neighbours closer than this are one state
 MIN_SCORE_ANY = 0.5  # below this robust score no column resembles the slot at all
 VERDICTS = ("confident", "ambiguous", "best-among-captured", "none")
 
@@ -77,7 +79,8 @@ def eligible_columns(columns: list[Position], real: set[Position], robust: np.nd
     norm) is still found.
     """
     has_real_normed = any(c.normed for c in real)
-    return [c in real or not has_real_normed or bool(robust[j] >= 1.0 - copy_gap) for j, c in enumerate(columns)]
+    bar = 1.0 - max(10 * copy_gap, FIT_COPY_GAP)
+    return [c in real or not has_real_normed or bool(robust[j] >= bar) for j, c in enumerate(columns)]
 
 
 def paired(a: np.ndarray, b: np.ndarray, alpha: float = PAIRED_ALPHA) -> tuple[float, float]:
@@ -136,7 +139,7 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
     step, step_to, missing = _neighbours(best, columns, real, num_layers, step_of)
     fid = judge_fidelity(per_token[jb], copy_gap, norm_ratio[jb], norm_tol, step, extra_bad)
     gap = max(1.0 - rb, 0.0)
-    resolution = max(gap, copy_gap / 10)  # neighbours closer than this cannot be told apart
+    resolution = max(gap, RESOLUTION_FLOOR)  # neighbours closer than this cannot be told apart
     other = runner
 
     def make(verdict: str, reason: str, other: Position | None = other) -> Identity:
@@ -148,6 +151,11 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
         return make("none", f"no captured position holds this state: best {best.label} scores {rb:.4f}"
                     + (f", farther from it than neighbouring layers are from each other (step {step:.4f})"
                        if fid.kind == "different" and step == step else ""))
+    if missing and fid.kind != "copy":
+        where = " / ".join(f"p{q}" for q in missing)
+        return make("best-among-captured", f"best among the captured positions; {where} "
+                    f"{'was' if len(missing) == 1 else 'were'} not captured and could fit better "
+                    f"(the match, {rb:.4f}, is not a copy)")
     if step == step and (1.0 - step) < step_ratio * resolution:
         q = Position(step_to) if step_to is not None else runner
         return make("ambiguous", f"ambiguous between {best.label} and {q.label if q else '-'}: the capture's "
@@ -158,11 +166,6 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
                     f"same tokens averages {pm:+.2e}, but its lower confidence bound is {pb:+.2e} (not above 0)")
     if votes < min_votes:
         return make("ambiguous", f"only {votes:.0%} of tokens vote for {best.label}")
-    if missing and fid.kind != "copy":
-        where = " / ".join(f"p{q}" for q in missing)
-        return make("best-among-captured", f"best among the captured positions; {where} "
-                    f"{'was' if len(missing) == 1 else 'were'} not captured and could fit better "
-                    f"(the match, {rb:.4f}, is not a copy)")
     return make("confident", "")
 
 
