@@ -157,7 +157,7 @@ def align(
                for i, (s, c, n) in enumerate(zip(slots, picks, norms))]
     matches = [_resolve_role(m, cap.num_layers) for m in matches]
     findings = _token_findings(tok, record, sm, slots) + slot_findings(matches, cap.num_layers)
-    findings += identity_findings(matches)
+    findings += identity_findings(matches) + _capture_findings(cap, sm, slots)
     findings += _row_findings(matches, sm, tok, thr)
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers)
     findings += more
@@ -252,6 +252,33 @@ def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix
                            "NaN/Inf in capture rows (those tokens are skipped in matching): "
                            + "; ".join(f"{p.label}: {_rows_at(where[p]) if len(where[p]) == v else f'{v} rows'}"
                                        for p, v in bad_cols.items())))
+    return out
+
+
+def _capture_findings(cap: Capture, sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:
+    """How the capture's integers were read, content that contradicts the convention, swapped arguments."""
+    out = [Finding("capture-read-as-labelled", "warning", note) for note in getattr(cap, "notes", [])]
+    normed_real = [p for p in sm.column_norms if p.normed]
+    for p in normed_real:
+        cv = norm_cv(torch.from_numpy(sm.column_norms[p]))
+        if cv == cv and not looks_post_norm(torch.from_numpy(sm.column_norms[p])):
+            out.append(Finding("convention-content", "warning",
+                               f"capture entry {p.label} is read as the post-norm final (convention "
+                               f"{cap.convention}), but its per-token norms vary like a raw state (coefficient of "
+                               f"variation {cv:.2f}); if it is the raw last layer, use --capture-convention vllm"))
+    raw_top = Position(cap.num_layers)
+    if not normed_real and raw_top in sm.column_norms and cap.num_layers > 0:
+        norms = torch.from_numpy(sm.column_norms[raw_top])
+        if looks_post_norm(norms):
+            out.append(Finding("convention-content", "warning",
+                               f"capture entry {raw_top.label} is read as a raw state, but its per-token norms are "
+                               f"nearly constant like a post-norm state (coefficient of variation {norm_cv(norms):.2f})"
+                               "; if it is HF's post-norm last entry, use --capture-convention hf"))
+    raw_positions = [p for p in sm.column_norms if not p.normed]
+    if sm.error is None and len(slots) >= 5 and len(slots) > len(raw_positions) + len(normed_real):
+        out.append(Finding("possibly-swapped", "warning",
+                           f"the training record holds {len(slots)} slots but the capture only "
+                           f"{len(raw_positions) + len(normed_real)} positions: did you swap TRAIN and CAPTURE?"))
     return out
 
 

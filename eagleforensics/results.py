@@ -131,6 +131,26 @@ class SlotMatch:
         }
 
 
+_DRIFT_WORDS = {"routing": "a few tokens differ (MoE routing)", "uniform": "every row drifts (quantised weights or "
+                "other kernels)", "scale": "norms differ", "corrupted": "some rows are corrupted"}
+
+
+def _evidence_notes(matches: list[SlotMatch]) -> str:
+    """Short sentences on ambiguity, uncaptured neighbours and drift, appended to the verdict ('' if none)."""
+    out = []
+    for m in matches:
+        if m.identity == "ambiguous" and m.best is not None and m.other is not None:
+            out.append(f"{m.name} is ambiguous between {m.best.label} and {m.other.label}.")
+        elif m.identity == "best-among-captured" and m.best is not None:
+            out.append(f"{m.name}: {m.best.label} is only the best among the captured positions "
+                       f"({' / '.join(f'p{q}' for q in m.missing_neighbours)} not captured).")
+    drift = [m for m in matches if m.confident and m.fidelity == "drift"]
+    if drift:
+        out.append("Placed under drift, not copies: " + "; ".join(
+            f"{m.name}: {_DRIFT_WORDS.get(m.fidelity_cause, m.fidelity_cause)}" for m in drift) + ".")
+    return "".join(" " + o for o in out)
+
+
 def _num(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
@@ -179,14 +199,16 @@ class AlignmentResult:
             return ("No confident match for any slot: this record and this capture do not come from the same "
                     "model and prompt, or the capture misses the layers the record holds.")
         placed = "; ".join(f"{m.name} = {m.position.label}" for m in self.matches if m.position is not None)
+        notes = _evidence_notes(self.matches)
         if errors:
-            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}."
+            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}." + notes
         if n_bad:
-            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}."
+            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}." + notes
         ids = ", ".join(f"{k} {v}" for k, v in self.engine_ids.items() if v is not None and k in ("sglang", "vllm"))
         warn = " Note: not the engines' default layers, so set the ids explicitly." if any(
             f.code == "off-by-default" for f in self.findings) else ""
-        return f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
+        return (f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
+                + notes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
