@@ -85,7 +85,7 @@ def _slot_rows(r, truth: list[Position], kind: str) -> list[dict]:
         out.append({"kind": kind, "identity": m.identity_verdict, "confident": m.confident,
                     "right": m.best == want, "fidelity": m.fidelity, "cause": m.fidelity_cause,
                     "robust": m.robust_score, "bound": m.paired_bound, "step": m.neighbour_step,
-                    "votes": m.vote_share})
+                    "votes": m.vote_share, "tokens": m.tokens})
     return out
 
 
@@ -166,7 +166,9 @@ def summarise(rows: list[dict]) -> dict:
     out["unrelated"] = {"pairs": len({r["pair"] for r in un}), "slots": len(un),
                         "confident": sum(r["confident"] for r in un),
                         "identity": dict(Counter(r["identity"] for r in un)),
-                        "max_robust": max((r["robust"] for r in un if r["robust"] == r["robust"]), default=None)}
+                        "max_robust": max((r["robust"] for r in un if r["robust"] == r["robust"] and r["tokens"] >= 4),
+                                          default=None),
+                        "by_fidelity": dict(Counter(r["fidelity"] for r in un))}
     off = [r for r in rows if r["kind"] == "one-layer-off"]
     out["one_layer_off"] = {"slots": len(off), "false_confident": sum(r["confident"] and not r["right"] for r in off),
                             "identity": dict(Counter(r["identity"] for r in off)),

@@ -20,7 +20,7 @@ import numpy as np
 KINDS = ("copy", "drift", "different")
 AGREE_GAP = 1e-3  # "the rest agree to 0.999+"
 GARBAGE = 0.5  # a row scoring below this is not a drifted copy of anything
-DRIFT_STEP_FRACTION = 0.25  # drift may move the typical token by at most this share of the layer step
+DRIFT_STEP_FRACTION = 0.5  # drift may move the typical token by at most half the layer step (docs/calibration.md)
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,9 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
         return Identity(verdict, best, other, rb, rr, votes, pm, pb, step, step_to, tuple(missing), reason, fid)
 
     if tokens < min_tokens:
-        return make("none", f"only {int(tokens)} tokens compared (need {min_tokens})")
+        few = Fidelity("", "", 0, int(tokens), float("nan"), f"only {int(tokens)} tokens compared")
+        return Identity("none", best, other, rb, rr, votes, pm, pb, step, step_to, tuple(missing),
+                        f"only {int(tokens)} tokens compared (need {min_tokens})", few)
     if rb < MIN_SCORE_ANY or fid.kind == "different":
         return make("none", f"no captured position holds this state: best {best.label} scores {rb:.4f}"
                     + (f", farther from it than neighbouring layers are from each other (step {step:.4f})"
