@@ -104,6 +104,19 @@ class SlotMatch:
         return self.best if self.confident else None
 
     def to_dict(self, num_layers: int) -> dict[str, Any]:
+        """One ``mapping`` entry of the JSON. Beside the placement keys:
+
+        ``fitted``: the best column is a gain-fitted post-norm state, not a captured one.
+        ``identity``: ``verdict`` (confident / ambiguous / best-among-captured / none), ``other``
+        (the position it is ambiguous with, else the runner-up), ``robust_score`` (median
+        per-token score), ``vote_share`` (share of tokens whose own best is this position),
+        ``paired_mean`` / ``paired_bound`` (best minus runner-up over the same tokens: mean, and
+        the lower confidence bound of the median), ``neighbour_step`` (the capture's own cosine
+        between this position and its closest captured neighbour ``neighbour``),
+        ``missing_neighbours`` (p-1 / p+1 not in the capture).
+        ``fidelity``: ``kind`` (copy / drift / different), ``cause`` (routing / uniform / scale /
+        corrupted), ``differing_tokens`` and ``text`` (the finding in words).
+        """
         pos = self.position
         return {
             "key": self.key, "index": self.index, "name": self.name, "role": self.role, "dtype": self.dtype,
@@ -236,7 +249,11 @@ class AlignmentResult:
 
         rows = [m.to_dict(self.num_layers) for m in self.matches]
         cols = ["name", "role", "position", "post_norm", "holds", "score", "margin", "confident", "tokens", "reason"]
-        return pd.DataFrame(rows)[cols]
+        df = pd.DataFrame(rows)[cols]
+        df.insert(df.columns.get_loc("confident") + 1, "identity", [m.identity_text for m in self.matches])
+        df.insert(df.columns.get_loc("identity") + 1, "fidelity",
+                  [m.fidelity + (f" ({m.fidelity_cause})" if m.fidelity_cause else "") for m in self.matches])
+        return df
 
     def to_text(self) -> str:
         text = render_text(self)
