@@ -222,3 +222,31 @@ def test_json_carries_identity_and_fidelity(tmp_path, damped, ids):
     assert entry["fidelity"]["kind"] == "copy" and entry["fitted"] is False
     text = r.to_text()
     assert "identity" in text and "fidelity" in text
+
+
+def test_corrupted_rows_keep_the_slot_placed_and_are_named_as_such(tmp_path, llama_states, ids):
+    """Zeroed and garbage rows: identity stays confident on the rest, fidelity names corrupted rows."""
+    s = llama_states
+    rec = _record(tmp_path / "rec.pt", s, ids)
+    obj = torch.load(rec, weights_only=True)
+    hs = [h.clone() for h in obj["hidden_states"]]
+    hs[1][[5, 9]] = 0.0
+    hs[1][12] = _bf16(torch.randn(H, generator=torch.Generator().manual_seed(0)))
+    obj["hidden_states"] = hs
+    torch.save(obj, tmp_path / "bad.pt")
+    r = align(tmp_path / "bad.pt", _hf_capture(tmp_path / "cap.pt", s, ids))
+    m = r.matches[1]
+    assert m.confident and m.best == Position(4)
+    assert (m.fidelity, m.fidelity_cause, m.differing_tokens) == ("drift", "corrupted", 3)
+    msg = " ".join(f.message for f in r.findings if f.code == "rows-differ")
+    assert "3 rows: 5, 9, 12" in msg and "corrupted" in msg
+
+
+def test_a_fitted_final_is_labelled_fitted(tmp_path, llama_states, ids):
+    """A raw-only (vLLM-style) capture: the post-norm final is placed through a fitted norm, and says so."""
+    s = llama_states
+    torch.save({f"h.{p}": s.raw[p] for p in range(N + 1)} | {"input_ids": ids.clone()}, tmp_path / "raw.pt")
+    r = align(_record(tmp_path / "rec.pt", s, ids), tmp_path / "raw.pt", convention="vllm")
+    final = r.matches[-1]
+    assert final.confident and final.best == Position(N, True) and final.fitted
+    assert "(fitted)" in r.to_text() and r.to_dict()["mapping"][-1]["fitted"] is True
