@@ -1,6 +1,10 @@
-"""When a best match counts as a fact: dtype-aware thresholds and the choice of position.
+"""When a best match counts as a fact: dtype-aware thresholds and the score-floor choice of position.
 
-A slot is placed only when all of these hold (otherwise: "no confident match"):
+For a capture whose rows can be read, identity is decided from evidence measured on the
+data itself (``identity``; the bars it uses, ``copy_gap`` and the rest, live in
+``Thresholds`` here). The score-floor rule below still decides for fingerprint estimates
+(``fpmatch``), where no per-token scores exist. Under it a slot is placed only when all of
+these hold (otherwise: "no confident match"):
 
 * enough aligned tokens were compared (``min_tokens``);
 * the best per-token cosine clears ``min_score`` for the less precise of the two sides
@@ -39,7 +43,7 @@ class Thresholds:
     dtype: str = "float32"
     copy_gap: float = 1e-7  # identity/fidelity: 1 - score within which a match is a copy at this dtype's rounding
     paired_alpha: float = 1e-3  # identity: one-sided level of the bound on best minus runner-up (sign test)
-    step_ratio: float = 4.0  # identity: the layer step must be this many times the match's distance from 1
+    step_ratio: float = 2.0  # identity: the layer step must be this many times the match's distance from 1
     min_votes: float = 0.5  # identity: share of tokens whose own best is the slot's best position
 
     def to_dict(self) -> dict[str, object]:

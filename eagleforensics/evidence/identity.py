@@ -35,7 +35,7 @@ from .fidelity import Fidelity, judge_fidelity
 
 MIN_VOTES = 0.5  # share of tokens that must vote for the best position
 PAIRED_ALPHA = 1e-3  # one-sided level of the bound on the median paired difference (docs/calibration.md)
-STEP_RATIO = 4.0  # the match's distance from 1 must be this many times smaller than the layer step's
+STEP_RATIO = 2.0  # the layer step must be at least this many times the match's distance from 1 (docs/calibration.md)
 FIT_COPY_GAP = 1e-4  # a fitted column competes with a real post-norm one only this close to a copy
 RESOLUTION_FLOOR = 1e-7  # float32 rounding: neighbours closer than this are one state
 MIN_SCORE_ANY = 0.5  # below this robust score no column resembles the slot at all
