@@ -46,7 +46,7 @@ def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c
     return replace(tok, train_start=ts, capture_start=cs, length=length, method="content-shift", note=note)
 
 
-def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: object = None, tok: TokenAlignment | None = None,
+def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None = None, tok: TokenAlignment | None = None,
              bad_rows: list[int] | None = None) -> tuple[list[Choice], list[Identity | None]]:
     """Each slot's choice; identity (evidence.identity) decides it when the capture's rows can be read."""
     if sm.error is not None:  # estimates from a fingerprint: confident only clear of their error
@@ -60,12 +60,12 @@ def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: object = None,
                        float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
                 for i in range(n_slots)], [None] * n_slots
     real = set(sm.column_norms)
-    step_of = step_reader(cap.read_rows, tok.capture_start, tok.length)  # type: ignore[attr-defined]
+    step_of = step_reader(cap.read_rows, tok.capture_start, tok.length)
     picks, ids = [], []
     for i in range(n_slots):
         tokens = int(np.nanmax(sm.tokens_used[i])) if sm.tokens_used.size else 0
         ident = judge(sm.per_token[i], sm.columns, real, sm.norm_ratio[i], tokens, bar.min_tokens, bar.copy_gap,
-                      bar.norm_tol, int(cap.num_layers), step_of, alpha=bar.paired_alpha,  # type: ignore[attr-defined]
+                      bar.norm_tol, int(cap.num_layers), step_of, alpha=bar.paired_alpha,
                       step_ratio=bar.step_ratio, min_votes=bar.min_votes,
                       extra_bad=(bad_rows or [0] * n_slots)[i])
         picks.append(_as_choice(ident, sm, i))
@@ -78,16 +78,9 @@ def _as_choice(ident: Identity, sm: ScoreMatrix, i: int) -> Choice:
     def mean(pos: Position | None) -> float:
         return float(sm.score[i, sm.columns.index(pos)]) if pos is not None else float("nan")
 
-    runner = ident.other if ident.verdict != "ambiguous" else _runner(ident, sm, i)
+    runner = ident.other if ident.other in sm.columns else None
     margin = mean(ident.best) - mean(runner) if runner is not None else float("nan")
     return Choice(ident.best, mean(ident.best), runner, mean(runner), margin, ident.confident, ident.reason)
-
-
-def _runner(ident: Identity, sm: ScoreMatrix, i: int) -> Position | None:
-    """For an ambiguous slot whose 'other' is a neighbour that was not scored as a column, the runner-up."""
-    if ident.other is not None and ident.other in sm.columns:
-        return ident.other
-    return None
 
 
 def align(
