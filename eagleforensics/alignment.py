@@ -297,7 +297,7 @@ def _row_cause(m: SlotMatch) -> str:
     """What the pattern of differing rows suggests (evidence.fidelity)."""
     if m.fidelity_cause == "routing":
         return ("the other rows agree to 0.999+, consistent with MoE routing differences (other experts for those "
-                "tokens) or rows edited after capture")
+                "tokens), a context that differs for those tokens, or rows edited after capture")
     if m.fidelity_cause == "uniform":
         return "every row drifts a little, consistent with quantised weights or other kernels / dtypes"
     return "those rows are corrupted or were written from another state"

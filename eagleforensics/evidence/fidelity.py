@@ -65,7 +65,8 @@ def judge_fidelity(per: np.ndarray, copy_gap: float, norm_ratio: float, norm_tol
         return Fidelity("drift", "routing", k, n, gap,
                         f"{k} of {n} tokens differ (down to {float(s.min()):.4f}), the rest agree to "
                         f"{1 - agree:.3f}+: consistent with MoE routing differences (other experts for those "
-                        "tokens), or rows edited after capture")
+                        "tokens), a context that differs for those tokens (an extra BOS or template token), or "
+                        "rows edited after capture")
     if gap <= copy_gap and norms_off:
         return Fidelity("drift", "scale", k, n, gap,
                         f"directions agree to the dtype's rounding but norms differ by {abs(norm_ratio - 1):.1%}: "
