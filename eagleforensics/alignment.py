@@ -18,7 +18,8 @@ from .engines import rules
 from .engines.crosscheck import check_request, crosscheck, serving_audit
 from .errors import ForensicsError
 from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
-from .evidence.findings import slot_findings
+from .evidence.findings import identity_findings, slot_findings
+from .evidence.identity import Identity, judge, step_reader
 from .evidence.match import ScoreMatrix, score_slots
 from .evidence.norms import looks_post_norm, nonfinite_rows, norm_cv, token_norms
 from .evidence.tokens import (
@@ -45,16 +46,41 @@ def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c
     return replace(tok, train_start=ts, capture_start=cs, length=length, method="content-shift", note=note)
 
 
-def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds) -> list[Choice]:
+def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None = None, tok: TokenAlignment | None = None,
+             bad_rows: list[int] | None = None) -> tuple[list[Choice], list[Identity | None]]:
+    """Each slot's choice; identity (evidence.identity) decides it when the capture's rows can be read."""
     if sm.error is not None:  # estimates from a fingerprint: confident only clear of their error
         from .evidence.fpmatch import choose_estimated
 
         return [choose_estimated(sm.score[i], sm.norm_ratio[i], sm.columns,
                                  float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar, sm.error[i])
-                for i in range(n_slots)]
-    return [choose(sm.score[i], sm.norm_ratio[i], sm.columns,
-                   float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
-            for i in range(n_slots)]
+                for i in range(n_slots)], [None] * n_slots
+    if cap is None or tok is None:
+        return [choose(sm.score[i], sm.norm_ratio[i], sm.columns,
+                       float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
+                for i in range(n_slots)], [None] * n_slots
+    real = set(sm.column_norms)
+    step_of = step_reader(cap.read_rows, tok.capture_start, tok.length)
+    picks, ids = [], []
+    for i in range(n_slots):
+        tokens = int(np.nanmax(sm.tokens_used[i])) if sm.tokens_used.size else 0
+        ident = judge(sm.per_token[i], sm.columns, real, sm.norm_ratio[i], tokens, bar.min_tokens, bar.copy_gap,
+                      bar.norm_tol, int(cap.num_layers), step_of, alpha=bar.paired_alpha,
+                      step_ratio=bar.step_ratio, min_votes=bar.min_votes,
+                      extra_bad=(bad_rows or [0] * n_slots)[i])
+        picks.append(_as_choice(ident, sm, i))
+        ids.append(ident)
+    return picks, ids
+
+
+def _as_choice(ident: Identity, sm: ScoreMatrix, i: int) -> Choice:
+    """The identity answer in the older Choice form (mean scores and their margin, as before)."""
+    def mean(pos: Position | None) -> float:
+        return float(sm.score[i, sm.columns.index(pos)]) if pos is not None else float("nan")
+
+    runner = ident.other if ident.other in sm.columns else None
+    margin = mean(ident.best) - mean(runner) if runner is not None else float("nan")
+    return Choice(ident.best, mean(ident.best), runner, mean(runner), margin, ident.confident, ident.reason)
 
 
 def align(
@@ -113,14 +139,20 @@ def align(
         return score_slots([s.data for s in slots], fit, cap.positions, cap,
                            t.train_start, t.capture_start, t.length, progress, device=device)
 
+    bad_rows = [int(nonfinite_rows(s.data).sum()) for s in slots]
+
+    def decide(t: TokenAlignment, sm: ScoreMatrix) -> tuple[list[Choice], list[Identity | None]]:
+        return _choices(sm, len(slots), thr, None if isinstance(cap, Fingerprint) else cap, t, bad_rows)
+
     sm = run(tok)
-    picks = _choices(sm, len(slots), thr)
+    picks, idents = decide(tok, sm)
     if not any(c.confident for c in picks) and (tok.method == "position" or tok.length >= 2 * MIN_TOKENS):
-        tok, sm, picks = _try_shift(tok, sm, picks, slots, norms, usable, cap, thr, run)
-    matches = [_slot_match(s, c, sm, i, n, fit[i] and looks_post_norm(n))
+        tok, sm, picks, idents = _try_shift(tok, sm, picks, idents, slots, norms, usable, cap, decide, run)
+    matches = [_slot_match(s, c, sm, i, n, fit[i] and looks_post_norm(n), bad_rows[i], idents[i])
                for i, (s, c, n) in enumerate(zip(slots, picks, norms))]
     matches = [_resolve_role(m, cap.num_layers) for m in matches]
     findings = _token_findings(tok, record, sm, slots) + slot_findings(matches, cap.num_layers)
+    findings += identity_findings(matches) + _capture_findings(cap, sm, slots)
     findings += _row_findings(matches, sm, tok, thr)
     rule_type = model_type if model_type is not None else (audit.model_type if audit is not None else None)
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers, rule_type, engine, engine_version,
@@ -141,30 +173,40 @@ def align(
     return replace(result, serving=check, findings=findings + check.findings)
 
 
-def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], slots: list[Slot], norms: list[torch.Tensor],
-               usable: int, cap: Capture, thr: Thresholds, run: Callable[[TokenAlignment], ScoreMatrix]
-               ) -> tuple[TokenAlignment, ScoreMatrix, list[Choice]]:
+def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], idents: list[Identity | None],
+               slots: list[Slot], norms: list[torch.Tensor], usable: int, cap: Capture,
+               decide: Callable[[TokenAlignment, ScoreMatrix], tuple[list[Choice], list[Identity | None]]],
+               run: Callable[[TokenAlignment], ScoreMatrix]
+               ) -> tuple[TokenAlignment, ScoreMatrix, list[Choice], list[Identity | None]]:
     """When nothing matched, test whether the rows are offset by a few tokens; rescore if so."""
     cols = [torch.from_numpy(v) for p, v in sm.column_norms.items() if not p.normed]
     # every slot votes; a post-norm slot's flat norm profile simply correlates poorly
     d, c, c0 = max((detect_shift(n, cols) for n in norms), key=lambda t: t[1] if t[1] == t[1] else -2.0)
     if d == 0 or not c >= SHIFT_MIN_CORR or (c0 == c0 and c - c0 < SHIFT_MIN_GAIN):
-        return tok, sm, picks
+        return tok, sm, picks, idents
     shifted = _shifted(tok, d, usable, cap.num_tokens, c, c0)
     sm2 = run(shifted)
-    picks2 = _choices(sm2, len(slots), thr)
+    picks2, idents2 = decide(shifted, sm2)
     if sum(p.confident for p in picks2) > 0:
-        return shifted, sm2, picks2
-    return tok, sm, picks
+        return shifted, sm2, picks2, idents2
+    return tok, sm, picks, idents
 
 
-def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: torch.Tensor, post: bool) -> SlotMatch:
+def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: torch.Tensor, post: bool, bad: int,
+                ident: Identity | None = None) -> SlotMatch:
     j = sm.columns.index(c.best) if c.best is not None else None
     get = (lambda a: float(a[i, j])) if j is not None else (lambda a: float("nan"))
-    bad = int(nonfinite_rows(s.data).sum())
-    return SlotMatch(s.key, s.index, s.role, str(s.data.dtype).replace("torch.", ""), c.best, c.score, c.runner_up,
-                     c.margin, c.confident, c.reason, get(sm.rel_diff), get(sm.max_abs), get(sm.norm_ratio),
-                     int(get(sm.tokens_used)) if j is not None else 0, norm_cv(norms), post, bad)
+    m = SlotMatch(s.key, s.index, s.role, str(s.data.dtype).replace("torch.", ""), c.best, c.score, c.runner_up,
+                  c.margin, c.confident, c.reason, get(sm.rel_diff), get(sm.max_abs), get(sm.norm_ratio),
+                  int(get(sm.tokens_used)) if j is not None else 0, norm_cv(norms), post, bad,
+                  fitted=c.best is not None and c.best not in sm.column_norms)
+    if ident is None:
+        return m
+    f = ident.fidelity
+    return replace(m, identity=ident.verdict, other=ident.other, robust_score=ident.robust, vote_share=ident.votes,
+                   paired_mean=ident.paired_mean, paired_bound=ident.paired_bound, neighbour_step=ident.step,
+                   neighbour=ident.step_to, missing_neighbours=ident.missing, fidelity=f.kind,
+                   fidelity_cause=f.cause, fidelity_text=f.text, differing_tokens=f.differing)
 
 
 def _resolve_role(m: SlotMatch, n: int) -> SlotMatch:
@@ -209,6 +251,33 @@ def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix
     return out
 
 
+def _capture_findings(cap: Capture, sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:
+    """How the capture's integers were read, content that contradicts the convention, swapped arguments."""
+    out = [Finding("capture-read-as-labelled", "warning", note) for note in getattr(cap, "notes", [])]
+    normed_real = [p for p in sm.column_norms if p.normed]
+    for p in normed_real:
+        cv = norm_cv(torch.from_numpy(sm.column_norms[p]))
+        if cv == cv and not looks_post_norm(torch.from_numpy(sm.column_norms[p])):
+            out.append(Finding("convention-content", "warning",
+                               f"capture entry {p.label} is read as the post-norm final (convention "
+                               f"{cap.convention}), but its per-token norms vary like a raw state (coefficient of "
+                               f"variation {cv:.2f}); if it is the raw last layer, use --capture-convention vllm"))
+    raw_top = Position(cap.num_layers)
+    if not normed_real and raw_top in sm.column_norms and cap.num_layers > 0:
+        norms = torch.from_numpy(sm.column_norms[raw_top])
+        if looks_post_norm(norms):
+            out.append(Finding("convention-content", "warning",
+                               f"capture entry {raw_top.label} is read as a raw state, but its per-token norms are "
+                               f"nearly constant like a post-norm state (coefficient of variation {norm_cv(norms):.2f})"
+                               "; if it is HF's post-norm last entry, use --capture-convention hf"))
+    raw_positions = [p for p in sm.column_norms if not p.normed]
+    if sm.error is None and len(slots) >= 5 and len(slots) > len(raw_positions) + len(normed_real):
+        out.append(Finding("possibly-swapped", "warning",
+                           f"the training record holds {len(slots)} slots but the capture only "
+                           f"{len(raw_positions) + len(normed_real)} positions: did you swap TRAIN and CAPTURE?"))
+    return out
+
+
 def _row_findings(matches: list[SlotMatch], sm: ScoreMatrix, tok: TokenAlignment, bar: Thresholds) -> list[Finding]:
     """Rows of a placed slot that do not match its position: the slot is right, those rows are damaged."""
     out = []
@@ -223,8 +292,18 @@ def _row_findings(matches: list[SlotMatch], sm: ScoreMatrix, tok: TokenAlignment
                                f"{m.name} is placed at {m.best.label}, but {len(rows)} of its {m.tokens} compared rows "
                                f"{'differs' if len(rows) == 1 else 'differ'} from it beyond {m.dtype} precision "
                                f"({_rows_at(rows)}; per-token score down to {float(per[low].min()):.4f} < "
-                               f"{bar.min_score}): those rows are corrupted or were written from another state"))
+                               f"{bar.min_score}): {_row_cause(m)}"))
     return out
+
+
+def _row_cause(m: SlotMatch) -> str:
+    """What the pattern of differing rows suggests (evidence.fidelity)."""
+    if m.fidelity_cause == "routing":
+        return ("the other rows agree to 0.999+, consistent with MoE routing differences (other experts for those "
+                "tokens), a context that differs for those tokens, or rows edited after capture")
+    if m.fidelity_cause == "uniform":
+        return "every row drifts a little, consistent with quantised weights or other kernels / dtypes"
+    return "those rows are corrupted or were written from another state"
 
 
 def _rows_at(rows: list[int], show: int = 8) -> str:

@@ -60,6 +60,40 @@ class SlotMatch:
     norm_cv: float
     looks_post_norm: bool
     nonfinite_rows: int
+    # identity: which position, judged from evidence measured on this data (evidence.identity)
+    identity: str = ""  # confident / ambiguous / best-among-captured / none ("" = not judged: a fingerprint)
+    other: Position | None = None  # the position it is ambiguous with, else the runner-up
+    robust_score: float = float("nan")  # median per-token score at ``best``
+    vote_share: float = float("nan")  # share of tokens whose own best is best.p
+    paired_mean: float = float("nan")  # mean per-token (best - runner-up)
+    paired_bound: float = float("nan")  # lower confidence bound of that mean
+    neighbour_step: float = float("nan")  # capture's own cosine of best.p with its closest captured neighbour
+    neighbour: int | None = None
+    missing_neighbours: tuple[int, ...] = ()
+    fitted: bool = False  # best is a post-norm column computed by fitting a norm gain, not a captured one
+    # fidelity: how close it is to that state (evidence.fidelity)
+    fidelity: str = ""  # copy / drift / different
+    fidelity_cause: str = ""  # routing / uniform / corrupted / scale
+    fidelity_text: str = ""
+    differing_tokens: int = 0
+
+    @property
+    def identity_verdict(self) -> str:
+        """The identity answer, also for matches judged by the older score-floor rule (fingerprints)."""
+        return self.identity or ("confident" if self.confident else "none")
+
+    @property
+    def best_label(self) -> str:
+        """``p3``, ``p12 post-norm``, ``p11 post-norm (fitted)``, or ``-``."""
+        return "-" if self.best is None else self.best.label + (" (fitted)" if self.fitted else "")
+
+    @property
+    def identity_text(self) -> str:
+        """Identity in a few words for tables: ``confident``, ``ambiguous p5/p6``, ``best among captured``."""
+        v = self.identity_verdict
+        if v == "ambiguous" and self.best is not None and self.other is not None:
+            return f"ambiguous {self.best.label}/{self.other.label}"
+        return {"best-among-captured": "best among captured"}.get(v, v)
 
     @property
     def name(self) -> str:
@@ -71,6 +105,19 @@ class SlotMatch:
         return self.best if self.confident else None
 
     def to_dict(self, num_layers: int) -> dict[str, Any]:
+        """One ``mapping`` entry of the JSON. Beside the placement keys:
+
+        ``fitted``: the best column is a gain-fitted post-norm state, not a captured one.
+        ``identity``: ``verdict`` (confident / ambiguous / best-among-captured / none), ``other``
+        (the position it is ambiguous with, else the runner-up), ``robust_score`` (median
+        per-token score), ``vote_share`` (share of tokens whose own best is this position),
+        ``paired_mean`` / ``paired_bound`` (best minus runner-up over the same tokens: mean, and
+        the lower confidence bound of the median), ``neighbour_step`` (the capture's own cosine
+        between this position and its closest captured neighbour ``neighbour``),
+        ``missing_neighbours`` (p-1 / p+1 not in the capture).
+        ``fidelity``: ``kind`` (copy / drift / different), ``cause`` (routing / uniform / scale /
+        corrupted), ``differing_tokens`` and ``text`` (the finding in words).
+        """
         pos = self.position
         return {
             "key": self.key, "index": self.index, "name": self.name, "role": self.role, "dtype": self.dtype,
@@ -84,7 +131,38 @@ class SlotMatch:
             "rel_diff": _num(self.rel_diff), "max_abs_err": _num(self.max_abs_err), "norm_ratio": _num(self.norm_ratio),
             "tokens": self.tokens, "norm_cv": _num(self.norm_cv), "looks_post_norm": self.looks_post_norm,
             "nonfinite_rows": self.nonfinite_rows,
+            "fitted": self.fitted,
+            "identity": {
+                "verdict": self.identity_verdict,
+                "other": None if self.other is None else {"position": self.other.p, "post_norm": self.other.normed},
+                "robust_score": _num(self.robust_score), "vote_share": _num(self.vote_share),
+                "paired_mean": _num(self.paired_mean), "paired_bound": _num(self.paired_bound),
+                "neighbour_step": _num(self.neighbour_step), "neighbour": self.neighbour,
+                "missing_neighbours": list(self.missing_neighbours),
+            },
+            "fidelity": {"kind": self.fidelity or None, "cause": self.fidelity_cause or None,
+                         "differing_tokens": self.differing_tokens, "text": self.fidelity_text or None},
         }
+
+
+_DRIFT_WORDS = {"routing": "a few tokens differ (MoE routing)", "uniform": "every row drifts (quantised weights or "
+                "other kernels)", "scale": "norms differ", "corrupted": "some rows are corrupted"}
+
+
+def _evidence_notes(matches: list[SlotMatch]) -> str:
+    """Short sentences on ambiguity, uncaptured neighbours and drift, appended to the verdict ('' if none)."""
+    out = []
+    for m in matches:
+        if m.identity == "ambiguous" and m.best is not None and m.other is not None:
+            out.append(f"{m.name} is ambiguous between {m.best.label} and {m.other.label}.")
+        elif m.identity == "best-among-captured" and m.best is not None:
+            out.append(f"{m.name}: {m.best.label} is only the best among the captured positions "
+                       f"({' / '.join(f'p{q}' for q in m.missing_neighbours)} not captured).")
+    drift = [m for m in matches if m.confident and m.fidelity == "drift"]
+    if drift:
+        out.append("Placed under drift, not copies: " + "; ".join(
+            f"{m.name}: {_DRIFT_WORDS.get(m.fidelity_cause, m.fidelity_cause)}" for m in drift) + ".")
+    return "".join(" " + o for o in out)
 
 
 def _num(x: float) -> float | None:
@@ -135,14 +213,16 @@ class AlignmentResult:
             return ("No confident match for any slot: this record and this capture do not come from the same "
                     "model and prompt, or the capture misses the layers the record holds.")
         placed = "; ".join(f"{m.name} = {m.position.label}" for m in self.matches if m.position is not None)
+        notes = _evidence_notes(self.matches)
         if errors:
-            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}."
+            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}." + notes
         if n_bad:
-            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}."
+            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}." + notes
         ids = ", ".join(f"{k} {v}" for k, v in self.engine_ids.items() if v is not None and k in ("sglang", "vllm"))
         warn = " Note: not the engines' default layers, so set the ids explicitly." if any(
             f.code == "off-by-default" for f in self.findings) else ""
-        return f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
+        return (f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
+                + notes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -170,7 +250,11 @@ class AlignmentResult:
 
         rows = [m.to_dict(self.num_layers) for m in self.matches]
         cols = ["name", "role", "position", "post_norm", "holds", "score", "margin", "confident", "tokens", "reason"]
-        return pd.DataFrame(rows)[cols]
+        df = pd.DataFrame(rows)[cols]
+        df.insert(df.columns.get_loc("confident") + 1, "identity", [m.identity_text for m in self.matches])
+        df.insert(df.columns.get_loc("identity") + 1, "fidelity",
+                  [m.fidelity + (f" ({m.fidelity_cause})" if m.fidelity_cause else "") for m in self.matches])
+        return df
 
     def to_text(self) -> str:
         text = render_text(self)
@@ -194,12 +278,15 @@ def render_text(result: AlignmentResult) -> str:
              f"[{r.num_layers_source}], H={r.hidden_size})",
              f"tokens:   {r.tokens.length} compared ({r.tokens.method})", "",
              "VERDICT: " + r.verdict, ""]
-    header = ("slot", "role", "holds", "score", "margin", "confident", "tokens")
+    header = ("slot", "role", "holds", "score", "margin", "confident", "identity", "fidelity", "tokens")
     rows = []
     for m in r.matches:
         pos = m.position
-        holds = pos.describe(r.num_layers) if pos else f"no confident match (best {m.best.label if m.best else '-'})"
-        rows.append((m.name, m.role, holds, _fmt(m.score), _fmt(m.margin), "yes" if m.confident else "NO", str(m.tokens)))
+        holds = (pos.describe(r.num_layers) + (" (fitted)" if m.fitted else "") if pos
+                 else f"no confident match (best {m.best_label})")
+        fid = m.fidelity + (f" ({m.fidelity_cause})" if m.fidelity_cause else "") if m.fidelity else "-"
+        rows.append((m.name, m.role, holds, _fmt(m.score), _fmt(m.margin), "yes" if m.confident else "NO",
+                     m.identity_text, fid, str(m.tokens)))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     lines.append("  ".join("-" * w for w in widths))

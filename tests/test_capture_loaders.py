@@ -44,13 +44,14 @@ def test_dict_with_hidden_states_list_and_input_ids(tmp_path, run):
 
 @pytest.mark.parametrize("convention,shift", [("vllm", 0), ("sglang", 1), ("hf", 0)])
 def test_named_int_keys_follow_the_convention(tmp_path, run, convention, shift):
-    """safetensors keys <name>.<int>: vllm k->p=k, sglang k->p=k+1, hf i->p=i (highest post-norm)."""
+    """safetensors keys <name>.<int>: vllm k->p=k, sglang k->p=k+1; hf: 1, 3, 5 cannot be a full tuple, so p=i raw."""
     keys = {f"layers.{k}": run.p(k + shift).contiguous() for k in (1, 3, 5)}
     save_file({**keys, "input_ids": run.ids.clone()}, str(tmp_path / "cap.safetensors"))
     cap = load_capture(tmp_path / "cap.safetensors", convention=convention, num_layers=N)
     raw = [p for p in cap.positions if not p.normed]
-    if convention == "hf":  # the highest index is HF's post-norm slot by convention
-        assert cap.positions == [Position(1), Position(3), Position(5, True)]
+    if convention == "hf":  # not a contiguous 0..N tuple: positions as labelled, all raw, and said so
+        assert cap.positions == [Position(1), Position(3), Position(5)]
+        assert cap.notes and "read as positions as labelled" in cap.notes[0]
     else:
         assert raw == [Position(k + shift) for k in (1, 3, 5)]
         assert torch.equal(cap.read(Position(3 + shift)), run.p(3 + shift))

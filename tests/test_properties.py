@@ -101,14 +101,20 @@ def _rows(result, slot_rows: torch.Tensor, cap_rows: torch.Tensor) -> tuple[torc
 
 
 def _check_truthful(result, slots: dict[str, torch.Tensor], cap) -> None:
-    """Every confident placement at a stored column re-scores above the bar, and as reported."""
+    """Every confident placement at a stored column re-scores as reported; below the bar it never claims a copy.
+
+    Identity is judged from robust evidence (evidence.identity), so a slot with a few damaged
+    rows stays placed; its fidelity then says drift and the rows are named (checked below).
+    """
     for m in result.matches:
         if not m.confident or m.position not in cap.positions:
             continue
         y, x = _rows(result, slots[m.name], cap.read(m.position))
         ref = _ref_score(y, x)
-        assert ref >= result.thresholds.min_score - 1e-6, (m.name, m.position.label, ref)
-        assert abs(ref - m.score) < 2e-6, (m.name, ref, m.score)
+        assert ref >= result.thresholds.min_score - 1e-6 or m.fidelity == "drift", (m.name, m.position.label, ref)
+        # a row whose squared norm overflows float32 (a flipped exponent bit) scores 0 in the float32 scorer
+        over = int((torch.linalg.vector_norm(y.float(), dim=-1).square() == float("inf")).sum())
+        assert abs(ref - m.score) < 2e-6 + over / max(1, y.shape[0]), (m.name, ref, m.score)
 
 
 def _messages(result, code: str) -> str:

@@ -1,6 +1,10 @@
-"""When a best match counts as a fact: dtype-aware thresholds and the choice of position.
+"""When a best match counts as a fact: dtype-aware thresholds and the score-floor choice of position.
 
-A slot is placed only when all of these hold (otherwise: "no confident match"):
+For a capture whose rows can be read, identity is decided from evidence measured on the
+data itself (``identity``; the bars it uses, ``copy_gap`` and the rest, live in
+``Thresholds`` here). The score-floor rule below still decides for fingerprint estimates
+(``fpmatch``), where no per-token scores exist. Under it a slot is placed only when all of
+these hold (otherwise: "no confident match"):
 
 * enough aligned tokens were compared (``min_tokens``);
 * the best per-token cosine clears ``min_score`` for the less precise of the two sides
@@ -37,16 +41,20 @@ class Thresholds:
     ratio: float = 4.0
     min_tokens: int = MIN_TOKENS
     dtype: str = "float32"
+    copy_gap: float = 1e-7  # identity/fidelity: 1 - score within which a match is a copy at this dtype's rounding
+    paired_alpha: float = 1e-3  # identity: one-sided level of the bound on best minus runner-up (sign test)
+    step_ratio: float = 2.0  # identity: the layer step must be this many times the match's distance from 1
+    min_votes: float = 0.5  # identity: share of tokens whose own best is the slot's best position
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 
 _BY_DTYPE = {
-    torch.float64: Thresholds(0.9999, 0.0005, 0.005, dtype="float64"),
-    torch.float32: Thresholds(0.9999, 0.0005, 0.005, dtype="float32"),
-    torch.float16: Thresholds(0.999, 0.001, 0.01, dtype="float16"),
-    torch.bfloat16: Thresholds(0.998, 0.002, 0.02, dtype="bfloat16"),
+    torch.float64: Thresholds(0.9999, 0.0005, 0.005, dtype="float64", copy_gap=1e-7),
+    torch.float32: Thresholds(0.9999, 0.0005, 0.005, dtype="float32", copy_gap=1e-7),
+    torch.float16: Thresholds(0.999, 0.001, 0.01, dtype="float16", copy_gap=1e-6),
+    torch.bfloat16: Thresholds(0.998, 0.002, 0.02, dtype="bfloat16", copy_gap=1e-5),
 }
 
 
@@ -54,8 +62,8 @@ def thresholds(*dtypes: torch.dtype, min_score: float | None = None, min_margin:
     """Bars for the least precise of ``dtypes`` (unknown floats count as bf16), with optional overrides."""
     worst = min(dtypes, key=lambda d: torch.finfo(d).bits if d.is_floating_point else 0)
     t = _BY_DTYPE.get(worst, _BY_DTYPE[torch.bfloat16])
-    if min_score is not None:
-        t = replace(t, min_score=min_score)
+    if min_score is not None:  # a user's bar also says how far from 1 still counts as a copy
+        t = replace(t, min_score=min_score, copy_gap=max(t.copy_gap, 1.0 - min_score))
     if min_margin is not None:
         t = replace(t, min_margin=min_margin)
     return t

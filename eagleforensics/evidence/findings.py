@@ -85,3 +85,25 @@ def slot_findings(matches: list[SlotMatch], num_layers: int) -> list[Finding]:
                                "speculators (it applies the verifier norm, then the head); wrong for a "
                                "SpecForge-style trainer, which would feed the lm_head an un-normalised state."))
     return out
+
+
+def identity_findings(matches: list[SlotMatch]) -> list[Finding]:
+    """Findings from the identity and fidelity evidence: ambiguity, uncaptured neighbours, drift."""
+    out: list[Finding] = []
+    for m in matches:
+        if m.identity == "ambiguous" and m.best is not None:
+            out.append(Finding("ambiguous-position", "warning", f"{m.name}: {m.reason}"))
+        elif m.identity == "best-among-captured" and m.best is not None:
+            missing = " / ".join(f"p{q}" for q in m.missing_neighbours)
+            out.append(Finding("neighbours-not-captured", "warning",
+                               f"{m.name}: {m.best_label} is the best among the captured positions (robust score "
+                               f"{m.robust_score:.4f}, {m.fidelity or 'not a copy'}); {missing} "
+                               f"{'was' if len(m.missing_neighbours) == 1 else 'were'} not captured and could fit "
+                               "better, so this is not a confident placement. Capture the neighbouring positions "
+                               "(or the full sweep) to decide."))
+        elif m.confident and m.fidelity == "drift" and m.fidelity_cause in ("routing", "uniform", "scale"):
+            out.append(Finding("state-drift", "info",
+                               f"{m.name} is placed at {m.best_label} (robust score {m.robust_score:.4f}, paired "
+                               f"bound {m.paired_bound:+.2e} over the runner-up, {m.vote_share:.0%} of tokens vote "
+                               f"for it) but is not a copy: {m.fidelity_text}"))
+    return out

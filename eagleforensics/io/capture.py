@@ -59,6 +59,7 @@ class Capture(SweepHeader):
 
     readers: dict[Position, Callable[[], torch.Tensor]]
     metadata: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # how the integers were read, when not as declared
 
     @property
     def positions(self) -> list[Position]:
@@ -124,11 +125,19 @@ def _build(
     if not numbered:
         raise ForensicsError("no hidden-state positions found (expected a list of tensors or keys like 'hidden_states.3')", path=path)
     top = max(numbered)
+    notes: list[str] = []
+    as_labelled = convention == "hf" and _not_a_sweep(sorted(numbered), num_layers)
+    if as_labelled:
+        notes.append(f"the capture's integers {_ints(sorted(numbered))} cannot be a full HF output_hidden_states "
+                     f"tuple ({as_labelled}), so they are read as positions as labelled, all raw (before any norm); "
+                     "pass --capture-convention if they mean something else")
     readers: dict[Position, Callable[[], torch.Tensor]] = {}
     for num, reader in numbered.items():
-        pos = _position_of(num, convention, top)
+        pos = Position(num) if as_labelled else _position_of(num, convention, top)
         readers[pos] = reader
     source = "given" if num_layers is not None else "HF tuple: entries - 1"
+    if as_labelled and num_layers is None:
+        source = "inferred from the deepest position (pass --num-layers if the sweep stops short)"
     if num_layers is None:
         # the deepest position stored; an engine-side dump may stop short of p=N
         num_layers = max((p.p for p in readers if p.p >= 0), default=0)
@@ -145,7 +154,25 @@ def _build(
     if input_ids is not None and int(input_ids.shape[0]) != t:
         raise ForensicsError(f"input_ids has {int(input_ids.shape[0])} tokens but the hidden states have {t}", path=path)
     lowest = min(dtypes.values(), key=lambda d: torch.finfo(d).bits)
-    return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata)
+    return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata, notes)
+
+
+MIN_HF_ENTRIES = 4  # fewer entries than this are not "N layers + embedding" of any real model
+
+
+def _not_a_sweep(nums: list[int], num_layers: int | None) -> str:
+    """Why integers read under the HF convention cannot be a full output_hidden_states tuple ('' if they can)."""
+    if nums != list(range(nums[-1] + 1)):
+        return "not a contiguous 0..N run"
+    if len(nums) < MIN_HF_ENTRIES:
+        return f"only {len(nums)} entries, too few for a sweep"
+    if num_layers is not None and nums[-1] != num_layers:
+        return f"they stop at {nums[-1]}, not at N={num_layers}"
+    return ""
+
+
+def _ints(nums: list[int]) -> str:
+    return "[" + ", ".join(map(str, nums[:8])) + (", ..." if len(nums) > 8 else "") + "]"
 
 
 def _ragged(shapes: dict[int, tuple[int, ...]]) -> str:
@@ -195,6 +222,8 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
     _refuse_integer_states({k: v.dtype for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() >= 2
                             and not v.is_floating_point()}, path)
     numbered = _numbered_keys(floats, path)
+    if not numbered:
+        _refuse_training_record(list(obj), path)
     tensors = {n: _rows(obj[k], repr(k), path) for n, k in numbered.items()}
     meta = {str(k): v for k, v in (obj.get("__metadata__") or {}).items()}
     return _build(
@@ -225,6 +254,8 @@ def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Captu
     bad = [k for k, v in entries.items() if k != "input_ids" and v.get("dtype") not in _ST_DTYPES]
     _refuse_integer_states({k: entries[k].get("dtype") for k in bad if len(entries[k].get("shape", [])) >= 2}, path)
     numbered = _numbered_keys(floats, path)
+    if not numbered:
+        _refuse_training_record(list(entries), path)
     if not numbered and bad:
         raise ForensicsError(f"tensor {bad[0]!r} holds {entries[bad[0]].get('dtype')} values; hidden states must be floating point", path=p)
     shapes = {n: _squeeze_shape(entries[k]["shape"], k, path) for n, k in numbered.items()}
@@ -234,6 +265,17 @@ def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Captu
                            for n, k in numbered.items()},
         shapes, {n: _ST_DTYPES[entries[k]["dtype"]] for n, k in numbered.items()}, _ids(ids, path), num_layers, meta,
     )
+
+
+TRAINING_KEYS = ("loss_mask", "aux_hidden_state", "aux_hidden_states", "hidden_state", "target", "attention_mask")
+
+
+def _refuse_training_record(keys: list[Any], path: str) -> None:
+    """A file whose keys are a training record's, given where a capture belongs: say so (exit 2)."""
+    found = [str(k) for k in keys if str(k) in TRAINING_KEYS]
+    if found:
+        raise ForensicsError(f"holds no numbered hidden-state positions but has training-record keys "
+                             f"({', '.join(found)}): did you swap TRAIN and CAPTURE? (align TRAIN CAPTURE)", path=path)
 
 
 def _refuse_integer_states(dtypes: dict[str, Any], path: str, numbered_only: bool = True) -> None:
