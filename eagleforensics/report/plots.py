@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 FLOOR = 1e-7  # 1 - score below this is drawn as a perfect match (float32 noise)
 DIP = 1e-3  # a token this far below the slot's median cosine is annotated as the odd one out
 OK_COLOUR, BAD_COLOUR, CAPTURE_COLOUR = "#1a9850", "#d73027", "#333333"
+# legends sit above the plot area, right-aligned: below it they cover the x-axis labels
+LEGEND_TOP = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1}
 
 
 def esc(text: object) -> str:
@@ -79,18 +81,29 @@ def score_heatmap(result: AlignmentResult, highlight: tuple[int, Position] | Non
 
     sm = result.scores
     names = [esc(m.name) for m in result.matches]
-    xs = [esc(column_label(result, c)) for c in sm.columns]
-    dist = np.clip(1.0 - sm.score, FLOOR, 2.0)
-    z = np.where(np.isfinite(sm.score), np.log10(dist), np.nan)
+    scored = np.isfinite(np.asarray(sm.score, dtype=np.float64))
+    # a fitted post-norm column is scored only for slots that may be the final state: keep it only when
+    # some slot was scored there, so no column is blank from top to bottom
+    keep = [j for j, c in enumerate(sm.columns) if not is_virtual(result, c) or scored[:, j].any()]
+    cols = [sm.columns[j] for j in keep]
+    score = np.asarray(sm.score, dtype=np.float64)[:, keep]
+    xs = [esc(column_label(result, c)) for c in cols]
+    dist = np.clip(1.0 - score, FLOOR, 2.0)
+    z = np.where(np.isfinite(score), np.log10(dist), np.nan)
     best = np.array([m.score for m in result.matches], dtype=np.float64)[:, None]
     margins = np.array([m.margin for m in result.matches], dtype=np.float64)[:, None]
-    custom = np.stack([sm.score, sm.rel_diff, best - sm.score, np.broadcast_to(margins, sm.score.shape),
-                       sm.tokens_used], axis=-1)
+    custom = np.stack([score, np.asarray(sm.rel_diff, dtype=np.float64)[:, keep], best - score,
+                       np.broadcast_to(margins, score.shape), np.asarray(sm.tokens_used, dtype=np.float64)[:, keep]],
+                      axis=-1)
+    fitted = [f"<br>(fitted): raw p{c.p} through a norm gain fitted to this slot" if is_virtual(result, c) else ""
+              for c in cols]
+    text = [[fitted[j] for j in range(len(cols))] for _ in names]
     ticks = list(range(int(math.log10(FLOOR)), 1))
     fig = go.Figure(go.Heatmap(
-        z=z.tolist(), x=xs, y=names, customdata=custom.tolist(), colorscale="Viridis_r", zmin=ticks[0], zmax=0,
+        z=z.tolist(), x=xs, y=names, customdata=custom.tolist(), text=text, colorscale="Viridis_r", zmin=ticks[0],
+        zmax=0, hoverongaps=False,  # a cell that was not scored has no hover text
         colorbar={"title": {"text": "1 − score"}, "tickvals": ticks, "ticktext": [f"1e{t}" for t in ticks]},
-        hovertemplate=("slot %{y}<br>position %{x}<br>score %{customdata[0]:.6f}<br>"
+        hovertemplate=("slot %{y}<br>position %{x}%{text}<br>score %{customdata[0]:.6f}<br>"
                        "rel_diff %{customdata[1]:.3e}<br>below the slot's best by %{customdata[2]:.4f}<br>"
                        "slot margin %{customdata[3]:.4f}<br>tokens %{customdata[4]:.0f}<extra></extra>"),
         name="score",
@@ -113,11 +126,12 @@ def score_heatmap(result: AlignmentResult, highlight: tuple[int, Position] | Non
                                  marker={"symbol": "circle-open", "size": 30, "color": "#ff7f0e", "line": {"width": 3}},
                                  hoverinfo="skip"))
     fig.update_layout(
-        title={"text": f"Match score, training slots × capture positions<br><sup>{_files(result)}</sup>"},
+        title={"text": f"Match score, training slots × capture positions<br><sup>{_files(result)}; blank: not "
+                       "scored ((fitted) columns only for slots that may be the final state)</sup>"},
         xaxis={"title": {"text": "capture position (residual stream)"}, "type": "category", "tickangle": -45},
         yaxis={"title": {"text": "training slot"}, "type": "category", "autorange": "reversed"},
-        height=max(380, 260 + 45 * len(names)), legend={"orientation": "h", "y": -0.35},
-        margin={"l": 140, "r": 30, "t": 80, "b": 120},
+        height=max(420, 300 + 45 * len(names)), legend=LEGEND_TOP,
+        margin={"l": 140, "r": 30, "t": 120, "b": 150},
     )
     return fig
 
@@ -174,7 +188,7 @@ def norm_profile(result: AlignmentResult, highlight: int | None = None, stat: st
                        f"{result.tokens.length} compared tokens</sup>"},
         xaxis={"title": {"text": "position p (0 = embedding, N = last layer)"}, "dtick": 1},
         yaxis={"title": {"text": f"{stat} per-token L2 norm"}, "type": "log"},
-        height=480, legend={"orientation": "h", "y": -0.25}, margin={"t": 80},
+        height=520, legend=LEGEND_TOP, margin={"t": 140},
     )
     return fig
 
@@ -223,7 +237,7 @@ def per_token_cosine(result: AlignmentResult, slot: int | str, neighbours: int =
         title={"text": f"Per-token cosine of {esc(m.name)} against "
                        f"{esc(column_label(result, centre)) if centre is not None else 'no position'} and neighbours"},
         xaxis={"title": {"text": "training row"}}, yaxis={"title": {"text": "cosine"}},
-        height=380, legend={"orientation": "h", "y": -0.3}, margin={"t": 60},
+        height=420, legend=LEGEND_TOP, margin={"t": 110},
     )
     return fig
 
