@@ -107,13 +107,13 @@ class TestNotebookRecords:
 
     def test_layer_outputs(self, layout_run: ReportRun) -> None:
         s = layout_run.summary
-        assert layout_run.exit_code == s["exit_code"] == 0
+        assert layout_run.exit_code == s["exit_code"] == 1 and s["level"] == "ACTION"  # ids must be written
         assert [m["position"] for m in s["mapping"]] == [3, 7, 10, 12]
         assert [m["post_norm"] for m in s["mapping"]] == [False, False, False, True]
         assert all(m["confident"] for m in s["mapping"])
         assert s["engine_ids"]["sglang"] == [2, 6, 9] and s["engine_ids"]["vllm"] == [3, 7, 10]
         assert s["parameters"]["shard"] == str(SAMPLES / "record_layer_outputs.pt")
-        assert s["verdict"].startswith("All 4 slots placed") and f"VERDICT: {s['verdict']}" in layout_run.output
+        assert s["verdict"].startswith("ACTION: all 4 slots placed") and f"VERDICT: {s['verdict']}" in layout_run.output
 
     def test_wrong_fix(self, wrong_fix_run: ReportRun) -> None:
         s = wrong_fix_run.summary
@@ -125,8 +125,10 @@ class TestNotebookRecords:
 
     def test_no_error_or_warning_output(self, layout_run: ReportRun) -> None:
         nb = nbformat.read(str(layout_run.notebook), as_version=4)
-        outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+        outputs = [o for c in nb.cells if "ef-strict" not in c.metadata.get("tags", []) for o in c.get("outputs", [])]
         assert outputs and not [o for o in outputs if o.output_type in ("error", "stream")]
+        strict = [c for c in nb.cells if "ef-strict" in c.metadata.get("tags", [])]
+        assert len(strict) == 1 and strict[0].outputs[0].ename == "VerdictNotOK"  # report runs it strict
         assert "injected-parameters" in [t for c in nb.cells for t in c.metadata.get("tags", [])]
 
 
@@ -143,7 +145,7 @@ class TestHtml:
 
     def test_verdict_and_no_code(self, layout_run: ReportRun) -> None:
         text = layout_run.text
-        assert html.escape(layout_run.summary["verdict"], quote=False) in text
+        assert html.escape(layout_run.summary["verdict"][len("ACTION: "):]) in text
         assert "validate_params(" not in text and "Parameters: edit here" not in text  # --no-input
         assert "hidden_states[3]" in text and "eagle_config.eagle_aux_hidden_state_layer_ids" in text
 
@@ -225,7 +227,8 @@ class TestParameters:
         ({"max_tokens": "10"}, "max_tokens must be a whole number"),
         ({"max_tokens": 0}, "max_tokens must be a whole number"),
         ({"max_tokens": True}, "max_tokens must be a whole number"),
-        ({"device": "cuda:0"}, "not supported yet"),
+        ({"device": "mps"}, "parameter device must be one of auto, cpu, cuda"),
+        ({"strict": "yes"}, "parameter strict must be True or False"),
         ({"device": 3}, "parameter device must be one of"),
         ({"engine": "tgi"}, "parameter engine must be one of"),
         ({"engine": "sglang-deepseek<0.5.13"}, "parameter engine must be one of vllm, sglang, trtllm or None"),

@@ -109,7 +109,7 @@ class TestHtml:
         text = runs_run.text
         base = EXPECTED["baseline"]["tok_s"]
         for label in LOGS:
-            assert f"<th>{label}</th>" in text  # a row of the summary table
+            assert f"<td>{label}</td>" in text  # a row of the summary table (no index column: run is a cell)
         for label in ("broken", "fixed"):
             assert f"{EXPECTED[label]['tok_s'] / base:.2f}x" in text
         assert html.escape(runs_run.summary["verdict"], quote=False) in text
