@@ -44,15 +44,6 @@ STRICT_ERROR = "VerdictNotOK"  # what a strict notebook's last cell raises (nbvi
 # cells never shown in a page: parameters, the strict check, papermill's own error banners
 HIDDEN_TAGS = {"parameters", "injected-parameters", "ef-strict", "papermill-error-cell-tag"}
 
-# nbconvert's lab template minus everything it would fetch from the web (require.js,
-# MathJax, mermaid, the widget manager); plotly.js is already inline in the outputs.
-_TEMPLATE_NAME = "eagleforensics_report.html.j2"
-_TEMPLATE = """{%- extends 'index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-"""
 
 
 @dataclass(frozen=True)
@@ -310,14 +301,13 @@ def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path) ->
 def to_html(nb: Any, with_input: bool = False) -> str:
     """One self-contained HTML page of an executed notebook; parameter cells are always left out."""
     try:
-        from jinja2 import DictLoader
-        from nbconvert import HTMLExporter
         from nbconvert.preprocessors import TagRemovePreprocessor
+
+        from .exporter import OfflineHTMLExporter
     except ImportError:
         raise ForensicsError(f"the report needs nbconvert; {INSTALL_HINT}") from None
-    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE_NAME: _TEMPLATE})],
-                            exclude_input=not with_input, exclude_input_prompt=True, exclude_output_prompt=True)
-    exporter.template_file = _TEMPLATE_NAME
+    exporter = OfflineHTMLExporter(exclude_input=not with_input, exclude_input_prompt=True,
+                                   exclude_output_prompt=True)
     exporter.register_preprocessor(
         TagRemovePreprocessor(remove_cell_tags=HIDDEN_TAGS, enabled=True), enabled=True)
     body, _ = exporter.from_notebook_node(nb)
