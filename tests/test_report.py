@@ -322,6 +322,31 @@ def test_kernel_is_this_interpreter() -> None:
     assert km.kernel_spec.argv[0] == sys.executable and "ipykernel_launcher" in km.kernel_spec.argv
 
 
+def test_kernel_shutdown_sends_no_interrupt() -> None:
+    """jupyter_client interrupts before every shutdown; ours does not (ipykernel logged it as an ERROR)."""
+    import asyncio
+    import signal
+
+    async def go() -> list[int]:
+        km = report.kernel_manager_class()(kernel_name=report.KERNEL_NAME)
+        sent: list[int] = []
+        original = km._async_signal_kernel
+
+        async def record(signum: int) -> None:
+            sent.append(signum)
+            await original(signum)
+
+        km._async_signal_kernel = record
+        await km.start_kernel()
+        try:
+            await km.interrupt_kernel()  # an interrupt asked for while running still goes through
+        finally:
+            await km.shutdown_kernel()
+        return sent
+
+    assert asyncio.run(go()) == [signal.SIGINT]
+
+
 def test_explore_notebook_runs_headless(tmp_path: Path) -> None:
     """explore.ipynb executes through papermill and its three output areas hold drawn figures."""
     out = tmp_path / "explore.ipynb"

@@ -244,7 +244,8 @@ def default_output(params: ReportParams, cwd: Path | None = None) -> Path:
 def kernel_manager_class() -> type:
     """A kernel manager whose ``python3`` kernel is this interpreter's ipykernel, not a python3 found elsewhere.
 
-    Its sockets are Unix domain sockets where the OS has them, so the kernel opens no TCP port.
+    Its sockets are Unix domain sockets where the OS has them, so the kernel opens no TCP port,
+    and its shutdown sends no SIGINT (which made ipykernel log a KeyboardInterrupt error).
     """
     try:
         from ipykernel.kernelspec import RESOURCES, get_kernel_dict
@@ -272,6 +273,15 @@ def kernel_manager_class() -> type:
         @default("transport")
         def _local_sockets(self) -> str:
             return "ipc" if os.name == "posix" else "tcp"  # Unix sockets: no TCP port, no plain-text warning
+
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client sends SIGINT before every shutdown request; when it lands while the kernel
+            # handles a message, ipykernel logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in
+            # kernel." on stderr. papermill shuts down only after the last cell, so skip it then; the
+            # shutdown request (then SIGTERM, SIGKILL) still ends the kernel.
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
 
     return HereKernelManager
 
