@@ -116,8 +116,8 @@ def judge(result: AlignmentResult) -> Verdict:
                  "recapture, or lower --min-score when engine kernels drift from HF in deep layers" for m in loose]
         if errors and workable and len(workable) < len(advice):
             names = ", ".join(a.engine for a in workable)
-            todo.append(f"Only {names} can serve this record as trained (snippets below); better: regenerate the "
-                        "training data at the layers the engines capture.")
+            todo.append(f"Only {names} can serve this record as trained (its snippet is shown with the verdict); "
+                        "better: regenerate the training data at the layers the engines capture.")
         return Verdict(PROBLEM, " ".join(parts) + (f" Placed: {_placed(r)}." if _placed(r) else ""),
                        actions=workable if errors else [], todo=todo)
     check = r.serving

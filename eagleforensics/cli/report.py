@@ -64,6 +64,10 @@ def report(shard: str, capture: str, output: str | None, capture_convention: str
         model_type=model_type, with_input=with_input, keep_notebook=keep_notebook, strict=True,
         hash_inputs=not no_hash, redact_paths=redact_paths, command=command))
     click.echo(f"VERDICT: {outcome.verdict}")
+    for action in outcome.summary.get("actions", []):  # the snippet each engine needs, as in align's text
+        click.echo(f"  {action['engine']}: " + " | ".join((action["snippet"] or "").splitlines()))
+    for item in outcome.summary.get("todo", []):
+        click.echo(f"  - {item}")
     click.echo(f"report: {outcome.html}")
     if outcome.notebook is not None:
         click.echo(f"notebook: {outcome.notebook}")

@@ -42,9 +42,9 @@ if(x[0]!==y[0])return x[0]-y[0];var c=x[1]<y[1]?-1:x[1]>y[1]?1:0;return asc?c:-c
 rows.forEach(function(r){body.appendChild(r)})}
 """
 _TABLE_CSS = ("<style>.ef-table{border-collapse:collapse;margin:0.5em 0}.ef-table th,.ef-table td{"
-              "white-space:normal!important;overflow-wrap:anywhere;max-width:42em;text-align:left!important;"
+              "white-space:normal!important;overflow-wrap:break-word;max-width:42em;text-align:left!important;"
               "vertical-align:top;padding:0.2em 0.6em;border-bottom:1px solid #ddd}"
-              ".ef-table th.ef-sort{cursor:pointer}.ef-table th.ef-sort:after{content:' \\2195';color:#999}"
+              ".ef-table th{white-space:nowrap!important}.ef-table th.ef-sort{cursor:pointer}.ef-table th.ef-sort:after{content:' \\2195';color:#999}"
               ".ef-snippet{background:#f4f4f4;border:1px solid #ddd;padding:0.5em;margin:0.2em 0 0.6em;"
               "white-space:pre-wrap}.ef-copy{margin-left:0.6em;cursor:pointer}</style>")
 
@@ -117,15 +117,20 @@ def verdict(result: AlignmentResult, params: ReportParams | None = None) -> None
     engine = params.engine if params is not None else None
     if engine is not None:
         parts.append(f"<p>{esc(engine_advice(result, engine))}</p>")
+    todo = "<p><b>What to do</b></p><ul>" + "".join(f"<li>{esc(t)}</li>" for t in v.todo) + "</ul>"
+    if v.todo and v.level == "PROBLEM":
+        parts.append(todo)
     if v.actions:
-        parts.append("<p><b>Write these ids</b> (each engine reads its own key; paste the snippet into the file named):</p>")
+        lead = ("Write these ids</b> (each engine reads its own key; paste the snippet into the file named):"
+                if v.level != "PROBLEM" else "Only these engines can serve the record as it is</b>:")
+        parts.append(f"<p><b>{lead}</p>")
     for k, a in enumerate(v.actions):
         pid = f"ef-snippet-{k}"
         parts.append(f"<div class='ef-action'><b>{esc(a.engine)}</b> {esc(a.syntax.upper())} for {esc(a.where)}"
                      f"<button type='button' class='ef-copy' data-target='{pid}' onclick='efCopy(this)'>copy</button>"
                      f"<pre class='ef-snippet' id='{pid}'>{esc(a.snippet)}</pre></div>")
-    if v.todo:
-        parts.append("<p><b>What to do</b></p><ul>" + "".join(f"<li>{esc(t)}</li>" for t in v.todo) + "</ul>")
+    if v.todo and v.level != "PROBLEM":
+        parts.append(todo)
     items = "".join(
         f"<li><b style='color:{_SEVERITY_COLOUR.get(f.severity, '#000')}'>{esc(f.severity)}</b> "
         f"<code>{esc(f.code)}</code>: {esc(f.message)}</li>" for f in by_severity(result.findings))
