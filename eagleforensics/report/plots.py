@@ -54,6 +54,13 @@ def is_virtual(result: AlignmentResult, pos: Position) -> bool:
     return pos not in result.scores.column_norms
 
 
+def drawn_columns(result: AlignmentResult) -> list[int]:
+    """Indexes of the heatmap's columns: every captured position, and a fitted post-norm column only
+    where some slot (one that may be the final state) was scored, so no column is blank top to bottom."""
+    scored = np.isfinite(np.asarray(result.scores.score, dtype=np.float64))
+    return [j for j, c in enumerate(result.scores.columns) if not is_virtual(result, c) or scored[:, j].any()]
+
+
 def column_label(result: AlignmentResult, pos: Position) -> str:
     """Axis label of a column: ``p3``, ``p12 post-norm``, ``p11 post-norm (fitted)``."""
     return pos.label + (" (fitted)" if is_virtual(result, pos) else "")
@@ -81,10 +88,7 @@ def score_heatmap(result: AlignmentResult, highlight: tuple[int, Position] | Non
 
     sm = result.scores
     names = [esc(m.name) for m in result.matches]
-    scored = np.isfinite(np.asarray(sm.score, dtype=np.float64))
-    # a fitted post-norm column is scored only for slots that may be the final state: keep it only when
-    # some slot was scored there, so no column is blank from top to bottom
-    keep = [j for j, c in enumerate(sm.columns) if not is_virtual(result, c) or scored[:, j].any()]
+    keep = drawn_columns(result)
     cols = [sm.columns[j] for j in keep]
     score = np.asarray(sm.score, dtype=np.float64)[:, keep]
     xs = [esc(column_label(result, c)) for c in cols]
@@ -128,8 +132,10 @@ def score_heatmap(result: AlignmentResult, highlight: tuple[int, Position] | Non
     fig.update_layout(
         title={"text": f"Match score, training slots × capture positions<br><sup>{_files(result)}; blank: not "
                        "scored ((fitted) columns only for slots that may be the final state)</sup>"},
-        xaxis={"title": {"text": "capture position (residual stream)"}, "type": "category", "tickangle": -45},
-        yaxis={"title": {"text": "training slot"}, "type": "category", "autorange": "reversed"},
+        # fixed ranges: autorange pads for the markers' size, which drew an empty column at the right
+        xaxis={"title": {"text": "capture position (residual stream)"}, "type": "category", "tickangle": -45,
+               "range": [-0.5, len(xs) - 0.5], "tickmode": "array", "tickvals": xs, "ticktext": xs},
+        yaxis={"title": {"text": "training slot"}, "type": "category", "range": [len(names) - 0.5, -0.5]},
         height=max(420, 300 + 45 * len(names)), legend=LEGEND_TOP,
         margin={"l": 140, "r": 30, "t": 120, "b": 150},
     )
