@@ -30,6 +30,8 @@ DIP = 1e-3  # a token this far below the slot's median cosine is annotated as th
 OK_COLOUR, BAD_COLOUR, CAPTURE_COLOUR = "#1a9850", "#d73027", "#333333"
 # legends sit above the plot area, right-aligned: below it they cover the x-axis labels
 LEGEND_TOP = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1}
+# legends of many entries go right of the plot area, where they cover neither axis nor title
+LEGEND_RIGHT = {"orientation": "v", "yanchor": "top", "y": 1, "xanchor": "left", "x": 1.02}
 
 
 def esc(text: object) -> str:
@@ -194,7 +196,7 @@ def norm_profile(result: AlignmentResult, highlight: int | None = None, stat: st
                        f"{result.tokens.length} compared tokens</sup>"},
         xaxis={"title": {"text": "position p (0 = embedding, N = last layer)"}, "dtick": 1},
         yaxis={"title": {"text": f"{stat} per-token L2 norm"}, "type": "log"},
-        height=520, legend=LEGEND_TOP, margin={"t": 140},
+        height=480, legend=LEGEND_RIGHT, margin={"t": 80},
     )
     return fig
 
@@ -243,7 +245,7 @@ def per_token_cosine(result: AlignmentResult, slot: int | str, neighbours: int =
         title={"text": f"Per-token cosine of {esc(m.name)} against "
                        f"{esc(column_label(result, centre)) if centre is not None else 'no position'} and neighbours"},
         xaxis={"title": {"text": "training row"}}, yaxis={"title": {"text": "cosine"}},
-        height=420, legend=LEGEND_TOP, margin={"t": 110},
+        height=400, legend=LEGEND_RIGHT, margin={"t": 60},
     )
     return fig
 
