@@ -540,3 +540,21 @@ class TestTables:
         engines = next(t for t in tables if "none works" in t)
         assert "the embedding output (p=0) cannot be captured" in engines  # notes shown whole
         assert re.search(r"<td>1\.0000</td>", tables[0]) and "<td>-</td>" in tables[0]
+
+
+def test_report_device_reaches_the_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """report --device / the device parameter is handed to align() as align --device is (no CPU-only fallback)."""
+    import eagleforensics.alignment as alignment
+
+    seen: dict[str, Any] = {}
+
+    def fake_align(*_a: Any, **kw: Any) -> str:
+        seen.update(kw)
+        return "result"
+
+    monkeypatch.setattr(alignment, "align", fake_align)
+    for device in ("cuda", "cuda:1", "cpu", "auto"):
+        params = report.validate_params(SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture.pt", device=device)
+        assert report.run_alignment(params)[0] == "result" and seen["device"] == device
+    res = _cli([str(SAMPLES / "record_layer_outputs.pt"), str(SAMPLES / "capture.pt"), "--device", "tpu"])
+    assert res.exit_code == 2 and "'tpu' is not one of" in res.output
