@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+TIMEOUT_S = 180
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
          '--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=http://127.0.0.1:9",
@@ -39,10 +42,18 @@ def run(page: Path, *extra: str, netlog: Path | None = None) -> str:
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
     log = [f"--log-net-log={netlog}"] if netlog is not None else []
     with tempfile.TemporaryDirectory(prefix="ef-chromium-") as profile:
-        done = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *log, *extra, page.as_uri()],
-                              capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+        # its own process group: on a timeout the renderer and GPU children, which hold the output
+        # pipes open, are killed too (subprocess.run's timeout kills only the parent, then waits on them)
+        proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *log, *extra, page.as_uri()],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f"chromium did not finish {page.name} in {TIMEOUT_S} s")
+    assert proc.returncode == 0, err[-2000:]
+    return out
 
 
 def page_requests(page: Path) -> list[str]:

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data_samples"
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_TITLE = "</title><script>alert(4)</script>"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                  # networking off: every host name fails to resolve, and any proxied request goes nowhere
-                  '--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=http://127.0.0.1:9",
-                  "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=15000"]
 
 
 def _cli(args: list[str]) -> Any:
@@ -93,13 +86,9 @@ def serving_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
 
 def _chromium(html: Path, *extra: str) -> str:
     """Open ``html`` in headless Chromium with networking off; return the DOM after scripts ran."""
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
-    with tempfile.TemporaryDirectory(prefix="ef-chromium-") as profile:
-        done = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, html.as_uri()],
-                              capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    from . import browser
+
+    return browser.run(html, *extra)
 
 
 class TestNotebookRecords:
