@@ -41,6 +41,12 @@ var rows=Array.prototype.slice.call(body.rows);rows.sort(function(a,b){var x=key
 if(x[0]!==y[0])return x[0]-y[0];var c=x[1]<y[1]?-1:x[1]>y[1]?1:0;return asc?c:-c});
 rows.forEach(function(r){body.appendChild(r)})}
 """
+def _assets() -> str:
+    """The inline script and style the verdict and tables use: carried by each output (a few hundred
+    bytes), so a notebook that shows a table without ``setup`` still sorts and wraps it."""
+    return f'<script type="text/javascript">{_PAGE_JS}</script>{_TABLE_CSS}'
+
+
 _TABLE_CSS = ("<style>.ef-table{border-collapse:collapse;margin:0.5em 0}.ef-table th,.ef-table td{"
               "white-space:normal!important;overflow-wrap:break-word;max-width:42em;text-align:left!important;"
               "vertical-align:top;padding:0.2em 0.6em;border-bottom:1px solid #ddd}"
@@ -59,8 +65,7 @@ def setup() -> None:
     """Embed plotly.js once, inline, so an exported HTML page draws its figures without any network."""
     from plotly.offline import get_plotlyjs
 
-    _display({"text/html": f'<script type="text/javascript">{get_plotlyjs()}</script>'
-                           f'<script type="text/javascript">{_PAGE_JS}</script>{_TABLE_CSS}',
+    _display({"text/html": f'<script type="text/javascript">{get_plotlyjs()}</script>',
               "text/plain": "plotly.js embedded"})
 
 
@@ -140,7 +145,7 @@ def verdict(result: AlignmentResult, params: ReportParams | None = None) -> None
               f"padding:0.4em 1em;background:#f7f7f7'>{''.join(parts)}</div>")
     plain = "\n".join(["VERDICT: " + v.line] + [f"{a.engine}: {a.snippet}" for a in v.actions]
                       + [f"- {t}" for t in v.todo])
-    html(markup, plain, {SUMMARY_KEY: notebook_summary(result, params)})
+    html(_assets() + markup, plain, {SUMMARY_KEY: notebook_summary(result, params)})
 
 
 class VerdictNotOK(RuntimeError):
@@ -192,7 +197,7 @@ def table(df: pd.DataFrame, precision: int = 4, sortable: bool = True) -> None:
         plain = shown.to_string(index=False)
     if sortable:
         markup = markup.replace("<th>", "<th class='ef-sort' onclick='efSort(this)'>")
-    html(markup, plain)
+    html(_assets() + markup, plain)
 
 
 def target_label(result: AlignmentResult, engine: str) -> str:
