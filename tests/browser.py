@@ -26,14 +26,19 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
          '--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=http://127.0.0.1:9",
          "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=15000"]
-# Reads where the verdict and its snippets sit once the page has laid out (window 1280 x 900).
+# Reads where the verdict and its snippets sit once the page has laid out (window 1280 x 900), and
+# clicks the first copy button (its label turns to "copied" once the snippet is on the clipboard).
 _PROBE = """<script>window.addEventListener('load', function () {
   var v = document.querySelector('.ef-verdict'), b = v && v.querySelector('b');
   var out = {verdict: b ? b.textContent : null, verdict_bottom: b ? b.getBoundingClientRect().bottom : null,
              snippets: [].map.call(document.querySelectorAll('.ef-snippet'), function (p) {
                return [p.textContent, p.getBoundingClientRect().bottom]; })};
-  var d = document.createElement('pre'); d.id = 'ef-probe'; d.textContent = JSON.stringify(out);
-  document.body.appendChild(d); });</script>"""
+  var btn = document.querySelector('.ef-copy');
+  if (btn) { btn.click(); }
+  setTimeout(function () {
+    out.copy_button = btn ? btn.textContent : null;
+    var d = document.createElement('pre'); d.id = 'ef-probe'; d.textContent = JSON.stringify(out);
+    document.body.appendChild(d); }, 300); });</script>"""
 
 
 def run(page: Path, *extra: str, netlog: Path | None = None) -> str:
