@@ -26,6 +26,7 @@ _LAZY = {
     "AlignmentResult": "eagleforensics.results",
     "SlotMatch": "eagleforensics.results",
     "Finding": "eagleforensics.results",
+    "Verdict": "eagleforensics.verdict",
     "load_training": "eagleforensics.io.training",
     "TrainingRecord": "eagleforensics.io.training",
     "load_capture": "eagleforensics.io.capture",

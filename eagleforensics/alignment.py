@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .engines import rules
+from .engines.advice import engine_advice, serving_advice
 from .engines.crosscheck import check_request, crosscheck, serving_audit
 from .errors import ForensicsError
 from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
@@ -167,10 +168,12 @@ def align(
         cap.hidden_size, tok, matches, sm, [n.numpy() for n in norms], engine_ids, engine_notes, findings, thr,
         dict(record.metadata),
     )
+    aux = [m.position for m in matches if m.role == "aux"]
+    trained = aux if aux and all(q is not None and not q.normed for q in aux) else None
     if audit is None:
-        return result
+        return replace(result, advice=engine_advice(engine_ids, engine_notes, trained, cap.num_layers))
     check = crosscheck(result, audit)
-    return replace(result, serving=check, findings=findings + check.findings)
+    return replace(result, serving=check, findings=findings + check.findings, advice=serving_advice(check))
 
 
 def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], idents: list[Identity | None],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover  (annotations only: results sit below ever
     from .evidence.confidence import Thresholds
     from .evidence.match import ScoreMatrix
     from .evidence.tokens import TokenAlignment
+    from .verdict import EngineAdvice, Verdict
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -190,6 +191,19 @@ class AlignmentResult:
     thresholds: Thresholds
     metadata: dict[str, Any] = field(default_factory=dict)
     serving: CrossCheck | None = None  # engine config vs training, when an engine was given
+    advice: list[EngineAdvice] = field(default_factory=list)  # per engine: the ids to write, or default
+
+    def judge(self) -> Verdict:
+        """The verdict level (OK / ACTION / PROBLEM), its summary and what to do (``verdict.judge``)."""
+        from .verdict import judge
+
+        v = judge(self)
+        notes = _evidence_notes(self.matches)  # ambiguity, uncaptured neighbours, the kind of drift
+        return replace(v, summary=v.summary + notes) if notes else v
+
+    @property
+    def level(self) -> str:
+        return self.judge().level
 
     @property
     def columns(self) -> list[Position]:
@@ -197,37 +211,22 @@ class AlignmentResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every slot is placed and nothing is miswired beyond repair, else 1."""
-        bad = any(not m.confident for m in self.matches) or any(f.severity == "error" for f in self.findings)
-        bad = bad or (self.serving is not None and not self.serving.match)
-        return 1 if bad else 0
+        """0 when the verdict is OK (nothing to do), 1 for ACTION or PROBLEM (something to do)."""
+        return self.judge().exit_code
 
     @property
     def verdict(self) -> str:
-        """One sentence a tired engineer can act on."""
-        n_bad = sum(not m.confident for m in self.matches)
-        errors = [f for f in self.findings if f.severity == "error"]
-        if self.tokens.length < self.thresholds.min_tokens:
-            return f"No confident match: only {self.tokens.length} tokens could be paired ({self.tokens.note})."
-        if n_bad == len(self.matches):
-            return ("No confident match for any slot: this record and this capture do not come from the same "
-                    "model and prompt, or the capture misses the layers the record holds.")
-        placed = "; ".join(f"{m.name} = {m.position.label}" for m in self.matches if m.position is not None)
-        notes = _evidence_notes(self.matches)
-        if errors:
-            return f"Miswired: {errors[0].message.split('. ')[0]}. Placed: {placed}." + notes
-        if n_bad:
-            return f"{n_bad} of {len(self.matches)} slots have no confident match. Placed: {placed}." + notes
-        ids = ", ".join(f"{k} {v}" for k, v in self.engine_ids.items() if v is not None and k in ("sglang", "vllm"))
-        warn = " Note: not the engines' default layers, so set the ids explicitly." if any(
-            f.code == "off-by-default" for f in self.findings) else ""
-        return (f"All {len(self.matches)} slots placed: {placed}." + (f" Serve with ids: {ids}." if ids else "") + warn
-                + notes)
+        """One line a tired engineer can act on: ``LEVEL: summary`` (see ``eagleforensics.verdict``)."""
+        return self.judge().line
 
     def to_dict(self) -> dict[str, Any]:
+        v = self.judge()
         return {
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
+            "verdict": v.line,
+            "level": v.level,
+            "exit_code": v.exit_code,
+            "actions": [a.to_dict() for a in v.actions],
+            "todo": list(v.todo),
             "training": {"path": self.train_path, "format": self.train_format, "metadata": _jsonable(self.metadata)},
             "capture": {"path": self.capture_path, "convention": self.capture_convention,
                         "num_layers": self.num_layers, "num_layers_source": self.num_layers_source,
@@ -271,13 +270,24 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
 
 
 def render_text(result: AlignmentResult) -> str:
-    """The verdict, the slot table, the engine id lists and the findings, as terminal text."""
+    """The verdict, what to write or do, the findings (most severe first), the slot table, the engine ids."""
+    from .verdict import by_severity
+
     r = result
+    v = r.judge()
     lines = [f"training: {printable(r.train_path)} ({r.train_format})",
              f"capture:  {printable(r.capture_path)} (convention {r.capture_convention}, N={r.num_layers} "
              f"[{r.num_layers_source}], H={r.hidden_size})",
              f"tokens:   {r.tokens.length} compared ({r.tokens.method})", "",
-             "VERDICT: " + r.verdict, ""]
+             "VERDICT: " + v.line]
+    for a in v.actions:
+        lines += ["", f"  {a.engine}: write into {a.where}:"] + [f"    {x}" for x in (a.snippet or "").splitlines()]
+    if v.todo:
+        lines += ["", "what to do:"] + [f"  - {t}" for t in v.todo]
+    if r.findings:
+        lines += ["", "findings:"]
+        lines += [f"  [{f.severity}] {f.code}: {f.message}" for f in by_severity(r.findings)]
+    lines.append("")
     header = ("slot", "role", "holds", "score", "margin", "confident", "identity", "fidelity", "tokens")
     rows = []
     for m in r.matches:
@@ -296,7 +306,4 @@ def render_text(result: AlignmentResult) -> str:
         for label, ids in r.engine_ids.items():
             why = "; ".join(r.engine_notes.get(label, []))
             lines.append(f"  {label:<26} {ids if ids is not None else 'none works'}" + (f"  ({why})" if why else ""))
-    if r.findings:
-        lines += ["", "findings:"]
-        lines += [f"  [{f.severity}] {f.code}: {f.message}" for f in r.findings]
     return "\n".join(lines)

@@ -46,7 +46,7 @@ def test_incident_sample_places_layer_outputs_and_gives_sglang_ids():
     assert r.engine_ids["sglang"] == [2, n // 2, n - 3]
     assert r.engine_ids["vllm"] == [3, n // 2 + 1, n - 2]
     assert "off-by-default" in {f.code for f in r.findings}
-    assert r.exit_code == 0
+    assert r.exit_code == 1 and r.level == "ACTION"  # placed, but every engine must be told the ids
 
 
 def test_wrong_fix_sample_says_embedding_included_and_which_ids():

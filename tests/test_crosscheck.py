@@ -164,7 +164,8 @@ class TestAlignIntegration:
     """align(..., draft_config, engine): the check rides on the result, its findings and exit code."""
 
     def test_without_engine_nothing_changes(self, result):
-        assert result.serving is None and result.to_dict()["serving"] is None and result.exit_code == 0
+        assert result.serving is None and result.to_dict()["serving"] is None and result.exit_code == 1
+        assert result.level == "ACTION"  # the incident record: every engine must be told its ids
 
     def test_mismatch_joins_findings_and_exit(self, tmp_path):
         r = align(RECORD, CAPTURE, draft_config=_specforge(tmp_path, [3, 7, 10]), engine="sglang")

@@ -377,8 +377,9 @@ def test_nan_and_inf_rows_are_reported_where_they_are_and_skipped(tmp_path: Path
     chs[3][0, 11, 0] = float("-inf")
     cap["hidden_states"] = chs
     code, out, err = run_cli("align", "--json", _save(tmp_path / "nan.pt", rec), _save(tmp_path / "cap.pt", cap))
-    assert err == "" and code == 0, err
+    assert err == "" and code == 1, err  # the incident record: ACTION (ids must be set)
     doc = json.loads(out)
+    assert doc["level"] == "ACTION"
     msgs = {f["code"]: f["message"] for f in doc["findings"]}
     assert "hidden_states[1]: row 5" in msgs["nonfinite-training"]
     assert "hidden_states[2]: row 7" in msgs["nonfinite-training"]
@@ -439,9 +440,9 @@ def test_real_process_prints_one_line_and_exits_2(build: Callable[[Path], list[s
 
 
 def test_samples_still_align_cleanly() -> None:
-    """The hardening keeps the incident sample's answer: p=[3, 7, 10] + post-norm final, exit 0."""
+    """The hardening keeps the incident sample's answer: p=[3, 7, 10] + post-norm final, ACTION (exit 1)."""
     code, out, err = run_cli("align", REC, CAP)
-    assert code == 0 and err == ""
+    assert code == 1 and err == "" and "VERDICT: ACTION" in out
     r = align(REC, CAP)
     assert [(m.position.p, m.position.normed) for m in r.matches] == [(3, False), (7, False), (10, False), (12, True)]
 
@@ -452,7 +453,7 @@ def test_legacy_torch_files_still_load(tmp_path: Path) -> None:
     path = tmp_path / "legacy_ok.pt"
     torch.save(rec, path, _use_new_zipfile_serialization=False)
     r = align(path, CAP)
-    assert [m.position.p for m in r.matches] == [3, 7, 10, 12] and r.exit_code == 0
+    assert [m.position.p for m in r.matches] == [3, 7, 10, 12] and r.exit_code == 1
 
 
 def test_gzip_bomb_is_refused_before_it_fills_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,11 +13,12 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "eagleforensics"
 
 # room -> the rooms it may import besides itself (the bottom three are open to everyone above them)
-BOTTOM = {"errors", "positions", "results"}
+BOTTOM = {"errors", "positions", "results", "verdict"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "positions": set(),
-    "results": {"errors", "positions"},
+    "results": {"errors", "positions", "verdict"},
+    "verdict": {"errors", "positions", "results"},
     "io": BOTTOM,
     "evidence": BOTTOM | {"io"},
     "engines": BOTTOM | {"io"},

@@ -39,6 +39,12 @@ def _record_from_samples(edit) -> object:
     return edit(hs, {"input_ids": obj["input_ids"].clone()})
 
 
+def _kept(result: AlignmentResult) -> list[int]:
+    """Columns the heatmap draws: captured ones, and fitted ones where some slot was scored."""
+    scored = np.isfinite(result.scores.score)
+    return [j for j, c in enumerate(result.columns) if not plots.is_virtual(result, c) or scored[:, j].any()]
+
+
 class TestScoreHeatmap:
     """The heatmap shows every slot x column score and marks each slot's chosen cell."""
 
@@ -46,9 +52,10 @@ class TestScoreHeatmap:
         fig = plots.score_heatmap(layout_result)
         heat = fig.data[0]
         assert list(heat.y) == [m.name for m in layout_result.matches]
-        assert list(heat.x) == [plots.column_label(layout_result, c) for c in layout_result.columns]
+        kept = _kept(layout_result)
+        assert list(heat.x) == [plots.column_label(layout_result, layout_result.columns[j]) for j in kept]
         z = np.array(heat.z, dtype=float)
-        assert z.shape == layout_result.scores.score.shape
+        assert z.shape == (len(layout_result.matches), len(kept))
         chosen = next(d for d in fig.data if d.name == "chosen (confident)")
         assert list(chosen.x) == ["p3", "p7", "p10", "p12 post-norm"]
         assert list(chosen.y) == list(heat.y)
@@ -60,10 +67,30 @@ class TestScoreHeatmap:
         for word in ("score", "rel_diff", "margin"):
             assert word in heat.hovertemplate
         custom = np.array(heat.customdata, dtype=float)
-        np.testing.assert_allclose(custom[..., 0], layout_result.scores.score, equal_nan=True)
-        np.testing.assert_allclose(custom[..., 1], layout_result.scores.rel_diff, equal_nan=True)
+        kept = _kept(layout_result)
+        np.testing.assert_allclose(custom[..., 0], layout_result.scores.score[:, kept], equal_nan=True)
+        np.testing.assert_allclose(custom[..., 1], layout_result.scores.rel_diff[:, kept], equal_nan=True)
         margins = [m.margin for m in layout_result.matches]
         np.testing.assert_allclose(custom[:, 0, 3], margins)
+
+    def test_no_blank_columns_and_no_hover_on_unscored_cells(self, layout_result: AlignmentResult) -> None:
+        """A fitted column is drawn only where some slot (one that may be the final state) was scored."""
+        heat = plots.score_heatmap(layout_result).data[0]
+        z = np.array(heat.z, dtype=float)
+        assert np.isfinite(z).any(axis=0).all()  # no column blank from top to bottom
+        dropped = [c for c in layout_result.columns if plots.column_label(layout_result, c) not in heat.x]
+        assert dropped and all(plots.is_virtual(layout_result, c) for c in dropped)
+        assert heat.hoverongaps is False and np.isnan(z).any()  # blank cells exist and have no hover
+        fitted = [j for j, x in enumerate(heat.x) if x.endswith("(fitted)")]
+        assert fitted and all("(fitted)" in heat.text[0][j] for j in fitted)
+        assert all(heat.text[0][j] == "" for j in range(len(heat.x)) if j not in fitted)
+
+    def test_legend_sits_above_the_plot(self, layout_result: AlignmentResult) -> None:
+        """Below the plot a legend covers the tick labels ("p1 post-norm" read "1 post-norm")."""
+        for fig in (plots.score_heatmap(layout_result), plots.norm_profile(layout_result),
+                    plots.per_token_cosine(layout_result, 0)):
+            legend = fig.layout.legend  # above the plot area, or right of it
+            assert (legend.y >= 1 and legend.yanchor == "bottom") or (legend.x > 1 and legend.xanchor == "left")
 
     def test_fitted_columns_are_labelled(self, layout_result: AlignmentResult) -> None:
         labels = list(plots.score_heatmap(layout_result).data[0].x)

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "data_samples"
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_TITLE = "</title><script>alert(4)</script>"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                  # networking off: every host name fails to resolve, and any proxied request goes nowhere
-                  '--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=http://127.0.0.1:9",
-                  "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=15000"]
 
 
 def _cli(args: list[str]) -> Any:
@@ -93,13 +86,9 @@ def serving_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
 
 def _chromium(html: Path, *extra: str) -> str:
     """Open ``html`` in headless Chromium with networking off; return the DOM after scripts ran."""
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
-    with tempfile.TemporaryDirectory(prefix="ef-chromium-") as profile:
-        done = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, html.as_uri()],
-                              capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    from . import browser
+
+    return browser.run(html, *extra)
 
 
 class TestNotebookRecords:
@@ -107,13 +96,13 @@ class TestNotebookRecords:
 
     def test_layer_outputs(self, layout_run: ReportRun) -> None:
         s = layout_run.summary
-        assert layout_run.exit_code == s["exit_code"] == 0
+        assert layout_run.exit_code == s["exit_code"] == 1 and s["level"] == "ACTION"  # ids must be written
         assert [m["position"] for m in s["mapping"]] == [3, 7, 10, 12]
         assert [m["post_norm"] for m in s["mapping"]] == [False, False, False, True]
         assert all(m["confident"] for m in s["mapping"])
         assert s["engine_ids"]["sglang"] == [2, 6, 9] and s["engine_ids"]["vllm"] == [3, 7, 10]
         assert s["parameters"]["shard"] == str(SAMPLES / "record_layer_outputs.pt")
-        assert s["verdict"].startswith("All 4 slots placed") and f"VERDICT: {s['verdict']}" in layout_run.output
+        assert s["verdict"].startswith("ACTION: all 4 slots placed") and f"VERDICT: {s['verdict']}" in layout_run.output
 
     def test_wrong_fix(self, wrong_fix_run: ReportRun) -> None:
         s = wrong_fix_run.summary
@@ -125,8 +114,10 @@ class TestNotebookRecords:
 
     def test_no_error_or_warning_output(self, layout_run: ReportRun) -> None:
         nb = nbformat.read(str(layout_run.notebook), as_version=4)
-        outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+        outputs = [o for c in nb.cells if "ef-strict" not in c.metadata.get("tags", []) for o in c.get("outputs", [])]
         assert outputs and not [o for o in outputs if o.output_type in ("error", "stream")]
+        strict = [c for c in nb.cells if "ef-strict" in c.metadata.get("tags", [])]
+        assert len(strict) == 1 and strict[0].outputs[0].ename == "VerdictNotOK"  # report runs it strict
         assert "injected-parameters" in [t for c in nb.cells for t in c.metadata.get("tags", [])]
 
 
@@ -143,7 +134,7 @@ class TestHtml:
 
     def test_verdict_and_no_code(self, layout_run: ReportRun) -> None:
         text = layout_run.text
-        assert html.escape(layout_run.summary["verdict"], quote=False) in text
+        assert layout_run.summary["verdict"][len("ACTION: "):] in html.unescape(text)  # nbconvert re-serialises entities
         assert "validate_params(" not in text and "Parameters: edit here" not in text  # --no-input
         assert "hidden_states[3]" in text and "eagle_config.eagle_aux_hidden_state_layer_ids" in text
 
@@ -225,7 +216,8 @@ class TestParameters:
         ({"max_tokens": "10"}, "max_tokens must be a whole number"),
         ({"max_tokens": 0}, "max_tokens must be a whole number"),
         ({"max_tokens": True}, "max_tokens must be a whole number"),
-        ({"device": "cuda:0"}, "not supported yet"),
+        ({"device": "mps"}, "parameter device must be one of auto, cpu, cuda"),
+        ({"strict": "yes"}, "parameter strict must be True or False"),
         ({"device": 3}, "parameter device must be one of"),
         ({"engine": "tgi"}, "parameter engine must be one of"),
         ({"engine": "sglang-deepseek<0.5.13"}, "parameter engine must be one of vllm, sglang, trtllm or None"),
@@ -319,6 +311,31 @@ def test_kernel_is_this_interpreter() -> None:
     assert km.kernel_spec.argv[0] == sys.executable and "ipykernel_launcher" in km.kernel_spec.argv
 
 
+def test_kernel_shutdown_sends_no_interrupt() -> None:
+    """jupyter_client interrupts before every shutdown; ours does not (ipykernel logged it as an ERROR)."""
+    import asyncio
+    import signal
+
+    async def go() -> list[int]:
+        km = report.kernel_manager_class()(kernel_name=report.KERNEL_NAME)
+        sent: list[int] = []
+        original = km._async_signal_kernel
+
+        async def record(signum: int) -> None:
+            sent.append(signum)
+            await original(signum)
+
+        km._async_signal_kernel = record
+        await km.start_kernel()
+        try:
+            await km.interrupt_kernel()  # an interrupt asked for while running still goes through
+        finally:
+            await km.shutdown_kernel()
+        return sent
+
+    assert asyncio.run(go()) == [signal.SIGINT]
+
+
 def test_explore_notebook_runs_headless(tmp_path: Path) -> None:
     """explore.ipynb executes through papermill and its three output areas hold drawn figures."""
     out = tmp_path / "explore.ipynb"
@@ -329,3 +346,205 @@ def test_explore_notebook_runs_headless(tmp_path: Path) -> None:
     areas = [m["state"].get("outputs", []) for m in state.values() if m["model_name"] == "OutputModel"]
     assert len(areas) == 3
     assert all(any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in a) for a in areas)
+
+
+@pytest.fixture(scope="session")
+def ok_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
+    """SpecForge data_0.ckpt holds the engines' default layers: served as trained, verdict OK."""
+    return _cli_run(tmp_path_factory.mktemp("report-ok"), "data_0.ckpt")
+
+
+LEVELS = {"OK": ("ok_run", 0), "ACTION": ("layout_run", 1), "PROBLEM": ("wrong_fix_run", 1)}
+
+
+class TestVerdictAtTheTop:
+    """Each level's page shows its verdict (and for ACTION the ids per engine) in the first 900 px."""
+
+    @pytest.mark.parametrize("level", list(LEVELS))
+    def test_level_exit_and_screenshot(self, level: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        from . import browser
+        from eagleforensics.report.nbview import LEVEL_COLOUR
+
+        fixture, code = LEVELS[level]
+        run: ReportRun = request.getfixturevalue(fixture)
+        assert run.exit_code == code and run.summary["level"] == level
+        assert run.output.startswith(f"VERDICT: {level}: ")
+        seen = browser.probe(run.html, tmp_path)
+        assert seen["verdict"] == f"Verdict: {level}" and 0 < seen["verdict_bottom"] < 900
+        shot = browser.screenshot(run.html, run.html.with_suffix(".png"))  # kept next to the report for people
+        assert browser.colour_bar_height(shot, LEVEL_COLOUR[level]) >= 60  # the verdict's level bar is on screen
+        others = [c for lv, c in LEVEL_COLOUR.items() if lv != level]
+        assert all(browser.colour_bar_height(shot, c) < 60 for c in others)
+        if level == "ACTION":
+            snippets = dict(seen["snippets"])
+            sglang = '{"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}'
+            assert snippets[sglang] < 900 and snippets['{"eagle_aux_hidden_state_layer_ids": [3, 7, 10]}'] < 900
+            assert "speculative_config:\n  eagle3_layers_to_capture: [2, 6, 9]" in snippets
+            assert run.text.count('class="ef-copy"') == len(seen["snippets"]) == 5
+            assert seen["copy_button"] == "copied"  # the inline script ran and copied the first snippet
+        if level == "PROBLEM":
+            assert "embedding" in run.summary["verdict"] and "What to do" in run.text
+        if level == "OK":
+            assert not seen["snippets"] and run.summary["actions"] == []
+
+    def test_findings_sorted_under_the_verdict(self, wrong_fix_run: ReportRun) -> None:
+        text = wrong_fix_run.text
+        block = text[text.index('class="ef-verdict'):text.index("</details>")]
+        sev = re.findall(r'<b style="color:#[0-9a-f]{6}">(error|warning|info)</b>', block)
+        assert sev and sev == sorted(sev, key=["error", "warning", "info"].index)
+        assert "## Findings" not in text and "<h2 id=\"Findings\"" not in text  # no second list at the bottom
+
+
+class TestNoNetwork:
+    """Chromium's net log: the pages ask for nothing (plotly.js inline, no CDN require.js or MathJax)."""
+
+    def test_recorder_sees_requests(self, layout_run: ReportRun, tmp_path: Path) -> None:
+        """The control: nbconvert's stock HTML of the same notebook asks a CDN for require.js and MathJax."""
+        from . import browser
+
+        subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", str(layout_run.notebook),
+                        "--output-dir", str(tmp_path), "--output", "stock"], check=True, capture_output=True)
+        urls = browser.page_requests(tmp_path / "stock.html")
+        assert any("require" in u for u in urls) and any("mathjax" in u.lower() for u in urls)
+
+    @pytest.mark.parametrize("fixture", ["layout_run", "wrong_fix_run", "ok_run", "serving_run"])
+    def test_align_reports(self, fixture: str, request: pytest.FixtureRequest) -> None:
+        from . import browser
+
+        assert browser.page_requests(request.getfixturevalue(fixture).html) == []
+
+    def test_nbconvert_route(self, layout_run: ReportRun, tmp_path: Path) -> None:
+        """`jupyter nbconvert --to eagleforensics` (or the class name) on an executed notebook: no requests."""
+        from . import browser
+
+        done = subprocess.run([sys.executable, "-m", "nbconvert", "--to",
+                               "eagleforensics.report.exporter.OfflineHTMLExporter", str(layout_run.notebook),
+                               "--output-dir", str(tmp_path), "--output", "ours"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        page = tmp_path / "ours.html"
+        assert "validate_params" in page.read_text(encoding="utf-8")  # the code is there, as nbconvert keeps it
+        assert browser.page_requests(page) == []
+
+    def test_scan_report(self, tmp_path: Path) -> None:
+        from . import browser
+        from eagleforensics.report.plots_scan import SUMMARY_SCHEMA as SCAN_SCHEMA
+        from eagleforensics.testing import scandata
+
+        data = scandata.make_dataset(tmp_path / "data", 24)
+        out = report.render(report.find_notebook("scan.ipynb"),
+                            {"dataset": str(data.root), "reference": str(data.reference), "workers": 1},
+                            tmp_path / "scan.html", schema=SCAN_SCHEMA, heading="scan",
+                            roles=[("dataset", str(data.root)), ("reference", str(data.reference))])
+        assert out.summary["overview"]["records"] >= 24
+        assert browser.page_requests(out.html) == []
+        assert "<table class=\"dataframe ef-table\">" in out.html.read_text(encoding="utf-8")
+
+
+class TestProvenance:
+    """A shared page says which files (size, hash), which versions and which command; the result reads back."""
+
+    def test_embedded_result_reads_back(self, layout_run: ReportRun) -> None:
+        from eagleforensics.report.provenance import HASH_NAME, file_hash, read_report
+
+        doc = read_report(layout_run.html)
+        assert doc["summary"]["level"] == "ACTION" and doc["summary"]["mapping"][0]["position"] == 3
+        prov = doc["provenance"]
+        assert prov["versions"]["eagleforensics"] and prov["versions"]["torch"].startswith(torch.__version__[:4])
+        shard = SAMPLES / "record_layer_outputs.pt"
+        rec = {i["role"]: i for i in prov["inputs"]}["training record"]
+        assert rec["hash"] == f"{HASH_NAME}:{file_hash(shard)}" and rec["bytes"] == shard.stat().st_size
+        assert prov["command"].startswith("eagleforensics report ") and "--keep-notebook" in prov["command"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", prov["created"])
+
+    def test_no_absolute_paths_and_redaction(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Paths relative to the working directory; --redact-paths keeps names only; --no-hash skips hashing."""
+        from eagleforensics.report.provenance import read_report
+
+        monkeypatch.chdir(ROOT)
+        out = tmp_path / "r.html"
+        res = _cli([str(SAMPLES / "data_0.ckpt"), str(SAMPLES / "capture.pt"), "-o", str(out), "--redact-paths",
+                    "--no-hash"])
+        assert res.exit_code == 0, res.output
+        text = out.read_text(encoding="utf-8")
+        assert str(ROOT) not in text and str(tmp_path) not in text
+        doc = read_report(out)
+        assert [i["path"] for i in doc["provenance"]["inputs"]] == ["data_0.ckpt", "capture.pt"]
+        assert all(i["hash"] is None for i in doc["provenance"]["inputs"])
+        assert doc["summary"]["parameters"]["shard"] == "data_0.ckpt"
+        res = _cli(["data_samples/data_0.ckpt", "data_samples/capture.pt", "-o", str(out)])
+        doc = read_report(out)
+        assert doc["provenance"]["inputs"][0]["path"] == "data_samples/data_0.ckpt"
+        assert str(ROOT) not in out.read_text(encoding="utf-8")
+
+    def test_embedding_cannot_close_the_script(self, tmp_path: Path) -> None:
+        from eagleforensics.report.provenance import insert_embedded, read_report
+
+        page = tmp_path / "p.html"
+        hostile = {"verdict": "</script><script>alert(1)</script> & <!--"}
+        page.write_text(insert_embedded("<html><body><p>x</p></body></html>", {"summary": hostile}))
+        text = page.read_text()
+        assert "alert(1)</script>" not in text and text.count("</script>") == 1
+        assert read_report(page)["summary"] == hostile
+
+    def test_reader_refuses_a_page_without_a_result(self, tmp_path: Path) -> None:
+        from eagleforensics.report.provenance import read_report
+
+        (tmp_path / "x.html").write_text("<html></html>")
+        with pytest.raises(ForensicsError, match="holds no embedded eagleforensics result"):
+            read_report(tmp_path / "x.html")
+
+
+class TestStrict:
+    """strict: off in JupyterLab (the notebook's default), on in `report`; papermill then fails on a verdict not OK."""
+
+    def test_papermill_exits_non_zero_with_the_verdict_line(self, tmp_path: Path) -> None:
+        args = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "align.ipynb"), str(tmp_path / "o.ipynb"),
+                "-p", "shard", str(SAMPLES / "record_wrong_fix.pt"), "-p", "capture", str(SAMPLES / "capture.pt"),
+                "-k", "python3", "--no-progress-bar"]
+        loose = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert loose.returncode == 0, loose.stderr[-2000:]  # strict off: the notebook runs through
+        strict = subprocess.run(args + ["-p", "strict", "True"], capture_output=True, text=True, timeout=300)
+        assert strict.returncode != 0 and "VerdictNotOK: PROBLEM: miswired" in strict.stderr
+        for done in (loose, strict):
+            assert "KeyboardInterrupt" not in done.stderr and "[IPKernelApp] ERROR" not in done.stderr
+
+    def test_strict_is_on_in_report_and_off_by_default(self, layout_run: ReportRun) -> None:
+        nb = nbformat.read(str(ROOT / "notebooks" / "align.ipynb"), as_version=4)
+        assert "strict = False" in nb.cells[0].source
+        assert "nbview.strict_check(result, strict)" in nb.cells[-1].source and "ef-strict" in nb.cells[-1].metadata.tags
+        assert layout_run.summary["parameters"]["strict"] is True
+        assert "VerdictNotOK" not in layout_run.text and "papermill-error" not in layout_run.text
+
+
+class TestTables:
+    """Tables for people: no index column, '-' for missing, wrapped text, sensible precision, sortable headers."""
+
+    def test_mapping_table(self, wrong_fix_run: ReportRun) -> None:
+        text = wrong_fix_run.text
+        tables = re.findall(r'<table class="dataframe ef-table">.*?</table>', text, re.S)
+        assert len(tables) >= 3  # mapping, engine ids, first values
+        for t in tables:
+            assert ">None<" not in t and ">NaN<" not in t and ">nan<" not in t and "..." not in t
+            assert "<th></th>" not in t  # no index column
+            assert 'onclick="efSort(this)"' in t
+        engines = next(t for t in tables if "none works" in t)
+        assert "the embedding output (p=0) cannot be captured" in engines  # notes shown whole
+        assert re.search(r"<td>1\.0000</td>", tables[0]) and "<td>-</td>" in tables[0]
+
+
+def test_report_device_reaches_the_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """report --device / the device parameter is handed to align() as align --device is (no CPU-only fallback)."""
+    import eagleforensics.alignment as alignment
+
+    seen: dict[str, Any] = {}
+
+    def fake_align(*_a: Any, **kw: Any) -> str:
+        seen.update(kw)
+        return "result"
+
+    monkeypatch.setattr(alignment, "align", fake_align)
+    for device in ("cuda", "cuda:1", "cpu", "auto"):
+        params = report.validate_params(SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture.pt", device=device)
+        assert report.run_alignment(params)[0] == "result" and seen["device"] == device
+    res = _cli([str(SAMPLES / "record_layer_outputs.pt"), str(SAMPLES / "capture.pt"), "--device", "tpu"])
+    assert res.exit_code == 2 and "'tpu' is not one of" in res.output

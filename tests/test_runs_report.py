@@ -109,7 +109,7 @@ class TestHtml:
         text = runs_run.text
         base = EXPECTED["baseline"]["tok_s"]
         for label in LOGS:
-            assert f"<th>{label}</th>" in text  # a row of the summary table
+            assert f"<td>{label}</td>" in text  # a row of the summary table (no index column: run is a cell)
         for label in ("broken", "fixed"):
             assert f"{EXPECTED[label]['tok_s'] / base:.2f}x" in text
         assert html.escape(runs_run.summary["verdict"], quote=False) in text
@@ -204,3 +204,19 @@ def test_labels_and_paths_are_escaped(monkeypatch: pytest.MonkeyPatch, tmp_path:
     markup = "".join(d["text/html"] for d in shown) + runs_report.display_table(summary).to_html()
     assert hostile not in markup and "<b>fixed" not in markup
     assert html.escape(hostile) in markup and "&lt;b&gt;fixed&lt;i&gt;.log" in markup
+
+
+def test_runs_page_makes_no_network_request(runs_run: ReportRun) -> None:
+    """Chromium's net log of the runs page: nothing requested (plotly.js inline, no CDN script)."""
+    from . import browser
+
+    assert browser.page_requests(runs_run.html) == []
+
+
+def test_runs_page_embeds_its_summary_and_provenance(runs_run: ReportRun) -> None:
+    from eagleforensics.report.provenance import read_report
+
+    doc = read_report(runs_run.html)
+    assert doc["summary"]["baseline"] == "baseline"
+    assert {i["role"] for i in doc["provenance"]["inputs"]} == {f"log {label}" for label in LOGS}
+    assert all(i["hash"].startswith("blake2b-128:") for i in doc["provenance"]["inputs"])

@@ -31,7 +31,8 @@ class Explorer:
         length = max(result.tokens.length, 1)
         self.slot = w.Dropdown(options=[(m.name, i) for i, m in enumerate(result.matches)], value=0,
                                description="slot")
-        self.position = w.Dropdown(options=[(plots.column_label(result, c), j) for j, c in enumerate(result.columns)],
+        self.position = w.Dropdown(options=[(plots.column_label(result, result.columns[j]), j)
+                                            for j in plots.drawn_columns(result)],
                                    value=self._best_column(0), description="position")
         self.tokens = w.IntRangeSlider(value=(0, length - 1), min=0, max=length - 1, step=1,
                                        description="tokens", continuous_update=False)

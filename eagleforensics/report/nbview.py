@@ -23,6 +23,36 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 _SEVERITY_COLOUR = {"error": "#d73027", "warning": "#e08214", "info": "#4575b4"}
+LEVEL_COLOUR = {"OK": "#1a9850", "ACTION": "#e08214", "PROBLEM": "#d73027"}
+# Plain inline script, no network: copy a snippet (clipboard API, else a selection and execCommand)
+# and sort a table by a clicked header (numbers as numbers, "-" last).
+_PAGE_JS = r"""
+function efCopy(btn){var pre=document.getElementById(btn.getAttribute('data-target'));if(!pre)return;
+var text=pre.textContent,done=function(){btn.textContent='copied';setTimeout(function(){btn.textContent='copy'},1500)};
+if(navigator.clipboard&&window.isSecureContext){navigator.clipboard.writeText(text).then(done,function(){efSelect(pre,done)})}
+else{efSelect(pre,done)}}
+function efSelect(pre,done){var r=document.createRange();r.selectNodeContents(pre);var s=window.getSelection();
+s.removeAllRanges();s.addRange(r);try{document.execCommand('copy');done()}catch(e){}}
+function efSort(th){var table=th.closest('table'),body=table.tBodies[0],i=Array.prototype.indexOf.call(th.parentNode.children,th);
+var asc=th.getAttribute('data-asc')!=='1';th.setAttribute('data-asc',asc?'1':'0');
+var key=function(tr){var t=(tr.children[i]||{}).textContent||'';var n=parseFloat(t.replace(/,/g,''));
+return t.trim()==='-'?[2,0]:(isNaN(n)||!/^\s*[-+0-9.]/.test(t))?[1,t]:[0,n]};
+var rows=Array.prototype.slice.call(body.rows);rows.sort(function(a,b){var x=key(a),y=key(b);
+if(x[0]!==y[0])return x[0]-y[0];var c=x[1]<y[1]?-1:x[1]>y[1]?1:0;return asc?c:-c});
+rows.forEach(function(r){body.appendChild(r)})}
+"""
+def _assets() -> str:
+    """The inline script and style the verdict and tables use: carried by each output (a few hundred
+    bytes), so a notebook that shows a table without ``setup`` still sorts and wraps it."""
+    return f'<script type="text/javascript">{_PAGE_JS}</script>{_TABLE_CSS}'
+
+
+_TABLE_CSS = ("<style>.ef-table{border-collapse:collapse;margin:0.5em 0}.ef-table th,.ef-table td{"
+              "white-space:normal!important;overflow-wrap:break-word;max-width:42em;text-align:left!important;"
+              "vertical-align:top;padding:0.2em 0.6em;border-bottom:1px solid #ddd}"
+              ".ef-table th{white-space:nowrap!important}.ef-table th.ef-sort{cursor:pointer}.ef-table th.ef-sort:after{content:' \\2195';color:#999}"
+              ".ef-snippet{background:#f4f4f4;border:1px solid #ddd;padding:0.5em;margin:0.2em 0 0.6em;"
+              "white-space:pre-wrap}.ef-copy{margin-left:0.6em;cursor:pointer}</style>")
 
 
 def _display(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
@@ -53,7 +83,7 @@ def html(markup: str, plain: str = "", metadata: dict[str, Any] | None = None) -
 
 def _rows(pairs: list[tuple[str, Any]]) -> str:
     return "".join(f"<tr><th style='text-align:left;padding-right:1em'>{esc(k)}</th><td style='text-align:left'>"
-                   f"{esc(v)}</td></tr>" for k, v in pairs)
+                   f"{esc('-' if v is None else v)}</td></tr>" for k, v in pairs)
 
 
 def header(params: ReportParams, result: AlignmentResult) -> None:
@@ -81,17 +111,93 @@ def header(params: ReportParams, result: AlignmentResult) -> None:
 
 
 def verdict(result: AlignmentResult, params: ReportParams | None = None) -> None:
-    """The one-sentence verdict, carrying the recorded summary in its output metadata (the glue)."""
-    ok = result.exit_code == 0
-    colour = "#1a9850" if ok else "#d73027"
-    lines = [f"<p style='font-size:1.15em'><b>Verdict ({'OK' if ok else 'needs action'}):</b> "
-             f"{esc(result.verdict)}</p>"]
+    """The verdict level and line, per engine the snippet to write (with a copy button) or what to do,
+    then the findings most severe first; carries the recorded summary in its output metadata (the glue)."""
+    from ..verdict import by_severity
+
+    v = result.judge()
+    colour = LEVEL_COLOUR.get(v.level, "#000")
+    parts = [f"<p style='font-size:1.2em;margin:0.2em 0'><b style='color:{colour}'>Verdict: {esc(v.level)}</b> "
+             f"{esc(v.summary)}</p>"]
     engine = params.engine if params is not None else None
     if engine is not None:
-        lines.append(f"<p>{esc(engine_advice(result, engine))}</p>")
-    markup = (f"<div class='ef-verdict' style='border-left:6px solid {colour};padding:0.4em 1em;"
-              f"background:#f7f7f7'>{''.join(lines)}</div>")
-    html(markup, "VERDICT: " + result.verdict, {SUMMARY_KEY: notebook_summary(result, params)})
+        parts.append(f"<p>{esc(engine_advice(result, engine))}</p>")
+    todo = "<p><b>What to do</b></p><ul>" + "".join(f"<li>{esc(t)}</li>" for t in v.todo) + "</ul>"
+    if v.todo and v.level == "PROBLEM":
+        parts.append(todo)
+    if v.actions:
+        lead = ("Write these ids</b> (each engine reads its own key; paste the snippet into the file named):"
+                if v.level != "PROBLEM" else "Only these engines can serve the record as it is</b>:")
+        parts.append(f"<p><b>{lead}</p>")
+    for k, a in enumerate(v.actions):
+        pid = f"ef-snippet-{k}"
+        parts.append(f"<div class='ef-action'><b>{esc(a.engine)}</b> {esc(a.syntax.upper())} for {esc(a.where)}"
+                     f"<button type='button' class='ef-copy' data-target='{pid}' onclick='efCopy(this)'>copy</button>"
+                     f"<pre class='ef-snippet' id='{pid}'>{esc(a.snippet)}</pre></div>")
+    if v.todo and v.level != "PROBLEM":
+        parts.append(todo)
+    items = "".join(
+        f"<li><b style='color:{_SEVERITY_COLOUR.get(f.severity, '#000')}'>{esc(f.severity)}</b> "
+        f"<code>{esc(f.code)}</code>: {esc(f.message)}</li>" for f in by_severity(result.findings))
+    if items:
+        parts.append(f"<details open><summary><b>Findings</b> (most severe first)</summary><ul>{items}</ul></details>")
+    markup = (f"<div class='ef-verdict ef-level-{esc(v.level)}' style='border-left:8px solid {colour};"
+              f"padding:0.4em 1em;background:#f7f7f7'>{''.join(parts)}</div>")
+    plain = "\n".join(["VERDICT: " + v.line] + [f"{a.engine}: {a.snippet}" for a in v.actions]
+                      + [f"- {t}" for t in v.todo])
+    html(_assets() + markup, plain, {SUMMARY_KEY: notebook_summary(result, params)})
+
+
+class VerdictNotOK(RuntimeError):
+    """Raised by a strict notebook's last cell when the verdict is not OK, so papermill exits non-zero."""
+
+
+def strict_check(result: AlignmentResult, strict: bool) -> None:
+    """With ``strict``, fail with the verdict's one line unless the verdict is OK (the notebook's last cell)."""
+    if strict and result.level != "OK":
+        raise VerdictNotOK(result.verdict)
+
+
+def _cell(value: Any, precision: int) -> str:
+    """One table cell for people: '-' for missing, yes/no, floats at ``precision`` (tiny/huge in e-notation)."""
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, (bool,)) or type(value).__name__ == "bool_":
+        return "yes" if value else "no"
+    if isinstance(value, float) or type(value).__name__.startswith("float"):
+        x = float(value)
+        if x != 0 and (abs(x) >= 1e6 or abs(x) < 10 ** -precision):
+            return f"{x:.3e}"
+        return f"{x:.{precision}f}"
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return "-"
+    except (TypeError, ValueError):
+        pass
+    return str(value)
+
+
+def table(df: pd.DataFrame, precision: int = 4, sortable: bool = True) -> None:
+    """Display a DataFrame for people: no index, '-' for missing, wrapped text, ``precision`` decimals.
+
+    Rendered by pandas (``to_html``, escaped) from cells formatted here; header clicks sort
+    the rows (the page's inline script). The plain-text form is the same cells, for terminals.
+    """
+    import pandas as pd
+
+    shown = df.reset_index(drop=df.index.name is None and not isinstance(df.index, pd.MultiIndex))
+    shown = pd.DataFrame({str(c): [_cell(v, precision) for v in shown[c].tolist()] for c in shown.columns},
+                         columns=[str(c) for c in shown.columns])
+    with pd.option_context("display.max_colwidth", None):
+        markup = shown.to_html(index=False, escape=True, border=0, classes="ef-table", na_rep="-")
+        plain = shown.to_string(index=False)
+    if sortable:
+        markup = markup.replace("<th>", "<th class='ef-sort' onclick='efSort(this)'>")
+    html(_assets() + markup, plain)
 
 
 def target_label(result: AlignmentResult, engine: str) -> str:

@@ -37,20 +37,14 @@ SAMPLES_DIR = Path(__file__).resolve().parents[2] / "data_samples"
 SUMMARY_KEY = "eagleforensics"
 SUMMARY_SCHEMA = "eagleforensics-notebook-summary-v1"
 KERNEL_NAME = "python3"
-DEVICES = ("auto", "cpu")
+DEVICES = ("auto", "cpu", "cuda")  # where the scoring runs, as align --device
 CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")  # keys of capture.CONVENTIONS (kept here: no torch import)
 ENGINES = tuple(SERVING_ENGINES)  # the engines align() can check serving for (align --engine)
 INSTALL_HINT = "pip install 'eagleforensics[report]'"
+STRICT_ERROR = "VerdictNotOK"  # what a strict notebook's last cell raises (nbview.strict_check)
+# cells never shown in a page: parameters, the strict check, papermill's own error banners
+HIDDEN_TAGS = {"parameters", "injected-parameters", "ef-strict", "papermill-error-cell-tag"}
 
-# nbconvert's lab template minus everything it would fetch from the web (require.js,
-# MathJax, mermaid, the widget manager); plotly.js is already inline in the outputs.
-_TEMPLATE_NAME = "eagleforensics_report.html.j2"
-_TEMPLATE = """{%- extends 'index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-"""
 
 
 @dataclass(frozen=True)
@@ -69,6 +63,7 @@ class ReportParams:
     model_type: str | None = None
     drafter: str | None = None  # EAGLE-3 drafter directory: adds the Replay section (report/replay.py)
     target: str | None = None  # target model directory for the replay (lm_head, embedding)
+    strict: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,12 +162,14 @@ def _serving_params(engine: str | None, draft_config: Any, engine_version: Any, 
 def validate_params(shard: Any = None, capture: Any = None, capture_convention: Any = "hf", engine: Any = None,
                     max_tokens: Any = None, device: Any = "auto", title: Any = None, *, draft_config: Any = None,
                     engine_version: Any = None, model_type: Any = None, drafter: Any = None,
-                    target: Any = None) -> ReportParams:
+                    target: Any = None, strict: Any = False) -> ReportParams:
     """Check every notebook parameter before any tensor is read; a bad one is a one-line ForensicsError.
 
     ``shard`` and ``capture`` both None selects the bundled demo pair. ``engine`` turns on the
     serving check (as ``align --engine``): what that engine captures for ``draft_config`` (its
-    default when None), read with the rule of ``engine_version`` and ``model_type``.
+    default when None), read with the rule of ``engine_version`` and ``model_type``. ``device``
+    is where the scoring runs (auto, cpu, cuda, cuda:N: as ``align --device``). ``strict`` makes
+    the notebook's last cell fail with the verdict line when the verdict is not OK.
     """
     if shard is None and capture is None:
         shard, capture = sample_inputs()
@@ -180,9 +177,12 @@ def validate_params(shard: Any = None, capture: Any = None, capture_convention: 
         raise ForensicsError(f"parameter {'shard' if shard is None else 'capture'} is required")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise ForensicsError(f"parameter max_tokens must be a whole number >= 1 or None, got {max_tokens!r}")
-    if isinstance(device, str) and device not in DEVICES and device.split(":")[0] in ("cuda", "mps", "xpu", "gpu"):
-        raise ForensicsError(f"parameter device {device!r} is not supported yet: scoring runs on the CPU; "
-                             "use 'cpu' or 'auto'")
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        device_ok = device  # one GPU by index, as align --device accepts
+    else:
+        device_ok = _choice(device, "device", DEVICES)
+    if not isinstance(strict, bool):
+        raise ForensicsError(f"parameter strict must be True or False, got {type(strict).__name__} {strict!r}")
     if title is not None and not isinstance(title, str):
         raise ForensicsError(f"parameter title must be a string or None, got {type(title).__name__} {title!r}")
     engine = _choice(engine, "engine", ENGINES, True)
@@ -193,7 +193,7 @@ def validate_params(shard: Any = None, capture: Any = None, capture_convention: 
     return ReportParams(
         input_path(shard, "shard", want_file=True), input_path(capture, "capture", want_file=False),
         _choice(capture_convention, "capture_convention", CONVENTIONS), engine,
-        max_tokens, _choice(device, "device", DEVICES), title, *serving, *replay,
+        max_tokens, device_ok, title, *serving, *replay, strict,
     )
 
 
@@ -206,7 +206,8 @@ def run_alignment(params: ReportParams) -> tuple[AlignmentResult, TrainingRecord
     record = load_training(params.shard)
     capture = load_capture(params.capture, convention=params.capture_convention)
     result = align(record, capture, max_tokens=params.max_tokens, draft_config=params.draft_config,
-                   engine=params.engine, engine_version=params.engine_version, model_type=params.model_type)
+                   engine=params.engine, engine_version=params.engine_version, model_type=params.model_type,
+                   device=params.device)
     return result, record, capture
 
 
@@ -250,7 +251,8 @@ def default_output(params: ReportParams, cwd: Path | None = None) -> Path:
 def kernel_manager_class() -> type:
     """A kernel manager whose ``python3`` kernel is this interpreter's ipykernel, not a python3 found elsewhere.
 
-    Its sockets are Unix domain sockets where the OS has them, so the kernel opens no TCP port.
+    Its sockets are Unix domain sockets where the OS has them, so the kernel opens no TCP port,
+    and its shutdown sends no SIGINT (which made ipykernel log a KeyboardInterrupt error).
     """
     try:
         from ipykernel.kernelspec import RESOURCES, get_kernel_dict
@@ -279,6 +281,15 @@ def kernel_manager_class() -> type:
         def _local_sockets(self) -> str:
             return "ipc" if os.name == "posix" else "tcp"  # Unix sockets: no TCP port, no plain-text warning
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client sends SIGINT before every shutdown request; when it lands while the kernel
+            # handles a message, ipykernel logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in
+            # kernel." on stderr. papermill shuts down only after the last cell, so skip it then; the
+            # shutdown request (then SIGTERM, SIGKILL) still ends the kernel.
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
     return HereKernelManager
 
 
@@ -295,6 +306,10 @@ def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path) ->
             progress_bar=False, cwd=str(cwd), kernel_manager_class=kernel_manager_class(),
         )
     except PapermillExecutionError as exc:
+        if exc.ename == STRICT_ERROR and out.exists():  # strict: the verdict is not OK; the page is still wanted
+            import nbformat
+
+            return nbformat.read(str(out), as_version=4)
         if exc.ename == "ForensicsError":
             raise ForensicsError(str(exc.evalue)) from None
         raise NotebookFailed(f"{notebook.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}") from None
@@ -303,28 +318,63 @@ def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path) ->
 def to_html(nb: Any, with_input: bool = False) -> str:
     """One self-contained HTML page of an executed notebook; parameter cells are always left out."""
     try:
-        from jinja2 import DictLoader
-        from nbconvert import HTMLExporter
         from nbconvert.preprocessors import TagRemovePreprocessor
+
+        from .exporter import OfflineHTMLExporter
     except ImportError:
         raise ForensicsError(f"the report needs nbconvert; {INSTALL_HINT}") from None
-    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE_NAME: _TEMPLATE})],
-                            exclude_input=not with_input, exclude_input_prompt=True, exclude_output_prompt=True)
-    exporter.template_file = _TEMPLATE_NAME
+    exporter = OfflineHTMLExporter(exclude_input=not with_input, exclude_input_prompt=True,
+                                   exclude_output_prompt=True)
     exporter.register_preprocessor(
-        TagRemovePreprocessor(remove_cell_tags={"parameters", "injected-parameters"}, enabled=True), enabled=True)
+        TagRemovePreprocessor(remove_cell_tags=HIDDEN_TAGS, enabled=True), enabled=True)
     body, _ = exporter.from_notebook_node(nb)
     return body
 
 
+def insert_provenance(page: str, record: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The page with a visible provenance block at the end of its main part and the result JSON embedded."""
+    from . import provenance as prov
+    from .plots import esc
+
+    rows = [("created (UTC)", record["created"]),
+            ("versions", ", ".join(f"{k} {v}" for k, v in record["versions"].items())),
+            ("command", record["command"] or "-"), ("paths", record["paths"])]
+    rows += [(f"{i['role']}", f"{i['path']}: {i['bytes']:,} bytes" + (f" in {i['files']} files" if i["files"] != 1 else "")
+              + f", {i['hash'] or 'not hashed (--no-hash)'}") for i in record["inputs"]]
+    body = "".join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{esc(k)}</th>"
+                   f"<td style='text-align:left;white-space:normal;word-break:break-all'>{esc(v)}</td></tr>"
+                   for k, v in rows)
+    block = (f"<section class='ef-provenance' style='margin:2em 1em;font-size:0.9em'><h2>Provenance</h2>"
+             f"<p>The result is embedded in this page as JSON (<code>{prov.EMBED_ID}</code>; read it with "
+             f"<code>eagleforensics.report.provenance.read_report</code>).</p><table>{body}</table></section>")
+    at = page.rfind("</main>")
+    at = at if at >= 0 else page.rfind("</body>")
+    page = page + block if at < 0 else page[:at] + block + page[at:]
+    return prov.insert_embedded(page, {"summary": summary, "provenance": record})
+
+
 def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schema: str, heading: str,
-           inputs: Iterable[str] = (), with_input: bool = False, keep_notebook: bool = False) -> ReportOutcome:
+           inputs: Iterable[str] = (), with_input: bool = False, keep_notebook: bool = False,
+           roles: Iterable[tuple[str, str]] | None = None, command: list[str] | None = None,
+           hash_inputs: bool = True, redact_paths: bool = False) -> ReportOutcome:
     """Execute ``notebook`` with validated ``parameters``, read its ``schema`` summary, write one offline HTML file.
 
     The executed notebook is written beside the HTML (``.ipynb``) only if kept, or as
     ``.failed.ipynb`` when the notebook crashed. Neither may overwrite one of ``inputs``.
+    The page ends with a provenance block (``provenance.collect``: inputs named by ``roles``
+    with size and hash unless ``hash_inputs`` is off, versions, ``command``) and the summary
+    and provenance embedded as JSON; input paths are shown relative to the working
+    directory, or by name only with ``redact_paths``.
     """
+    from . import provenance as prov
+
     html_path = Path(html_path).expanduser().resolve()
+    inputs = list(inputs)
+    named = list(roles) if roles is not None else [("input", p) for p in inputs]
+    mapping = prov.path_map([p for _, p in named] + inputs + [html_path], redact=redact_paths)
+    record = prov.collect(named, command=command, parameters=parameters, notebook=f"notebooks/{notebook.name}",
+                          hash_files=hash_inputs, redact=redact_paths)
+    record = prov.redact_obj(record, mapping)
     if html_path.is_dir():
         raise ForensicsError("is a directory; give the report file name (e.g. reports/report.html)", path=html_path)
     executed_path = html_path.with_suffix(".ipynb")
@@ -343,7 +393,8 @@ def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schem
             raise NotebookFailed(f"{exc.detail} (executed notebook kept at {failed_path})") from None
         summary = read_summary(nb, schema)
         nb.metadata["title"] = heading
-        page = to_html(nb, with_input).encode("utf-8")
+        page = prov.redact_text(to_html(nb, with_input), mapping)
+        page = insert_provenance(page, record, prov.redact_obj(summary, mapping)).encode("utf-8")
         if keep_notebook:
             write_bytes_atomic(executed_path, work.read_bytes())
         write_bytes_atomic(html_path, page)  # a failed write leaves the previous report as it was
@@ -354,15 +405,25 @@ def build_report(shard: Any, capture: Any, out: str | Path | None = None, *, cap
                  engine: str | None = None, max_tokens: int | None = None, device: str = "auto",
                  title: str | None = None, draft_config: str | Path | None = None,
                  engine_version: str | None = None, model_type: str | None = None, with_input: bool = False,
-                 keep_notebook: bool = False, notebook: str | Path | None = None,
+                 keep_notebook: bool = False, notebook: str | Path | None = None, strict: bool = True,
+                 hash_inputs: bool = True, redact_paths: bool = False, command: list[str] | None = None,
                  drafter: str | Path | None = None, target: str | Path | None = None) -> ReportOutcome:
-    """Validate, execute the align notebook, write one HTML file; the executed notebook goes beside it if kept."""
+    """Validate, execute the align notebook, write one HTML file; the executed notebook goes beside it if kept.
+
+    ``strict`` (on here, off in JupyterLab) makes the notebook itself fail on a verdict that is
+    not OK; the page is written either way and the exit code is the verdict's. ``drafter`` (and
+    ``target``) add the replay section.
+    """
     params = validate_params(shard, capture, capture_convention, engine, max_tokens, device, title,
                              draft_config=draft_config, engine_version=engine_version, model_type=model_type,
-                             drafter=drafter, target=target)
+                             drafter=drafter, target=target, strict=strict)
     html_path = Path(out) if out is not None else default_output(params)
     source = Path(notebook) if notebook is not None else find_notebook()
     inputs = [x for x in (params.shard, params.capture, params.draft_config, params.drafter, params.target)
               if x is not None]
+    roles = [("training record", params.shard), ("capture", params.capture)]
+    roles += [(name, value) for name, value in (("draft config", params.draft_config), ("drafter", params.drafter),
+                                                ("target", params.target)) if value is not None]
     return render(source, params.as_dict(), html_path, schema=SUMMARY_SCHEMA, heading=params.heading,
-                  inputs=inputs, with_input=with_input, keep_notebook=keep_notebook)
+                  inputs=inputs, with_input=with_input, keep_notebook=keep_notebook, roles=roles, command=command,
+                  hash_inputs=hash_inputs, redact_paths=redact_paths)

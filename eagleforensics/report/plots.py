@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # pragma: no cover
 FLOOR = 1e-7  # 1 - score below this is drawn as a perfect match (float32 noise)
 DIP = 1e-3  # a token this far below the slot's median cosine is annotated as the odd one out
 OK_COLOUR, BAD_COLOUR, CAPTURE_COLOUR = "#1a9850", "#d73027", "#333333"
+# legends sit above the plot area, right-aligned: below it they cover the x-axis labels
+LEGEND_TOP = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1}
+# legends of many entries go right of the plot area, where they cover neither axis nor title
+LEGEND_RIGHT = {"orientation": "v", "yanchor": "top", "y": 1, "xanchor": "left", "x": 1.02}
 
 
 def esc(text: object) -> str:
@@ -50,6 +54,13 @@ def slot_index(result: AlignmentResult, slot: int | str) -> int:
 def is_virtual(result: AlignmentResult, pos: Position) -> bool:
     """True for a post-norm column the matcher computed by fitting a norm gain (not in the capture)."""
     return pos not in result.scores.column_norms
+
+
+def drawn_columns(result: AlignmentResult) -> list[int]:
+    """Indexes of the heatmap's columns: every captured position, and a fitted post-norm column only
+    where some slot (one that may be the final state) was scored, so no column is blank top to bottom."""
+    scored = np.isfinite(np.asarray(result.scores.score, dtype=np.float64))
+    return [j for j, c in enumerate(result.scores.columns) if not is_virtual(result, c) or scored[:, j].any()]
 
 
 def column_label(result: AlignmentResult, pos: Position) -> str:
@@ -79,18 +90,26 @@ def score_heatmap(result: AlignmentResult, highlight: tuple[int, Position] | Non
 
     sm = result.scores
     names = [esc(m.name) for m in result.matches]
-    xs = [esc(column_label(result, c)) for c in sm.columns]
-    dist = np.clip(1.0 - sm.score, FLOOR, 2.0)
-    z = np.where(np.isfinite(sm.score), np.log10(dist), np.nan)
+    keep = drawn_columns(result)
+    cols = [sm.columns[j] for j in keep]
+    score = np.asarray(sm.score, dtype=np.float64)[:, keep]
+    xs = [esc(column_label(result, c)) for c in cols]
+    dist = np.clip(1.0 - score, FLOOR, 2.0)
+    z = np.where(np.isfinite(score), np.log10(dist), np.nan)
     best = np.array([m.score for m in result.matches], dtype=np.float64)[:, None]
     margins = np.array([m.margin for m in result.matches], dtype=np.float64)[:, None]
-    custom = np.stack([sm.score, sm.rel_diff, best - sm.score, np.broadcast_to(margins, sm.score.shape),
-                       sm.tokens_used], axis=-1)
+    custom = np.stack([score, np.asarray(sm.rel_diff, dtype=np.float64)[:, keep], best - score,
+                       np.broadcast_to(margins, score.shape), np.asarray(sm.tokens_used, dtype=np.float64)[:, keep]],
+                      axis=-1)
+    fitted = [f"<br>(fitted): raw p{c.p} through a norm gain fitted to this slot" if is_virtual(result, c) else ""
+              for c in cols]
+    text = [[fitted[j] for j in range(len(cols))] for _ in names]
     ticks = list(range(int(math.log10(FLOOR)), 1))
     fig = go.Figure(go.Heatmap(
-        z=z.tolist(), x=xs, y=names, customdata=custom.tolist(), colorscale="Viridis_r", zmin=ticks[0], zmax=0,
+        z=z.tolist(), x=xs, y=names, customdata=custom.tolist(), text=text, colorscale="Viridis_r", zmin=ticks[0],
+        zmax=0, hoverongaps=False,  # a cell that was not scored has no hover text
         colorbar={"title": {"text": "1 − score"}, "tickvals": ticks, "ticktext": [f"1e{t}" for t in ticks]},
-        hovertemplate=("slot %{y}<br>position %{x}<br>score %{customdata[0]:.6f}<br>"
+        hovertemplate=("slot %{y}<br>position %{x}%{text}<br>score %{customdata[0]:.6f}<br>"
                        "rel_diff %{customdata[1]:.3e}<br>below the slot's best by %{customdata[2]:.4f}<br>"
                        "slot margin %{customdata[3]:.4f}<br>tokens %{customdata[4]:.0f}<extra></extra>"),
         name="score",
@@ -113,11 +132,14 @@ def score_heatmap(result: AlignmentResult, highlight: tuple[int, Position] | Non
                                  marker={"symbol": "circle-open", "size": 30, "color": "#ff7f0e", "line": {"width": 3}},
                                  hoverinfo="skip"))
     fig.update_layout(
-        title={"text": f"Match score, training slots × capture positions<br><sup>{_files(result)}</sup>"},
-        xaxis={"title": {"text": "capture position (residual stream)"}, "type": "category", "tickangle": -45},
-        yaxis={"title": {"text": "training slot"}, "type": "category", "autorange": "reversed"},
-        height=max(380, 260 + 45 * len(names)), legend={"orientation": "h", "y": -0.35},
-        margin={"l": 140, "r": 30, "t": 80, "b": 120},
+        title={"text": f"Match score, training slots × capture positions<br><sup>{_files(result)}; blank: not "
+                       "scored ((fitted) columns only for slots that may be the final state)</sup>"},
+        # fixed ranges: autorange pads for the markers' size, which drew an empty column at the right
+        xaxis={"title": {"text": "capture position (residual stream)"}, "type": "category", "tickangle": -45,
+               "range": [-0.5, len(xs) - 0.5], "tickmode": "array", "tickvals": xs, "ticktext": xs},
+        yaxis={"title": {"text": "training slot"}, "type": "category", "range": [len(names) - 0.5, -0.5]},
+        height=max(420, 300 + 45 * len(names)), legend=LEGEND_TOP,
+        margin={"l": 140, "r": 30, "t": 120, "b": 150},
     )
     return fig
 
@@ -174,7 +196,7 @@ def norm_profile(result: AlignmentResult, highlight: int | None = None, stat: st
                        f"{result.tokens.length} compared tokens</sup>"},
         xaxis={"title": {"text": "position p (0 = embedding, N = last layer)"}, "dtick": 1},
         yaxis={"title": {"text": f"{stat} per-token L2 norm"}, "type": "log"},
-        height=480, legend={"orientation": "h", "y": -0.25}, margin={"t": 80},
+        height=480, legend=LEGEND_RIGHT, margin={"t": 80},
     )
     return fig
 
@@ -223,7 +245,7 @@ def per_token_cosine(result: AlignmentResult, slot: int | str, neighbours: int =
         title={"text": f"Per-token cosine of {esc(m.name)} against "
                        f"{esc(column_label(result, centre)) if centre is not None else 'no position'} and neighbours"},
         xaxis={"title": {"text": "training row"}}, yaxis={"title": {"text": "cosine"}},
-        height=380, legend={"orientation": "h", "y": -0.3}, margin={"t": 60},
+        height=400, legend=LEGEND_RIGHT, margin={"t": 60},
     )
     return fig
 

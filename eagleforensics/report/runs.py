@@ -170,7 +170,7 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
 
     def fmt(value: Any, spec: str, suffix: str = "") -> str:
         v = _num(value)
-        return "n/a" if v is None else f"{v:{spec}}{suffix}"
+        return "-" if v is None else f"{v:{spec}}{suffix}"
 
     return pd.DataFrame({
         "run": summary["run"].astype(str).tolist(), "engine": summary["engine"].fillna("?").astype(str),
@@ -195,4 +195,5 @@ def build_runs_report(logs: Any, out: str | os.PathLike[str] | None = None, *, b
     html_path = Path(out) if out is not None else default_output(params)
     source = Path(notebook) if notebook is not None else find_notebook(NOTEBOOK)
     return render(source, params.as_dict(), html_path, schema=RUNS_SCHEMA, heading=params.heading,
-                  inputs=params.logs.values(), with_input=with_input, keep_notebook=keep_notebook)
+                  inputs=params.logs.values(), with_input=with_input, keep_notebook=keep_notebook,
+                  roles=[(f"log {label}", path) for label, path in params.logs.items()])

@@ -1,0 +1,148 @@
+"""Verdict levels: will this deployment work as trained? OK, ACTION or PROBLEM, with what to do.
+
+* ``OK``: every slot placed, nothing miswired, and the record is served as trained by the
+  engine asked about (``--engine``), or, with no engine named, by every engine's default ids.
+* ``ACTION``: every slot placed, but an engine must be told the ids: ``actions`` holds, per
+  engine, the exact snippet to write (JSON for a draft config, YAML for TensorRT-LLM).
+* ``PROBLEM``: a slot unplaced, a miswiring no id list can fix, too few tokens, or a record
+  and capture that are not the same data. ``todo`` says what to do.
+
+Exit codes follow the levels: 0 for OK (nothing to do), 1 for ACTION and PROBLEM (something to
+do); 2 stays "bad input", decided before any verdict exists. This module sits at the bottom
+with ``results``: it reads the result's records only, so the report and the CLI share one rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .results import AlignmentResult, Finding
+
+OK, ACTION, PROBLEM = "OK", "ACTION", "PROBLEM"
+LEVELS = (OK, ACTION, PROBLEM)
+EXIT_CODES = {OK: 0, ACTION: 1, PROBLEM: 1}
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+# serving-mismatch is an error finding, but the serving check's own status decides whether a
+# snippet fixes it (ACTION) or nothing does (PROBLEM)
+_SERVING_CODES = ("serving-mismatch",)
+
+
+@dataclass(frozen=True)
+class EngineAdvice:
+    """What one engine (a rules target label) needs to capture the trained aux positions.
+
+    ``snippet`` is the text to write (``syntax`` json or yaml) into ``where``, or None when no
+    id list works (``notes`` say why). ``at_default`` is True when the engine's default ids
+    already capture exactly these positions, so nothing has to be written.
+    """
+
+    engine: str
+    ids: list[int] | None
+    key: str | None
+    where: str
+    snippet: str | None
+    syntax: str = "json"
+    at_default: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "ids": self.ids, "key": self.key, "where": self.where,
+                "snippet": self.snippet, "syntax": self.syntax, "at_default": self.at_default,
+                "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The level, a one-line summary, the snippets to write (ACTION) and what to do (PROBLEM)."""
+
+    level: str
+    summary: str
+    actions: list[EngineAdvice] = field(default_factory=list)
+    todo: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.level]
+
+    @property
+    def line(self) -> str:
+        """``LEVEL: summary``: the one line the CLI, the report and strict notebooks print."""
+        return f"{self.level}: {self.summary}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "summary": self.summary, "exit_code": self.exit_code,
+                "actions": [a.to_dict() for a in self.actions], "todo": list(self.todo)}
+
+
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Findings most severe first (stable within a severity)."""
+    return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, len(SEVERITY_ORDER)))
+
+
+def _placed(result: AlignmentResult) -> str:
+    return "; ".join(f"{m.name} = {m.position.label}" for m in result.matches if m.position is not None)
+
+
+def _first_sentence(text: str) -> str:
+    return text.split(". ")[0].rstrip(".")
+
+
+def judge(result: AlignmentResult) -> Verdict:
+    """The verdict of one alignment (see the module docstring for the levels)."""
+    r = result
+    n = len(r.matches)
+    loose = [m for m in r.matches if not m.confident]
+    errors = [f for f in by_severity(r.findings) if f.severity == "error" and f.code not in _SERVING_CODES]
+    advice = list(getattr(r, "advice", []) or [])
+    workable = [a for a in advice if a.snippet is not None]
+    if r.tokens.length < r.thresholds.min_tokens:
+        return Verdict(PROBLEM, f"only {r.tokens.length} tokens could be paired ({r.tokens.note}), too few to place "
+                                "any slot.", todo=["Capture the same prompt the record holds (a longer one), so at "
+                                                   f"least {r.thresholds.min_tokens} tokens pair up."])
+    if loose and len(loose) == n:
+        return Verdict(PROBLEM, "no slot has a confident match: this record and this capture do not come from the "
+                                "same model and prompt, or the capture misses the layers the record holds.",
+                       todo=["Check that the capture is of the target model the drafter was trained for, on a "
+                             "prompt the record holds, with every layer (p = 0..N) dumped."])
+    if errors or loose:
+        parts = []
+        if errors:
+            parts.append(f"miswired: {_first_sentence(errors[0].message)}.")
+        if loose:
+            parts.append(f"{len(loose)} of {n} slots have no confident match ({', '.join(m.name for m in loose)}).")
+        todo = [f.message for f in errors]
+        todo += [f"{m.name}: best candidate {m.best.label if m.best else 'none'} is not confident ({m.reason}); "
+                 "recapture, or lower --min-score when engine kernels drift from HF in deep layers" for m in loose]
+        if errors and workable and len(workable) < len(advice):
+            names = ", ".join(a.engine for a in workable)
+            todo.append(f"Only {names} can serve this record as trained (its snippet is shown with the verdict); "
+                        "better: regenerate the training data at the layers the engines capture.")
+        return Verdict(PROBLEM, " ".join(parts) + (f" Placed: {_placed(r)}." if _placed(r) else ""),
+                       actions=workable if errors else [], todo=todo)
+    check = r.serving
+    if check is not None:
+        who = f"{check.target}" + (f" {check.version}" if check.version else "")
+        if check.status == "match":
+            return Verdict(OK, f"all {n} slots placed ({_placed(r)}); {who} serves them as trained.")
+        if workable:
+            return Verdict(ACTION, f"all {n} slots placed ({_placed(r)}), but {who} will capture other layers: "
+                                   f"write the ids below ({', '.join(f'{a.engine} {a.ids}' for a in workable)}).",
+                           actions=workable)
+        why = next((f.message for f in check.findings if f.severity == "error" or f.code == "serving-unjudged"),
+                   "no id list on this engine captures the trained positions")
+        return Verdict(PROBLEM, f"{who} cannot serve what was trained: {_first_sentence(why)}.", todo=[why])
+    todo_now = [a for a in advice if not a.at_default]
+    if not advice or not todo_now:
+        where = "every engine's default ids serve them as trained" if advice else "no aux slots, so no ids apply"
+        return Verdict(OK, f"all {n} slots placed ({_placed(r)}); {where}.")
+    if not workable:
+        return Verdict(PROBLEM, f"all {n} slots placed ({_placed(r)}), but no engine can capture them.",
+                       todo=[f"{a.engine}: {'; '.join(a.notes)}" for a in advice])
+    needed = [a for a in todo_now if a.snippet is not None]
+    cannot = [a for a in advice if a.snippet is None]
+    todo = [f"{a.engine} cannot serve it: {'; '.join(a.notes) or 'no id list captures these positions'}"
+            for a in cannot]
+    return Verdict(ACTION, f"all {n} slots placed ({_placed(r)}), but not at the engines' default layers: write "
+                           f"the ids explicitly ({', '.join(f'{a.engine} {a.ids}' for a in needed)}).",
+                   actions=needed, todo=todo)
