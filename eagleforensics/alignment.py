@@ -171,7 +171,7 @@ def align(
     aux = [m.position for m in matches if m.role == "aux"]
     trained = aux if aux and all(q is not None and not q.normed for q in aux) else None
     if audit is None:
-        return replace(result, advice=engine_advice(engine_ids, engine_notes, trained, cap.num_layers))
+        return replace(result, advice=engine_advice(engine_ids, engine_notes, trained, cap.num_layers, rule_type))
     check = crosscheck(result, audit)
     return replace(result, serving=check, findings=findings + check.findings, advice=serving_advice(check))
 

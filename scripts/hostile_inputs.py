@@ -60,7 +60,7 @@ def main() -> int:
                 lines = [x for x in err.splitlines() if not x.startswith("PEAK_KB=") and "Command exited" not in x
                          and "Command terminated" not in x]
                 code = proc.returncode
-            except subprocess.TimeoutExpired as exc:
+            except subprocess.TimeoutExpired:
                 for line in _descendants_alive(str(d)):  # this case's own processes, by pid
                     try:
                         os.kill(int(line.split()[0]), 9)

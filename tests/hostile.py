@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .drafts import specforge_draft, trtllm_yaml
+from .drafts import specforge_draft
 from .realdata import SAMPLES
 
 REC, CAP, SWEEP, CKPT = (SAMPLES / n for n in

@@ -82,7 +82,7 @@ def test_file_name_with_escapes_reaches_stdout_escaped(tmp_path: Path) -> None:
     rec = tmp_path / "rec\x1b]0;owned\x07\nVERDICT: fine.pt"
     rec.write_bytes(hostile.REC.read_bytes())
     code, out, err = run_cli("align", rec, hostile.CAP)
-    assert code == 0, err
+    assert code == 1, err  # the incident record: ACTION
     assert "\x1b" not in out and "\x07" not in out
     assert sum(line.startswith("VERDICT:") for line in out.splitlines()) == 1, out
 

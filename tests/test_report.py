@@ -380,7 +380,7 @@ class TestVerdictAtTheTop:
             sglang = '{"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}'
             assert snippets[sglang] < 900 and snippets['{"eagle_aux_hidden_state_layer_ids": [3, 7, 10]}'] < 900
             assert "speculative_config:\n  eagle3_layers_to_capture: [2, 6, 9]" in snippets
-            assert run.text.count('class="ef-copy"') == len(seen["snippets"]) == 5
+            assert run.text.count('class="ef-copy"') == len(seen["snippets"]) == 3  # vllm, sglang, trtllm
             assert seen["copy_button"] == "copied"  # the inline script ran and copied the first snippet
         if level == "PROBLEM":
             assert "embedding" in run.summary["verdict"] and "What to do" in run.text

@@ -50,12 +50,13 @@ def test_incident_is_action_with_a_snippet_per_engine(incident) -> None:
 
 
 def test_wrong_fix_is_problem_with_what_to_do() -> None:
-    """The embedding in an aux slot: no SGLang/TRT-LLM id list serves it; only vLLM can, and that is said."""
+    """The embedding in an aux slot: TRT-LLM cannot capture it; vLLM (id 0) and the newest SGLang (id -1 on
+    Llama, from 0.5.22) can, and the verdict says so while still calling the record miswired."""
     r = align(WRONG_FIX, CAPTURE)
     v = r.judge()
     assert v.level == PROBLEM and r.exit_code == 1 and "embedding" in v.summary
-    assert [a.engine for a in v.actions] == ["vllm"] and v.actions[0].ids == [0, 2, 6]
-    assert any("Only vllm can serve" in t for t in v.todo)
+    assert {a.engine: a.ids for a in v.actions} == {"vllm": [0, 2, 6], "sglang": [-1, 1, 5]}
+    assert any("Only vllm, sglang can serve" in t for t in v.todo)
 
 
 def test_serving_match_is_ok_and_mismatch_is_action(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ keys and ``snippet``), YAML for TensorRT-LLM. With a serving check, only that en
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ..errors import ForensicsError
+from ..positions import Position
 from ..verdict import EngineAdvice
 from . import rules
-from .crosscheck import _WRITE_KEY, _WRITE_WHERE, MISMATCH, CrossCheck, snippet
+from .crosscheck import _WRITE_WHERE, MISMATCH, CrossCheck, snippet
 
 
 def yaml_snippet(key: str, ids: list[int]) -> str:
@@ -24,38 +24,37 @@ def yaml_snippet(key: str, ids: list[int]) -> str:
     return "\n".join(lines)
 
 
-def text_for(engine: str, ids: list[int]) -> tuple[str, str, str]:
-    """(key, snippet, syntax) to write for ``engine`` (vllm, sglang, trtllm)."""
-    key = _WRITE_KEY[engine]
-    if engine == "trtllm":
+def text_for(rule: rules.Rule, ids: list[int]) -> tuple[str | None, str | None, str]:
+    """(key, snippet, syntax) to write so ``rule``'s engine reads ``ids``; no key when it reads none."""
+    key = rule.write_key
+    if key is None:
+        return None, None, "json"
+    if rule.engine == "trtllm":
         return key, yaml_snippet(key, ids), "yaml"
     return key, snippet(key, ids), "json"
 
 
-def _default_positions(target: rules.Target, n: int) -> list[Any] | None:
+def _default_positions(rule: rules.Rule, n: int) -> list[Position] | None:
     try:
-        return rules.concat_order(rules.positions_for_ids(target, rules.default_ids(target, n), n))
+        return rules.served_positions(rule, rules.default_ids(rule, n), n)
     except ForensicsError:  # e.g. TensorRT-LLM has no default for very shallow models
         return None
 
 
 def engine_advice(engine_ids: dict[str, list[int] | None], engine_notes: dict[str, list[str]],
-                  trained: list[Any] | None, n: int) -> list[EngineAdvice]:
-    """One ``EngineAdvice`` per planned engine target, in ``engine_ids`` order."""
+                  trained: list[Position] | None, n: int, model_type: str | None = None) -> list[EngineAdvice]:
+    """One ``EngineAdvice`` per engine in ``engine_ids`` order, each by its newest rule for ``model_type``."""
     out = []
-    by_label = {t.label: t for t in rules.ALL_TARGETS}
-    for label, ids in engine_ids.items():
-        target = by_label.get(label)
-        if target is None:  # a label the rules table no longer knows: say nothing rather than guess
-            continue
-        notes = list(engine_notes.get(label, []))
-        where = _WRITE_WHERE[target.engine]
-        if ids is None:
-            out.append(EngineAdvice(label, None, None, where, None, notes=notes))
-            continue
-        key, text, syntax = text_for(target.engine, ids)
-        at_default = trained is not None and _default_positions(target, n) == list(trained)
-        out.append(EngineAdvice(label, list(ids), key, where, text, syntax, at_default, notes))
+    for engine, ids in engine_ids.items():
+        rule = rules.resolve(engine, model_type)
+        notes = list(engine_notes.get(engine, []))
+        where = _WRITE_WHERE[engine]
+        at_default = trained is not None and _default_positions(rule, n) == list(trained)
+        key, text, syntax = (None, None, "json") if ids is None else text_for(rule, ids)
+        if ids is not None and text is None:
+            notes.append(f"{rule.label} reads no ids from any config: it always serves its default layers")
+        out.append(EngineAdvice(engine, None if text is None else list(ids or []), key, where, text, syntax,
+                                at_default, notes))
     return out
 
 
@@ -64,7 +63,9 @@ def serving_advice(check: CrossCheck) -> list[EngineAdvice]:
     if check.status != MISMATCH:
         return []
     where = _WRITE_WHERE[check.engine]
-    if check.fix_ids is None:
-        return [EngineAdvice(check.target, None, None, where, None, notes=list(check.fix_notes))]
-    key, text, syntax = text_for(check.engine, check.fix_ids)
-    return [EngineAdvice(check.target, list(check.fix_ids), key, where, text, syntax, False, list(check.fix_notes))]
+    if check.fix_ids is None or check.fix_key is None:
+        return [EngineAdvice(check.engine, None, None, where, None, notes=list(check.fix_notes))]
+    syntax = "yaml" if check.engine == "trtllm" else "json"
+    text = yaml_snippet(check.fix_key, check.fix_ids) if syntax == "yaml" else check.fix_snippet
+    return [EngineAdvice(check.engine, list(check.fix_ids), check.fix_key, where, text, syntax, False,
+                         list(check.fix_notes))]
