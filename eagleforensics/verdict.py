@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .results import AlignmentResult, Finding
+    from .results import AlignmentResult, Finding, SlotMatch
 
 OK, ACTION, PROBLEM = "OK", "ACTION", "PROBLEM"
 LEVELS = (OK, ACTION, PROBLEM)
@@ -88,6 +88,19 @@ def _first_sentence(text: str) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
+def _loose_todo(m: SlotMatch) -> str:
+    """What to do about one slot that is not placed, by why its identity is open."""
+    cand = m.best.label if m.best else "none"
+    if m.identity == "best-among-captured":
+        return (f"{m.name}: {m.reason}. Capture every position (a full sweep, p = 0..N) so the match can be "
+                "compared with its neighbours.")
+    if m.identity == "ambiguous":
+        return (f"{m.name}: {m.reason}. The capture cannot tell these positions apart; check in the dumper's code "
+                "which layer it read, and set the ids for that one.")
+    return (f"{m.name}: best candidate {cand} is not confident ({m.reason}); capture the record's own prompt on "
+            "the model the record was dumped from.")
+
+
 def judge(result: AlignmentResult) -> Verdict:
     """The verdict of one alignment (see the module docstring for the levels)."""
     r = result
@@ -112,8 +125,7 @@ def judge(result: AlignmentResult) -> Verdict:
         if loose:
             parts.append(f"{len(loose)} of {n} slots have no confident match ({', '.join(m.name for m in loose)}).")
         todo = [f.message for f in errors]
-        todo += [f"{m.name}: best candidate {m.best.label if m.best else 'none'} is not confident ({m.reason}); "
-                 "recapture, or lower --min-score when engine kernels drift from HF in deep layers" for m in loose]
+        todo += [_loose_todo(m) for m in loose]
         if errors and workable and len(workable) < len(advice):
             names = ", ".join(a.engine for a in workable)
             todo.append(f"Only {names} can serve this record as trained (its snippet is shown with the verdict); "

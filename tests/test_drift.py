@@ -127,6 +127,7 @@ def test_near_identity_layer_is_ambiguous_between_both_positions(tmp_path, llama
     assert {m.best, m.other} == {Position(5), Position(6)}
     assert "ambiguous between p5 and p6" in r.verdict or "ambiguous between p6 and p5" in r.verdict
     assert "ambiguous-position" in _codes(r) and r.exit_code == 1
+    assert any("cannot tell these positions apart" in t for t in r.judge().todo)
     assert [x.confident for x in r.matches] == [True, False, True, True]
 
 
@@ -157,7 +158,8 @@ def test_small_writes_partial_capture_one_layer_off_is_not_confident(tmp_path, d
     _truthful(r, [Position(2), Position(4), Position(5)])
     assert r.matches[2].confident and r.matches[2].best == Position(5)  # a copy: confident without p4
     assert "neighbours-not-captured" in _codes(r) and r.exit_code == 1
-    assert "not captured" in r.verdict
+    assert "not captured" in r.verdict and r.level == "PROBLEM"
+    assert any(t.startswith(first.name) and "full sweep" in t for t in r.judge().todo)  # what to do: capture p2, p4
 
 
 def test_long_record_vs_21_token_prompt_capture(tmp_path, llama, ids, llama_states):
