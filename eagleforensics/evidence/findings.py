@@ -39,8 +39,9 @@ def slot_findings(matches: list[SlotMatch], num_layers: int) -> list[Finding]:
         if m.confident and m.position == Position(0):
             out.append(Finding("embedding-included", "error",
                                f"{m.name} holds the embedding output (p=0), not a decoder layer's output. "
-                               "EAGLE-3 feeds the drafter decoder-layer states; SGLang and TensorRT-LLM cannot "
-                               "capture the embedding at all (see engine ids)."))
+                               "EAGLE-3 feeds the drafter decoder-layer states, and only some engines can "
+                               "capture the embedding: TensorRT-LLM never, SGLang and vLLM only in some "
+                               "versions for some model families (see the engine ids)."))
     if len(placed) == len(aux) and aux:
         if placed != sorted(placed):
             out.append(Finding("concat-order", "error",
