@@ -218,3 +218,20 @@ def test_report_has_the_replay_section(tmp_path):
     assert "Replayed accept length per wiring" in page and "#1a9850" in page  # the trained bar is green
     with pytest.raises(ForensicsError, match="target needs drafter"):
         report.validate_params(RECORD, SAMPLES / "capture.pt", target=TARGET)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "deep"])
+def test_hostile_drafter_config_is_one_line(tmp_path, plant):
+    """A drafter config.json that is a FIFO or nests 100,000 levels: one line, exit 2 (was a RecursionError)."""
+    import os
+
+    d = tmp_path / "drafter"
+    shutil.copytree(DRAFTER, d)
+    (d / "config.json").unlink()
+    if plant == "fifo":
+        os.mkfifo(d / "config.json")
+    else:
+        (d / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    out = run_cli("replay", str(d), str(SWEEP))
+    assert out.exit_code == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert ("not a regular file" if plant == "fifo" else "nested 100000 levels") in out.stderr

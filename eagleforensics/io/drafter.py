@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import ForensicsError
+from .guards import parse_json, read_regular
 from .safeload import open_safetensors, read_safetensors_header, read_tensor
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -88,12 +89,11 @@ class TargetHead:
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A small JSON object from ``path`` or ForensicsError naming it."""
-    if not path.is_file():
+    if not path.exists():
         raise ForensicsError(f"no {what} here", path=path)
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ForensicsError(f"{what} is {path.stat().st_size} bytes; refusing a config over 4 MiB", path=path)
+    raw = read_regular(path, MAX_CONFIG_BYTES, what)  # FIFOs and devices refused, size bounded
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = parse_json(raw, path, what)  # nesting bounded
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ForensicsError(f"{what} is not valid JSON ({exc})", path=path) from None
     if not isinstance(obj, dict):
