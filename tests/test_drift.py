@@ -252,3 +252,34 @@ def test_a_fitted_final_is_labelled_fitted(tmp_path, llama_states, ids):
     final = r.matches[-1]
     assert final.confident and final.best == Position(N, True) and final.fitted
     assert "(fitted)" in r.to_text() and r.to_dict()["mapping"][-1]["fitted"] is True
+
+
+def test_sign_rank_is_exact_on_small_counts_and_finite_on_long_captures():
+    """The paired bound's rank equals the exact binomial rule, and does not overflow past 1,023 tokens."""
+    from fractions import Fraction
+    from math import comb
+
+    from eagleforensics.evidence.identity import PAIRED_ALPHA, _sign_rank
+
+    def exact(n: int) -> int:
+        k, tail = 0, Fraction(0)
+        while k < n:
+            tail += Fraction(comb(n, k), 2 ** n)
+            if tail > Fraction(PAIRED_ALPHA):
+                break
+            k += 1
+        return max(k, 1)
+
+    assert [_sign_rank(n, PAIRED_ALPHA) for n in range(2, 300)] == [exact(n) for n in range(2, 300)]
+    for n in (1024, 2048, 100_000):  # 2.0 ** 1024 overflowed: any capture of 1024+ tokens crashed align
+        k = _sign_rank(n, PAIRED_ALPHA)
+        assert abs(k - (n / 2 - 3.09 * n ** 0.5 / 2)) < 2  # the normal approximation at z(0.999) = 3.09
+
+
+def test_a_long_capture_is_placed(tmp_path, llama):
+    """1,100 tokens (past the 1,023 where the paired bound's 2.0 ** n overflowed): every slot placed, as copies."""
+    long_ids = prompt_ids(1100, seed=3)
+    s = D.forward_states(llama, long_ids)
+    r = align(_record(tmp_path / "rec.pt", s, long_ids), _hf_capture(tmp_path / "cap.pt", s, long_ids))
+    assert r.tokens.length == 1100 and all(m.confident for m in r.matches)
+    assert [m.identity for m in r.matches] == ["confident"] * 4

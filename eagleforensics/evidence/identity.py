@@ -100,10 +100,15 @@ def paired(a: np.ndarray, b: np.ndarray, alpha: float = PAIRED_ALPHA) -> tuple[f
 
 
 def _sign_rank(n: int, alpha: float) -> int:
-    """Largest k >= 1 with P(Binomial(n, 1/2) <= k - 1) <= alpha (1 when none)."""
+    """Largest k >= 1 with P(Binomial(n, 1/2) <= k - 1) <= alpha (1 when none).
+
+    Each term C(n, k) / 2**n is taken in log space: 2.0 ** n overflows a float from n = 1024
+    tokens on, and the exact big-integer terms would cost O(n) digits each.
+    """
     k, tail = 0, 0.0
+    log_norm = math.lgamma(n + 1) - n * math.log(2.0)
     while k < n:
-        tail += math.comb(n, k) / 2.0 ** n
+        tail += math.exp(log_norm - math.lgamma(k + 1) - math.lgamma(n - k + 1))
         if tail > alpha:
             break
         k += 1
