@@ -1,9 +1,10 @@
 """Align one training record with one capture sweep: the pipeline that fills the result records.
 
 ``align`` loads both sides (or takes loaded ones), pairs tokens, scores every slot against
-every position reading each position once, chooses with dtype-aware confidence, checks
-the token pairing by content when the ids cannot vouch for it, derives findings and the
-id list each engine needs. ``AlignmentResult`` renders to a dict/JSON, text and plots.
+every position reading each position once, judges each slot's identity and fidelity from the
+capture itself (``evidence.identity``; fingerprints keep the dtype bars), checks the token
+pairing by content when the ids cannot vouch for it, derives findings, the id list and the
+snippet each engine needs. ``AlignmentResult`` renders to a dict/JSON, text and plots.
 """
 from __future__ import annotations
 
