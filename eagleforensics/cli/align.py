@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from .common import echo_text, run_guarded
+from .common import echo_text, rule_options, run_guarded
 
 TRAIN_FORMATS = ("specforge", "speculators", "modelopt", "eagle", "list", "generic")
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
@@ -28,12 +28,7 @@ ENGINES = ("sglang", "vllm", "trtllm")
               help="Draft config.json (or its directory), or a TensorRT-LLM YAML; needs --engine.")
 @click.option("--engine", type=click.Choice(ENGINES), default=None,
               help="Check what this engine will capture against the training data (engine default if no --draft-config).")
-@click.option("--engine-version", default=None,
-              help="Engine version, e.g. 0.5.12.post1; default: the newest release the rules know (said in the output).")
-@click.option("--vllm-runner", type=click.Choice(("v1", "v2")), default=None,
-              help="vLLM model runner (default: the one that vLLM version picks for the model); decides which key is read.")
-@click.option("--model-type", default=None,
-              help="Target model_type for the engine rule (llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2, kimi_k25, gpt_oss, ...).")
+@rule_options
 @click.option("--device", type=click.Choice(("cpu", "cuda", "auto")), default="cpu", show_default=True,
               help="Where the per-position reduction runs; auto = cuda when a GPU is visible.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")

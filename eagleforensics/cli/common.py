@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import click
 
@@ -47,3 +47,21 @@ def echo_text(text: str, err: bool = False) -> None:
     put into the text (``printable``); this pass makes sure no escape sequence reaches the terminal.
     """
     click.echo(printable(text, keep_newlines=True), err=err)
+
+
+def rule_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--engine-version``, ``--vllm-runner`` and ``--model-type``: which engine rule applies (align, config)."""
+    options = [
+        click.option("--engine-version", default=None,
+                     help="Engine version, e.g. 0.5.12.post1; default: the newest release the rules know "
+                          "(said in the output)."),
+        click.option("--vllm-runner", type=click.Choice(("v1", "v2")), default=None,
+                     help="vLLM model runner (default: the one that vLLM version picks for the model); decides "
+                          "which key is read."),
+        click.option("--model-type", default=None,
+                     help="Target model_type for the engine rule (llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2, "
+                          "kimi_k25, gpt_oss, ...)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import printable
-from .common import echo_text, run_guarded
+from .common import echo_text, rule_options, run_guarded
 
 if TYPE_CHECKING:
     from ..engines.draftconfig import ConfigAudit
@@ -53,12 +53,7 @@ def render_audit(audit: "ConfigAudit") -> str:
 @click.argument("draft", type=click.Path())
 @click.option("--engine", type=click.Choice(ENGINE_CHOICES), required=True,
               help="Serving engine whose reading of the config to audit.")
-@click.option("--engine-version", default=None,
-              help="Engine version, e.g. 0.5.12.post1; default: the newest release the rules know (said in the output).")
-@click.option("--vllm-runner", type=click.Choice(("v1", "v2")), default=None,
-              help="vLLM model runner (default: the one that vLLM version picks for the model); decides which key is read.")
-@click.option("--model-type", default=None,
-              help="Target model_type (llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2, kimi_k25, gpt_oss, ...).")
+@rule_options
 @click.option("--num-layers", type=click.IntRange(min=1), default=None, help="N, the target's num_hidden_layers.")
 @click.option("--target", "target_dir", type=click.Path(), default=None,
               help="Target model directory (or its config.json) for N and model_type.")
