@@ -13,12 +13,13 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "eagleforensics"
 
 # room -> the rooms it may import besides itself (the bottom three are open to everyone above them)
-BOTTOM = {"errors", "positions", "results", "verdict"}
+BOTTOM = {"arrays", "errors", "positions", "results", "verdict"}
 ALLOWED: dict[str, set[str]] = {
+    "arrays": set(),
     "errors": set(),
     "positions": set(),
-    "results": {"errors", "positions", "verdict"},
-    "verdict": {"errors", "positions", "results"},
+    "results": {"arrays", "errors", "positions", "verdict"},
+    "verdict": {"arrays", "errors", "positions", "results"},
     "io": BOTTOM,
     "evidence": BOTTOM | {"io"},
     "engines": BOTTOM | {"io"},
