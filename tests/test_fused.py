@@ -54,14 +54,22 @@ def _both(monkeypatch, slots, cap, window, fit_candidates):
     return got, ref
 
 
-def _worst(got, ref) -> dict[str, float]:
+def _worst(got, ref, exact: bool = True) -> dict[str, float]:
+    """Largest differences per field. ``exact``: the same cells computed; else (the compiled path fitting
+    only candidate positions, the numpy path all) every cell the compiled path computed."""
     out = {}
     assert got.columns == ref.columns
     for name in FIELDS:
         a, b = getattr(got, name), getattr(ref, name)
-        assert np.array_equal(np.isnan(a), np.isnan(b)), name
+        if exact:
+            assert np.array_equal(np.isnan(a), np.isnan(b)), name
+        else:
+            assert not (np.isnan(b) & ~np.isnan(a)).any(), name
+            if name == "score":  # candidates only: fewer fitted cells
+                assert np.isnan(a).sum() > np.isnan(b).sum()
         out[name] = float(np.nanmax(np.abs(a - b))) if np.isfinite(a).any() else 0.0
-    assert np.array_equal(got.tokens_used, ref.tokens_used)
+    if exact:
+        assert np.array_equal(got.tokens_used, ref.tokens_used)
     assert got.nonfinite_capture == ref.nonfinite_capture
     for p, v in ref.column_norms.items():
         np.testing.assert_allclose(got.column_norms[p], v, rtol=1e-6)
@@ -81,7 +89,7 @@ def test_compiled_scores_equal_the_torch_path_on_every_capture_dtype(tmp_path, m
         for sdtype in (torch.bfloat16, torch.float32):
             for window, fc in (((0, 0, 32), None), ((3, 5, 20), match.FIT_CANDIDATES)):
                 got, ref = _both(monkeypatch, _slots(run, sdtype), cap, window, fc)
-                for k, v in _worst(got, ref).items():
+                for k, v in _worst(got, ref, exact=fc is None).items():
                     worst[k] = max(worst.get(k, 0.0), v)
     assert worst["score"] < 1e-6 and worst["rel_diff"] < 1e-6, worst
     assert worst["per_token"] < 1e-5 and worst["max_abs"] < 1e-5, worst
@@ -123,12 +131,12 @@ def test_every_16_bit_pattern_widens_exactly(dtype):
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
     x = bits.view(dtype).reshape(-1, 1)
     norms, bad = fused.row_stats(x)
-    want = x.float().abs().reshape(-1)
-    finite = torch.isfinite(want)
-    assert torch.equal(bad, ~finite)
+    want = x.float().abs().reshape(-1).numpy()
+    finite = np.isfinite(want)
+    assert np.array_equal(bad, ~finite)
     square_ok = finite & (want > 1e-18)
-    assert square_ok.sum() > 30000 and torch.equal(norms[square_ok], want[square_ok])
-    assert torch.isnan(norms[torch.isnan(want)]).all() and torch.isinf(norms[torch.isinf(want)]).all()
+    assert square_ok.sum() > 30000 and np.array_equal(norms[square_ok], want[square_ok])
+    assert np.isnan(norms[np.isnan(want)]).all() and np.isinf(norms[np.isinf(want)]).all()
 
 
 def test_record_norms_and_nonfinite_rows_match_torch():
@@ -137,9 +145,10 @@ def test_record_norms_and_nonfinite_rows_match_torch():
     x[3, 7] = float("nan")
     x[11, 0] = float("-inf")
     for t in (x, x.float(), torch.cat([x, x], 1)[:, 64:]):  # a strided slot view too
-        np.testing.assert_allclose(token_norms(t)[~nonfinite_rows(t)], torch.linalg.vector_norm(
-            t.float(), dim=-1)[~nonfinite_rows(t)], rtol=1e-6)
-        assert nonfinite_rows(t).nonzero().flatten().tolist() == [3, 11]
+        ok = ~nonfinite_rows(t)
+        np.testing.assert_allclose(token_norms(t)[ok], torch.linalg.vector_norm(t.float(), dim=-1).numpy()[ok],
+                                   rtol=1e-6)
+        assert np.flatnonzero(nonfinite_rows(t)).tolist() == [3, 11]
 
 
 def _child(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -168,9 +177,9 @@ def test_a_read_only_install_compiles_in_memory_without_error(tmp_path):
     ro = tmp_path / "ro"
     (ro / "home").mkdir(parents=True)
     shutil.copytree(ROOT / "eagleforensics", ro / "eagleforensics", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import torch\nfrom eagleforensics.evidence import fused, norms\n"
+    code = ("import numpy as np\nimport torch\nfrom eagleforensics.evidence import fused, norms\n"
             "x = torch.randn(8, 64).to(torch.bfloat16)\n"
-            "assert torch.allclose(norms.token_norms(x), torch.linalg.vector_norm(x.float(), dim=-1))\n"
+            "assert np.allclose(norms.token_norms(x), torch.linalg.vector_norm(x.float(), dim=-1).numpy())\n"
             "print(type(fused.kernels().row_stats._cache).__name__)")
     script = tmp_path / "child.py"
     script.write_text(code)

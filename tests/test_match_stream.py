@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagleforensics.evidence import match
+from eagleforensics.evidence import fused, match
 from eagleforensics.alignment import align
 from eagleforensics.io.capture import load_capture
 from eagleforensics.evidence.confidence import choose, thresholds
@@ -38,8 +38,8 @@ def reference_scores(slots, fit, positions, read, ts, cs, length):
             cos = torch.nn.functional.cosine_similarity(y, x, dim=-1, eps=1e-30)
             score[i, columns.index(pos)] = float(cos[ok].double().mean())
             if fit[i] and Position(pos.p, True) in virt:
-                gain = fit_gain(torch.where(ok.unsqueeze(-1), y, 0.0)[None], x)[0]
-                pred = gain * unit_rms(x)
+                gain = torch.from_numpy(fit_gain(torch.where(ok.unsqueeze(-1), y, 0.0)[None], x)[0])
+                pred = gain * torch.from_numpy(unit_rms(x))
                 sim = 2 * (y * pred).sum(-1) / (y.square().sum(-1) + pred.square().sum(-1)).clamp_min(1e-30)
                 score[i, columns.index(Position(pos.p, True))] = float(sim[ok].double().mean())
     return columns, score
@@ -91,8 +91,11 @@ def test_streaming_scores_equal_the_plain_loop_on_every_reader(tmp_path, qwen, w
         assert (sm.tokens_used[1, direct] == length - (1 if ts <= 7 < ts + length else 0)).all()
 
 
-def test_default_mode_fits_only_candidate_positions_and_chooses_the_same(tmp_path, qwen):
-    """Fitted columns at the few raw positions a post-norm slot resembles: same choice, others not computed."""
+@pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
+def test_compiled_mode_fits_only_candidate_positions_and_chooses_the_same(tmp_path, qwen, monkeypatch):
+    """The compiled path fits only the few raw positions a post-norm slot resembles (the numpy path,
+    for small captures, fits all of them): same choice, the others not computed."""
+    monkeypatch.setattr(fused, "MIN_BYTES", 0)
     slots = _slots(qwen)
     fit = [False, False, False, True]
     path, conv = _captures(tmp_path, qwen)[0]
@@ -166,7 +169,7 @@ def test_device_cuda_without_a_gpu_is_refused_in_one_line():
         pytest.skip("a GPU is present")
     with pytest.raises(ForensicsError, match="sees no CUDA GPU"):
         align(SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture.pt", device="cuda")
-    assert match.resolve_device("auto").type == "cpu"
+    assert match.resolve_device("auto") == "cpu"
 
 
 def test_samples_keep_their_verdicts():

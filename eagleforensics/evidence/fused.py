@@ -13,16 +13,16 @@ keeps, in one pass, in parallel:
 * ``max_abs``: the largest |training - capture| over valid tokens of one cell.
 
 Sums are float32 over blocks of 256 values (vectorised), added up in float64, so results agree
-with the torch path (float32 throughout) to float32 rounding. Every array reaches a kernel as
+with the numpy path (float32 throughout) to float32 rounding. Every array reaches a kernel as
 the same numba type whatever the dtypes (a flat uint16 view plus offsets and row strides), so
 each kernel compiles once. Mapped pages are dropped after each block
 (``MADV_DONTNEED``): they stay in the page cache but leave the process's resident memory.
 
-A file cut short before it is mapped goes to the torch path, which names the error; one cut short
-*while* it is being read ends the process with SIGBUS (a mapping cannot raise), where the torch
+A file cut short before it is mapped goes to the numpy path, which names the error; one cut short
+*while* it is being read ends the process with SIGBUS (a mapping cannot raise), where the numpy
 path's reads would raise a one-line error.
 
-Without numba (or on CUDA) the torch path in ``match`` runs instead. The compiled code is
+Without numba, or for small inputs, the numpy path in ``match`` runs instead (torch on CUDA). The compiled code is
 cached next to this file, or in numba's user cache; where neither is writable (a read-only
 install) it is compiled in memory at each start instead.
 """
@@ -33,17 +33,18 @@ import mmap
 import os
 import types
 import threading
-from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
+
+from ..arrays import as_array, dtype_name, f32
 
 prange = range  # numba.prange once ``kernels()`` has imported numba (0.3 s, paid only when they are used)
 LOCK = threading.RLock()  # one launch at a time: numba's workqueue pool takes no concurrent launches
 
 _MODE = os.environ.get("EAGLEFORENSICS_FUSED", "auto")  # 0: never, 1: always, auto: by size
 AVAILABLE = _MODE != "0" and importlib.util.find_spec("numba") is not None
-# Below this many bytes to read the work goes to torch: loading the kernels' cached machine code
+# Below this many bytes to read the work goes to numpy: loading the kernels' cached machine code
 # (~0.5 s, and numba's import) costs more than scoring a small capture takes.
 MIN_BYTES = 0 if _MODE == "1" else 64 << 20
 BF16, F16, F32 = 0, 1, 2  # how a kernel widens stored values; all arrive as uint16 (fp32 as two)
@@ -163,7 +164,7 @@ def _row4(x: Any, y0: Any, y1: Any, y2: Any, y3: Any, n: int, out: Any) -> None:
 
 
 def _scale(xx: Any, h: int) -> Any:
-    """1 / rms of a row from its squared norm, in float32 as the torch path computes it."""
+    """1 / rms of a row from its squared norm, in float32 as the numpy path computes it."""
     return np.float32(1.0) / np.sqrt(np.float32(xx) / np.float32(h) + np.float32(EPS))
 
 
@@ -175,7 +176,7 @@ def _direct(base: Any, gidx: Any, offs: Any, h: int, kind: int, r0: int, r1: int
     the window part of [r0, r1), slot k, starts at unit ``yoff + r*yrow + k*yslot`` of ``yb``; they
     are widened into ``yw`` [>= rows, K rounded up to 4, H] when ``widen_y`` (else ``yw`` holds them
     from a call on another file). Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K];
-    yy, y_ok [Lw, K]); a bad row is zero in every product, as in the torch path.
+    yy, y_ok [Lw, K]); a bad row is zero in every product, as in the numpy path.
 
     The training rows are widened once (a few rows, sized to stay in L2 cache); then each
     position's rows are read in file order, one position per work item."""
@@ -371,67 +372,54 @@ def wanted(nbytes: int) -> bool:
     return AVAILABLE and nbytes >= MIN_BYTES
 
 
-# ---- torch tensors and files as the kernels' uint16 views ---------------------------------------
+# ---- arrays and files as the kernels' uint16 views -----------------------------------------------
 
 _KINDS = {"bfloat16": BF16, "float16": F16, "float32": F32}
 
 
 def kind_of(dtype: Any) -> int | None:
-    """The kernel kind of a torch dtype, None when the kernels do not read it."""
-    return _KINDS.get(str(dtype).replace("torch.", ""))
+    """The kernel kind of a numpy (or torch) dtype, None when the kernels do not read it."""
+    return _KINDS.get(dtype_name(dtype))
 
 
 class Rows:
-    """A CPU [T, H] tensor as the kernels read it: its storage as flat uint16, the unit offset of
-    row 0, units between rows, and its kind. Not bf16/fp16/fp32, or with strided columns: a
-    float32 copy (``copied``)."""
+    """A [T, H] array as the kernels read it: its memory as flat uint16 from row 0, units between
+    rows, and its kind. Not bf16/fp16/fp32, or with strided columns: a float32 copy (``copied``)."""
 
-    def __init__(self, t: Any) -> None:
-        import torch
-
-        self.copied = kind_of(t.dtype) is None or t.stride(-1) != 1 or t.device.type != "cpu"
+    def __init__(self, a: Any) -> None:
+        a = as_array(a)
+        if a.ndim == 1:
+            a = a.reshape(1, -1)
+        self.copied = kind_of(a.dtype) is None or (a.shape[1] > 1 and a.strides[1] != a.itemsize) \
+            or a.strides[0] < 0
         if self.copied:
-            t = t.detach().to("cpu", torch.float32).contiguous()
-        t = t.detach()
-        size = t.element_size()
-        st = t.untyped_storage()
-        flat = torch.empty(0, dtype=torch.int16).set_(st, 0, (st.nbytes() // 2,), (1,))
-        self.base = flat.numpy().view(np.uint16)
-        self.off = t.storage_offset() * size // 2
-        self.row = (t.stride(0) if t.shape[0] > 1 else t.shape[-1]) * size // 2
-        self.kind = kind_of(t.dtype)
-        self.keep = t  # the storage must outlive the view
+            a = np.ascontiguousarray(f32(a))
+        units = a.itemsize // 2
+        rows, cols = int(a.shape[0]), int(a.shape[1])
+        self.row = (a.strides[0] // 2) if rows > 1 else cols * units
+        extent = (rows - 1) * self.row + cols * units if rows and cols else 0
+        # a 1-D uint16 window over exactly the bytes the rows span (a view, no copy)
+        self.base = np.lib.stride_tricks.as_strided(a.view(np.uint16), shape=(extent,), strides=(2,), writeable=False)
+        self.off = 0
+        self.kind = kind_of(a.dtype)
+        self.keep = a  # the memory must outlive the view
 
 
-_STATS: "OrderedDict[tuple[Any, ...], tuple[Any, Any, Any]]" = OrderedDict()
-STATS_KEPT = 8  # recent row_stats results: align asks for a slot's norms and its NaN rows separately
-
-
-def row_stats(t: Any) -> tuple[Any, Any] | None:
-    """(per-row L2 norms float32, per-row NaN/Inf flags) of a CPU [T, H] torch tensor in one pass,
-    or None where the kernels cannot read it without a copy (no numba, another dtype or device).
-
-    The last few results are kept with the tensor they describe (so its memory cannot be reused
-    for another while the entry lives) and reused while its data are unchanged (same version)."""
-    import torch
-
-    if t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1 \
-            or not wanted(t.numel() * t.element_size()):
+def row_stats(a: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """(per-row L2 norms float32, per-row NaN/Inf flags) of a [T, H] array in one compiled pass, or
+    None where the kernels should not read it (no numba, too small to pay for loading them, another
+    dtype, strided columns)."""
+    a = as_array(a)
+    if a.ndim != 2 or kind_of(a.dtype) is None or (a.shape[1] > 1 and a.strides[1] != a.itemsize) \
+            or not wanted(a.size * a.itemsize):
         return None
-    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
     k = kernels()
     with LOCK:
-        hit = _STATS.get(key)
-        if hit is not None:
-            return hit[1].clone(), hit[2].clone()
-        y = Rows(t)
-        norms = torch.empty(t.shape[0], dtype=torch.float32)
-        bad = torch.empty(t.shape[0], dtype=torch.bool)
-        k.row_stats(y.base, y.off, y.row, t.shape[0], t.shape[1], y.kind, norms.numpy(), bad.numpy(),
-                    max(1, min(t.shape[0], 4 * k.threads)))
-        _STATS[key] = (t, norms.clone(), bad.clone())
-        while len(_STATS) > STATS_KEPT:
-            _STATS.popitem(last=False)
+        y = Rows(a)
+        norms = np.empty(a.shape[0], np.float32)
+        bad = np.empty(a.shape[0], bool)
+        k.row_stats(y.base, y.off, y.row, a.shape[0], a.shape[1], y.kind, norms, bad,
+                    max(1, min(a.shape[0], 4 * k.threads)))
     return norms, bad
 
 
@@ -473,7 +461,7 @@ class Mapped:
                     maps.append(mm)
                     arrays.append(np.frombuffer(mm, dtype=np.uint16, count=len(mm) // 2))
                 if r.offset + r.rows * r.row_bytes > len(maps[files[r.path]]):
-                    return None  # the file is shorter than its header says: the torch path names the error
+                    return None  # the file is shorter than its header says: the numpy path names the error
                 fidx.append(files[r.path])
                 offs.append(r.offset // 2)
         except (OSError, ValueError):
