@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagleforensics.evidence import fused, match
+from eagleforensics.evidence import match
 from eagleforensics.alignment import align
 from eagleforensics.io.capture import load_capture
 from eagleforensics.evidence.confidence import choose, thresholds
@@ -91,11 +91,8 @@ def test_streaming_scores_equal_the_plain_loop_on_every_reader(tmp_path, qwen, w
         assert (sm.tokens_used[1, direct] == length - (1 if ts <= 7 < ts + length else 0)).all()
 
 
-@pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
-def test_compiled_mode_fits_only_candidate_positions_and_chooses_the_same(tmp_path, qwen, monkeypatch):
-    """The compiled path fits only the few raw positions a post-norm slot resembles (the numpy path,
-    for small captures, fits all of them): same choice, the others not computed."""
-    monkeypatch.setattr(fused, "MIN_BYTES", 0)
+def test_default_mode_fits_only_candidate_positions_and_chooses_the_same(tmp_path, qwen):
+    """Fitted columns at the few raw positions a post-norm slot resembles: same choice, others not computed."""
     slots = _slots(qwen)
     fit = [False, False, False, True]
     path, conv = _captures(tmp_path, qwen)[0]

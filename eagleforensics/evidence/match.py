@@ -153,7 +153,7 @@ def score_slots(
         with fused.LOCK:
             _fused_sweep(mapped, positions, sums, slots, train_start, progress, fit_candidates)
     else:
-        _position_major(src, positions, sums, slots, train_start, progress)
+        _position_major(src, positions, sums, slots, train_start, progress, fit_candidates)
     return _assemble(sums, positions, columns, src, slots, train_start, fit_idx, virt, mapped, dev)
 
 
@@ -178,12 +178,16 @@ def _stage_dtype(src: _Source) -> np.dtype:
 
 
 def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: list[np.ndarray], ts: int,
-                    progress: Callable[[Position], None] | None) -> None:
-    """numpy: one position at a time, read and reduced in token chunks (a fitted position twice)."""
+                    progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
+    """numpy: one position at a time, read and reduced in token chunks; then the fitted columns, at
+    the candidate positions as the compiled path chooses them (every one with ``fit_candidates=None``,
+    fitted while the position is read)."""
     h, cs, lw, t = sums.h, sums.cs, sums.lw, src.t
     lc = max(1, CHUNK_BYTES // max(1, h * 4 * max(1, sums.k)))
     yb = np.empty((lc, sums.k, h), np.float32)
     virt_of = {g: j for j, g in enumerate(sums.virt)}
+    every = fit_candidates is None
+    segs = segments(t, cs, lw, lc)
 
     def block(pos: Position, a: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         x = f32(src.rows(pos, a, a + n), copy=True)
@@ -191,20 +195,32 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
             return x, None
         return x, sums.prep_y(fill_y(yb[:n], slots, ts + a - cs), a - cs)
 
+    def score_fitted(g: int) -> None:
+        sums.fit([virt_of[g]])  # the normal equations of this position are complete
+        for a, b, win in segs:
+            if win:
+                x, y = block(positions[g], a, b - a)
+                assert y is not None
+                sums.pass2(sums.unit(x, g, a), virt_of[g], a, y[:, sums.fit_idx])
+
     for g, pos in enumerate(positions):
-        segs = segments(t, cs, lw, lc)
         for a, b, _ in segs:
             x, y = block(pos, a, b - a)
-            sums.pass1(x, g, a, y, fit=g in virt_of)
-        if g in virt_of and lw:
-            sums.fit([virt_of[g]])  # pass1 accumulated this position's normal equations
-            for a, b, win in segs:
-                if win:
-                    x, y = block(pos, a, b - a)
-                    assert y is not None
-                    sums.pass2(sums.unit(x, g, a), virt_of[g], a, y[:, sums.fit_idx])
+            sums.pass1(x, g, a, y, fit=every and g in virt_of)
+        if every and g in virt_of and lw:
+            score_fitted(g)
         if progress is not None:
             progress(pos)
+    if every or not sums.virt or not lw:
+        return
+    for j in _candidates(sums, fit_candidates):
+        g = sums.virt[j]
+        for a, b, win in segs:
+            if win:
+                x, y = block(positions[g], a, b - a)
+                assert y is not None
+                sums.accumulate(sums.unit(x, g, a), g, y[:, sums.fit_idx])
+        score_fitted(g)
 
 
 def _candidates(sums: Sums, m: int) -> list[int]:
