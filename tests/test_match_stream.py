@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 
 from eagleforensics.evidence import match
 from eagleforensics.alignment import align
+from eagleforensics.arrays import BF16, as_array
 from eagleforensics.io.capture import load_capture
 from eagleforensics.evidence.confidence import choose, thresholds
 from eagleforensics.errors import ForensicsError
@@ -115,7 +116,7 @@ def test_scoring_reads_rows_never_whole_positions(tmp_path, qwen, monkeypatch):
     for path, conv in _captures(tmp_path, qwen):
         cap = load_capture(path, convention=conv, num_layers=N)
         pos = cap.positions[3]
-        assert torch.equal(cap.read_rows(pos, 4, 9), cap.read(pos)[4:9])
+        assert np.array_equal(cap.read_rows(pos, 4, 9), cap.read(pos)[4:9])
 
         def refuse(self):
             raise AssertionError("whole position read")
@@ -132,7 +133,7 @@ def test_pt_captures_read_rows_from_the_file_not_the_mapping(tmp_path, qwen):
     cap = load_capture(path)
     src = cap.readers[Position(3)]
     assert isinstance(src, PositionSource) and isinstance(src._rows.__self__, FileRows)
-    assert torch.equal(cap.read_rows(Position(3), 0, 32), qwen.hs[3])
+    assert np.array_equal(cap.read_rows(Position(3), 0, 32), as_array(qwen.hs[3]))
 
 
 def test_file_rows_scatter_into_a_strided_buffer(tmp_path, qwen):
@@ -140,10 +141,10 @@ def test_file_rows_scatter_into_a_strided_buffer(tmp_path, qwen):
     x = _bf16(qwen.hs[5])
     save_file({"x.5": x}, str(tmp_path / "x.safetensors"))
     cap = load_capture(tmp_path / "x.safetensors", convention="vllm")
-    buf = torch.zeros(10, 3, x.shape[1], dtype=torch.bfloat16)
+    buf = np.zeros((10, 3, x.shape[1]), dtype=BF16)
     got = cap.read_rows(cap.positions[0], 20, 30, out=buf[:, 1])
-    assert got.data_ptr() == buf[:, 1].data_ptr()
-    assert torch.equal(buf[:, 1], x[20:30]) and not buf[:, 0].any() and not buf[:, 2].any()
+    assert got.__array_interface__["data"] == buf[:, 1].__array_interface__["data"]
+    assert buf[:, 1].tobytes() == as_array(x[20:30]).tobytes() and not buf[:, 0].any() and not buf[:, 2].any()
 
 
 def test_a_capture_that_changes_after_opening_is_a_one_line_error(tmp_path, qwen):
