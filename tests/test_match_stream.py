@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from eagleforensics.arrays import to_torch
 from eagleforensics.evidence import match
 from eagleforensics.alignment import align
 from eagleforensics.arrays import BF16, as_array
@@ -31,7 +32,7 @@ def reference_scores(slots, fit, positions, read, ts, cs, length):
     y_ok = [torch.isfinite(y).all(-1) for y in ys]
     ys = [torch.where(ok.unsqueeze(-1), y, 0.0) for y, ok in zip(ys, y_ok)]
     for pos in positions:
-        x = read(pos)[cs:cs + length].float()
+        x = to_torch(read(pos)[cs:cs + length]).float()
         x_ok = torch.isfinite(x).all(-1)
         x = torch.where(x_ok.unsqueeze(-1), x, 0.0)
         for i, y in enumerate(ys):

@@ -9,9 +9,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 from .realdata import ROOT, SAMPLES
 
 BLOCK = "import sys\nsys.modules['torch'] = None  # any import of torch now raises ImportError\n"
@@ -63,4 +60,4 @@ def test_the_library_path_imports_no_torch():
 def test_a_module_that_imports_torch_is_caught(tmp_path):
     """The guard itself: with torch blocked, a module that imports it fails (so the checks above can fail)."""
     res = _run("import eagleforensics.evidence.gpu\n")
-    assert res.returncode != 0 and "ImportError" in res.stderr
+    assert res.returncode != 0 and "import of torch halted" in res.stderr
