@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eagleforensics.alignment import align
-from eagleforensics.arrays import is_float
+from eagleforensics.arrays import is_float, to_torch
 from eagleforensics.io.capture import load_capture
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
@@ -97,9 +97,11 @@ def _ref_score(y: torch.Tensor, x: torch.Tensor) -> float:
     return float(torch.nanmean(_per_token(y, x)))
 
 
-def _rows(result, slot_rows: torch.Tensor, cap_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(result, slot_rows, cap_rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The aligned rows of a slot and a capture position (arrays from io) as torch tensors."""
     t = result.tokens
-    return (slot_rows[t.train_start:t.train_start + t.length], cap_rows[t.capture_start:t.capture_start + t.length])
+    return (to_torch(slot_rows[t.train_start:t.train_start + t.length]),
+            to_torch(cap_rows[t.capture_start:t.capture_start + t.length]))
 
 
 def _check_truthful(result, slots: dict[str, torch.Tensor], cap) -> None:
@@ -142,7 +144,7 @@ def test_a_bit_flip_in_a_record_is_never_hidden(case: Case, scratch: Path) -> No
         c = before.get(m.name)
         if c is None or mutated[m.name].shape != original[m.name].shape:
             continue
-        new_bad = ~torch.isfinite(mutated[m.name]).all(-1) & torch.isfinite(original[m.name]).all(-1)
+        new_bad = ~torch.isfinite(to_torch(mutated[m.name])).all(-1) & torch.isfinite(to_torch(original[m.name])).all(-1)
         for row in new_bad.nonzero().flatten().tolist():
             assert f"{m.name}: " in _messages(out.result, "nonfinite-training"), (m.name, row)
             assert str(row) in _messages(out.result, "nonfinite-training"), (m.name, row)
