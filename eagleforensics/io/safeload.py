@@ -329,14 +329,14 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
             _check_zip(buf, p, "inside the gzip stream: ")
         if payload[:1] == b"\x80":
             check_legacy_torch(buf, len(payload), p)
-        return _to_arrays(_torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False), p)
+        return to_arrays(_torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False), p)
     if kind == "pickle":
         with p.open("rb") as fh:
             check_legacy_torch(fh, p.stat().st_size, p)
     if kind in ("torch-zip", "npz"):
         _check_zip(p, p)
     if kind in ("torch-zip", "pickle"):
-        return _to_arrays(_torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip"), p)
+        return to_arrays(_torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip"), p)
     if kind == "safetensors":
         handle = open_safetensors(p)
         out: dict[str, Any] = {"__metadata__": handle.metadata()}
@@ -417,7 +417,7 @@ def _plain_array(arr: Any, p: Path) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _to_arrays(obj: Any, p: Path) -> Any:
+def to_arrays(obj: Any, p: Path) -> Any:
     """What torch loaded, with every tensor (in dicts, lists, tuples) turned into an ndarray, zero-copy
     where it can be: the boundary past which no module sees a torch tensor."""
     if is_torch(obj):
@@ -428,9 +428,9 @@ def _to_arrays(obj: Any, p: Path) -> Any:
                                  f"be read as an array ({' '.join(str(exc).split())[:100]}); store hidden states as "
                                  "bfloat16, float16 or float32", path=p) from None
     if isinstance(obj, dict):
-        return {k: _to_arrays(v, p) for k, v in obj.items()}
+        return {k: to_arrays(v, p) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_to_arrays(v, p) for v in obj]
+        return [to_arrays(v, p) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_to_arrays(v, p) for v in obj)
+        return tuple(to_arrays(v, p) for v in obj)
     return obj

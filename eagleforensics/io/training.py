@@ -30,7 +30,7 @@ import numpy as np
 
 from ..arrays import dtype_name, is_float
 from ..errors import ForensicsError, printable
-from .safeload import load_object
+from .safeload import load_object, to_arrays
 
 FORMATS = ("specforge", "speculators", "modelopt", "eagle", "list", "generic")
 ID_KEYS = ("input_ids", "token_ids")
@@ -275,10 +275,11 @@ LOADERS: dict[str, Callable[[Any, str], TrainingRecord]] = {
 
 
 def from_object(obj: Any, path: str, fmt: str | None = None) -> TrainingRecord:
-    """Build a TrainingRecord from an already-loaded object (``fmt`` forces a layout)."""
+    """Build a TrainingRecord from an already-loaded object (``fmt`` forces a layout); torch tensors in
+    it are taken as arrays, as ``load_object`` hands them out."""
     if fmt is not None and fmt not in LOADERS:
         raise ForensicsError(f"unknown training format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    obj = _fold_numbered_list(obj)
+    obj = _fold_numbered_list(to_arrays(obj, Path(path)))
     chosen = fmt or detect_format(obj)
     try:
         record = LOADERS[chosen](obj, path)
