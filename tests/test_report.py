@@ -25,7 +25,6 @@ from eagleforensics.report import pipeline as report
 from eagleforensics.io.capture import CONVENTIONS as CAPTURE_CONVENTIONS
 from eagleforensics.cli.report import report as report_cmd
 from eagleforensics.errors import ForensicsError
-from eagleforensics.io.safeload import load_object
 
 from .reportrun import ReportRun
 

@@ -31,7 +31,7 @@ from ..positions import Position
 from .confidence import Choice, Thresholds, choose
 from .fingerprint import Fingerprint, projection
 from .match import ScoreMatrix
-from .norms import EPS
+from .norms import EPS, unit_rms
 
 if TYPE_CHECKING:
     from .findings import Finding
@@ -112,11 +112,6 @@ def _store(out: dict[str, np.ndarray], tokens: np.ndarray, per_token: np.ndarray
     per_token[rows, j, :] = np.where(valid, sim.astype(np.float32), np.float32(np.nan))
 
 
-def _unit_rms(x: np.ndarray) -> np.ndarray:
-    """``x / rms(x)`` per token in float32, as ``norms.unit_rms`` computes it (RMSNorm before its gain)."""
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(EPS))
-
-
 def _fitted(out: dict[str, np.ndarray], tokens: np.ndarray, per_token: np.ndarray, j: int, i: int,
             probe_rows: Any, stored: list[int], probes: list[int], slot: np.ndarray, ts: int,
             cs: int) -> None:
@@ -132,7 +127,7 @@ def _fitted(out: dict[str, np.ndarray], tokens: np.ndarray, per_token: np.ndarra
     if len(ok) < MIN_PROBES:
         return  # cannot tell: too few probe tokens in the aligned window
     halves = (ok[0::2], ok[1::2])
-    u = _unit_rms(xs)
+    u = unit_rms(xs)
     sims: dict[int, tuple[float, float, float, float]] = {}
     for fit_on, test_on in (halves, halves[::-1]):
         gain = (ys[fit_on] * u[fit_on]).sum(0) / np.maximum(np.square(u[fit_on]).sum(0), np.float32(EPS))

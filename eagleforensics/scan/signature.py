@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import as_array, dtype_name, f32, is_torch
+from ..arrays import as_array, dtype_name, is_torch
 from ..errors import ForensicsError
-from ..evidence.norms import POST_NORM_CV
+from ..evidence.norms import looks_post_norm, norm_cv, token_norms
 from ..io.safeload import load_object
 from ..io.training import TrainingRecord, from_object
 
@@ -61,27 +61,16 @@ def trailing_id_padding(input_ids: Any) -> int:
     return int(ids.shape[0]) if nz.size == 0 else int(ids.shape[0]) - 1 - int(nz[-1, 0])
 
 
-def _token_norms(data: Any) -> np.ndarray:
-    """Per-token L2 norms (float32) of a [S, H] tensor or ndarray, computed in numpy (NaN rows stay NaN)."""
-    x = f32(as_array(data))
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.sqrt(np.einsum("sh,sh->s", x, x))
-
-
 def slot_signature(data: Any, real: Any) -> dict[str, Any]:
     """Norm signature of one slot [S, H] over the rows flagged ``real`` (first real row left out of the means)."""
-    return norm_signature(_token_norms(data), real)
-
-
-def _cv(norms: np.ndarray) -> float:
-    return float(norms.std(ddof=1) / norms.mean())
+    return norm_signature(token_norms(data), real)
 
 
 def norm_signature(norms: Any, real: Any) -> dict[str, Any]:
     """The signature from per-token norms alone (so a fingerprint's stored norms are enough).
 
     ``post_norm`` is ``norms.looks_post_norm`` on the real rows (all finite and positive here,
-    so it is their coefficient of variation against ``POST_NORM_CV``).
+    so it is their coefficient of variation against ``norms.POST_NORM_CV``).
     """
     norms, real = as_array(norms), as_array(real)
     ok = real & np.isfinite(norms) & (norms > 0)
@@ -91,9 +80,8 @@ def norm_signature(norms: Any, real: Any) -> dict[str, Any]:
         return {**sig, "log_norm": None, "norm_cv": None, "first_excess": None, "post_norm": None}
     first, rest = float(norms[idx[0]]), norms[idx[1:]].astype(np.float64)
     log_norm = float(np.log(rest).mean())
-    return {**sig, "log_norm": _num(log_norm), "norm_cv": _num(_cv(rest)),
-            "first_excess": _num(np.log(first) - log_norm),
-            "post_norm": bool(_cv(norms[idx].astype(np.float64)) < POST_NORM_CV)}
+    return {**sig, "log_norm": _num(log_norm), "norm_cv": _num(norm_cv(rest)),
+            "first_excess": _num(np.log(first) - log_norm), "post_norm": looks_post_norm(norms[idx])}
 
 
 def _layout(obj: Any) -> tuple[list[str], dict[str, list[int]], dict[str, str]]:
