@@ -93,7 +93,7 @@ def _plain_chain(drafter, aux, ids, t, steps):
 
 def test_replay_matches_a_plain_reimplementation(sample):
     drafter, cap, aux, y = sample
-    ids = cap.input_ids
+    ids = to_torch(cap.input_ids)  # the internal steps below take tensors; replay_drafts takes either
     fwd = DraftForward.of(drafter)
     drafts = replay_drafts(fwd, aux, ids, steps=3, chunk=16)  # chunking crosses the rows checked
     assert torch.equal(drafts, replay_drafts(fwd, aux, ids, steps=3, chunk=7))
