@@ -46,6 +46,7 @@ from ..errors import ForensicsError
 from ..io.prefetch import Prefetch
 from ..positions import Position
 from . import fused
+from .steps import Steps, lower_neighbours, steps_from
 from .sums import Sums
 
 CHUNK_BYTES = 4 << 20  # float32 block [L, P, H] reduced at once on CPU (measured best on a 2-core Zen 4)
@@ -53,7 +54,6 @@ READ_BYTES = 16 << 20  # one read buffer of [rows, P, H] stored values (two are 
 READ_ROWS = 64  # at most this many rows of every position per read
 GPU_READERS = 4  # reader threads filling pinned buffers in GPU mode; env EAGLEFORENSICS_READERS overrides
 FIT_CANDIDATES = 4  # CPU: fitted columns at the raw positions each post-norm slot resembles most
-FUSED_BYTES = 32 << 20  # CPU, compiled path: capture bytes (all positions) per kernel call; their pages are then dropped
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -76,6 +76,7 @@ class ScoreMatrix:
     nonfinite_capture: dict[Position, int] = field(default_factory=dict)
     error: np.ndarray | None = None
     device: str = "cpu"
+    steps: Steps | None = None  # the capture's layer steps where the scorer kept them (``steps.steps_from``)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -347,7 +348,7 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
 
 def _assemble(sums: Sums, positions: list[Position], columns: list[Position], src: _Source,
               slots: list[torch.Tensor], ts: int, fit_idx: list[int], virt: list[int],
-              pool: ThreadPoolExecutor, mapped: fused.Mapped | None = None) -> ScoreMatrix:
+              pool: ThreadPoolExecutor, mapped: fused.Stored | None = None) -> ScoreMatrix:
     """Turn the sums into the slots x columns matrices, then the max abs error of each slot's best column."""
     k, lw = sums.k, sums.lw
     col = {c: j for j, c in enumerate(columns)}
@@ -374,13 +375,15 @@ def _assemble(sums: Sums, positions: list[Position], columns: list[Position], sr
     nonfinite = {p: int(bad[g]) for g, p in enumerate(positions)}
     _fill_max_abs(out["score"], out["max_abs"], columns, positions, sums, src, slots, ts, fit_idx, virt, pool,
                   mapped)
+    steps = None if sums.adj is None else steps_from(sums.adj, sums.xx.numpy(), sums.bad.numpy(), positions,
+                                                     sums.cs, sums.lw)
     return ScoreMatrix(columns, out["score"], out["rel_diff"], out["max_abs"], out["norm_ratio"], tokens,
-                       per_token, norms, nonfinite, device=str(sums.device))
+                       per_token, norms, nonfinite, device=str(sums.device), steps=steps)
 
 
 def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position], positions: list[Position],
                   sums: Sums, src: _Source, slots: list[torch.Tensor], ts: int, fit_idx: list[int],
-                  virt: list[int], pool: ThreadPoolExecutor, mapped: fused.Mapped | None = None) -> None:
+                  virt: list[int], pool: ThreadPoolExecutor, mapped: fused.Stored | None = None) -> None:
     """max |training - capture| over valid aligned tokens, for each slot's best column (one more read of it)."""
     index = {p: g for g, p in enumerate(positions)}
     virt_of = {g: j for j, g in enumerate(virt)}
@@ -430,7 +433,7 @@ def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position
         f.result()
 
 
-def _fused_cells(mapped: fused.Mapped, sums: Sums, wanted: dict[int, list[tuple[int, int, int | None]]],
+def _fused_cells(mapped: fused.Stored, sums: Sums, wanted: dict[int, list[tuple[int, int, int | None]]],
                  slots: list[torch.Tensor], ts: int, fit_idx: list[int], max_abs: np.ndarray) -> None:
     """``_fill_max_abs`` through the compiled kernel: position g of each (slot i, column j, virtual j) cell."""
     for g, cells in wanted.items():
@@ -439,8 +442,8 @@ def _fused_cells(mapped: fused.Mapped, sums: Sums, wanted: dict[int, list[tuple[
             max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, vj, f)
 
 
-def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | None:
-    """The capture's positions as memory-mapped arrays for the compiled kernels, when each is a plain
+def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Stored | None:
+    """The capture's positions as (file, offset) for the compiled kernels, when each is a plain
     row block of a file (``filerows.FileRows`` behind ``Capture.read_rows``); None otherwise."""
     from ..io.filerows import FileRows
 
@@ -453,40 +456,19 @@ def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | N
         if not isinstance(reader, FileRows) or reader.rows != src.t:
             return None
         rows.append(reader)
-    return fused.Mapped.of(rows, h)
+    return fused.Stored.of(rows, h)
 
 
-def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: list[torch.Tensor], ts: int,
+def _fused_sweep(m: fused.Stored, positions: list[Position], sums: Sums, slots: list[torch.Tensor], ts: int,
                  progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
-    """CPU, compiled: one pass over every row of every position (norms, slot products), a block of rows
-    at a time straight from the mapped file; then the fitted columns (two reads of each candidate)."""
-    h, cs, lw, t, k = sums.h, sums.cs, sums.lw, sums.t, sums.k
+    """CPU, compiled: one pass over every row of every position (norms, slot products, and each row's
+    product with the position below, ``sums.adj``, for the capture's layer step); then the fitted
+    columns (two reads of each candidate)."""
+    cs, lw = sums.cs, sums.lw
     xx, bad, dot = sums.xx.numpy(), sums.bad.numpy(), sums.dot.numpy()
     yy, y_ok = sums.yy.numpy(), sums.y_ok.numpy()
-    kinds = {fused.kind_of(s.dtype) for s in slots}
-    stage = slots[0].dtype if len(kinds) == 1 and None not in kinds else torch.float32
-    k_pad = max(4, -(-k // 4) * 4)
-    rows = max(1, min(t, fused.Y_BYTES // (k_pad * h * 4)))  # training rows widened per call stay in L2
-    drop_rows = max(rows, FUSED_BYTES // max(1, len(positions) * h * m.itemsize))
-    ybuf = torch.empty((rows, k, h), dtype=stage)
-    yv = fused.Rows(ybuf.view(rows, k * h))
-    yw = np.empty((rows, k_pad, h), np.float32)
-    groups = m.groups()
-    kern = fused.kernels()
-    work_max = 4 * kern.threads
-    dropped = 0
-    for a in range(0, t, rows):
-        b = min(t, a + rows)
-        wa, wb = max(a, cs), min(b, cs + lw)
-        if wb > wa:
-            for i, s in enumerate(slots):
-                ybuf[:wb - wa, i].copy_(s[ts + wa - cs:ts + wb - cs])
-        for f, (base, gidx, offs) in enumerate(groups):  # one call per file; the first widens the training rows
-            kern.direct(base, gidx, offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
-                         yv.kind, f == 0, yw, xx, bad, dot, yy, y_ok)
-        if b - dropped >= drop_rows or b == t:
-            m.drop(dropped, b)
-            dropped = b
+    sums.adj = np.full(xx.shape, np.nan, np.float32)
+    fused.direct(m, slots, ts, cs, lw, lower_neighbours(positions), xx, bad, dot, yy, y_ok, sums.adj)
     if progress is not None:
         for pos in positions:
             progress(pos)
@@ -495,37 +477,22 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
     js = list(range(len(sums.virt))) if fit_candidates is None else _candidates(sums, fit_candidates)
     assert sums.num is not None and sums.den is not None and sums.gain is not None
     fdot, fpp, gain = sums.fdot.numpy(), sums.fpp.numpy(), sums.gain.numpy()
-    ys = {i: fused.Rows(slots[i][ts:ts + lw]) for i in sums.fit_idx}
     for j in js:
         g = sums.virt[j]
-        base, off = m.arrays[m.fidx[g]], int(m.offs[g])
         for f, i in enumerate(sums.fit_idx):
-            y = ys[i]
-            num, den = np.empty(h), np.empty(h)
-            kern.fit_equations(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
-                                num, den, min(h, work_max))
+            num, den = fused.fit_equations(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok)
             sums.num[g, f] = torch.from_numpy(num)
             sums.den[g] = torch.from_numpy(den)
         sums.fit([j])
         for f, i in enumerate(sums.fit_idx):
-            y = ys[i]
-            kern.fit_scores(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
-                             gain, j, f, fdot, fpp, min(lw, work_max))
-        m.drop(cs, cs + lw, [g])
+            fused.fit_scores(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok, gain, j, f, fdot, fpp)
 
 
-def _fused_max_abs(m: fused.Mapped, sums: Sums, g: int, y: torch.Tensor, i: int, vj: int | None, f: int) -> float:
+def _fused_max_abs(m: fused.Stored, sums: Sums, g: int, y: torch.Tensor, i: int, vj: int | None, f: int) -> float:
     """max |training - capture| of slot i against position g (or its fitted column ``vj``, slot ``f`` of the fit)."""
-    cs, lw, h = sums.cs, sums.lw, sums.h
-    if lw == 0:
+    if sums.lw == 0:
         return 0.0
-    out = np.empty(lw, np.float32)
-    yv = fused.Rows(y)
-    kern = fused.kernels()
-    gain = sums.gain.numpy() if vj is not None and sums.gain is not None else np.zeros((1, 1, h), np.float32)
-    kern.max_abs(m.arrays[m.fidx[g]], int(m.offs[g]), h, m.kind, cs, lw, sums.xx.numpy(), sums.bad.numpy(), g,
-                  yv.base, yv.off, yv.row, yv.kind, sums.y_ok.numpy(), i, gain, vj or 0, f, vj is not None, out,
-                  min(lw, 4 * kern.threads))
-    m.drop(cs, cs + lw, [g])
+    out = fused.max_abs(m, g, y, i, sums.cs, sums.lw, sums.xx.numpy(), sums.bad.numpy(), sums.y_ok.numpy(),
+                        sums.gain.numpy() if sums.gain is not None else None, vj, f)
     worst = float(out.max())
     return worst if math.isfinite(worst) else float("nan")

@@ -40,6 +40,7 @@ class Sums:
         self.gain = torch.zeros((len(virt), nf, h), **f32) if nf and virt else None  # fitted per virtual column
         self.fdot = torch.full((lw, len(virt), nf), float("nan"), **f32)
         self.fpp = torch.full((lw, len(virt), nf), float("nan"), **f32)
+        self.adj = None  # [P, T] float32 ndarray: each row . the same token's row one position below (compiled path)
         self._local = threading.local()
 
     def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
