@@ -55,9 +55,9 @@ MIN_BYTES = 0 if _MODE == "1" else 64 << 20
 BF16, F16, F32 = 0, 1, 2  # how a kernel widens stored values; all arrive as uint16 (fp32 as two)
 EPS = 1e-12  # as sums.EPS / norms.unit_rms
 BLOCK = 256  # elements summed in float32 (vectorised) before each float64 addition
-Y_BYTES = 512 << 10  # widened training rows a ``direct`` thread holds at once: they stay in its L2 cache
 STAGE_BYTES = 16 << 20  # training rows (stored dtype) staged per ``direct`` launch
-READ_ROWS = 8  # rows per read in the one-position kernels
+READ_ROWS = 4  # rows of a position per read (``direct``: of every position at once, into L2/L3)
+CHUNK = 2048  # values of a row met at once in ``direct``: four slots' pieces (32 KB) stay in L1 cache
 _FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf rows must stay visible
 
 
@@ -68,6 +68,33 @@ def _jit(numba: Any, fn: Callable[..., Any], parallel: bool = True) -> Any:
         return numba.njit(cache=True, **opts)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
         return numba.njit(cache=False, **opts)(fn)
+
+
+def _bf16_ir(typingctx: Any, v: Any) -> Any:
+    """uint16 -> float32 as bf16 (a 16-bit shift), in a register: lets the loops widen as they load."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i32 = ir.IntType(32)
+        return builder.bitcast(builder.shl(builder.zext(args[0], i32), ir.Constant(i32, 16)), ir.FloatType())
+
+    return nt.float32(nt.uint16), codegen
+
+
+def _f16_ir(typingctx: Any, v: Any) -> Any:
+    """uint16 -> float32 as IEEE fp16 (exact; one F16C instruction for 16 values)."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return nt.float32(nt.uint16), codegen
+
+
+_bf16: Any = None  # the intrinsics, set by ``kernels()``
+_f16: Any = None
 
 
 def _units(kind: int) -> int:
@@ -146,107 +173,69 @@ def _dot64(x: Any, y: Any, n: int) -> float:
     return total
 
 
-def _sq_dot(x: Any, y: Any, n: int, out: Any) -> None:
-    """out[0] = x.x, out[5] = x.y in one read of x (summed as ``_sq64``)."""
-    s = 0.0
-    t = 0.0
-    nb = n // BLOCK
-    for b in range(nb + 1):
-        b0 = b * BLOCK
-        aa = np.float32(0.0)
-        ab = np.float32(0.0)
-        for q in range(BLOCK if b < nb else n - b0):
-            v = x[b0 + q]
-            aa += v * v
-            ab += v * y[b0 + q]
-        s += aa
-        t += ab
-    out[0] = s
-    out[5] = t
+def _scale(xx: Any, h: int) -> Any:
+    """1 / rms of a row from its squared norm, in float32 as the torch path computes it."""
+    return np.float32(1.0) / np.sqrt(np.float32(xx) / np.float32(h) + np.float32(EPS))
 
 
-def _row4(x: Any, y0: Any, y1: Any, y2: Any, y3: Any, n: int, out: Any) -> None:
-    """out[:5] = [x.x, x.y0, x.y1, x.y2, x.y3] in one read of x (summed as ``_sq64``)."""
-    s = 0.0
-    t0 = 0.0
-    t1 = 0.0
-    t2 = 0.0
-    t3 = 0.0
-    nb = n // BLOCK
-    for b in range(nb + 1):
-        b0 = b * BLOCK
-        aa = np.float32(0.0)
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        for q in range(BLOCK if b < nb else n - b0):
-            h = b0 + q
-            v = x[h]
-            aa += v * v
-            a0 += v * y0[h]
-            a1 += v * y1[h]
-            a2 += v * y2[h]
-            a3 += v * y3[h]
-        s += aa
-        t0 += a0
-        t1 += a1
-        t2 += a2
-        t3 += a3
-    out[0] = s
-    out[1] = t0
-    out[2] = t1
-    out[3] = t2
-    out[4] = t3
-
-
-def _row5(x: Any, p: Any, y0: Any, y1: Any, y2: Any, y3: Any, n: int, out: Any) -> None:
-    """``_row4`` and out[5] = x.p (the row of the position below) in the same read of x."""
-    s = 0.0
-    t0 = 0.0
-    t1 = 0.0
-    t2 = 0.0
-    t3 = 0.0
-    tp = 0.0
-    nb = n // BLOCK
-    for b in range(nb + 1):
-        b0 = b * BLOCK
+def _six(rw: Any, rwf: Any, xo: int, po: int, y0: Any, y1: Any, y2: Any, y3: Any, yo: int, m: int, kind: int,
+         block: int, out: Any) -> None:
+    """Add to out[0..5] the sums [x.x, x.y0, x.y1, x.y2, x.y3, x.p] over m values: x and p (the row
+    below) stored at element ``xo`` / ``po`` of ``rw`` (``rwf``: it as float32, for fp32 rows) and
+    widened in registers; y rows from element ``yo``. float32 sums over blocks of ``block`` values
+    (vectorised: each lane sums a few), added to ``out`` in float64; one of three loops by kind."""
+    for b0 in range(0, m, block):
+        n = min(block, m - b0)
         aa = np.float32(0.0)
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
         a3 = np.float32(0.0)
         ap = np.float32(0.0)
-        for q in range(BLOCK if b < nb else n - b0):
-            h = b0 + q
-            v = x[h]
-            aa += v * v
-            ap += v * p[h]
-            a0 += v * y0[h]
-            a1 += v * y1[h]
-            a2 += v * y2[h]
-            a3 += v * y3[h]
-        s += aa
-        t0 += a0
-        t1 += a1
-        t2 += a2
-        t3 += a3
-        tp += ap
-    out[0] = s
-    out[1] = t0
-    out[2] = t1
-    out[3] = t2
-    out[4] = t3
-    out[5] = tp
-
-
-def _scale(xx: Any, h: int) -> Any:
-    """1 / rms of a row from its squared norm, in float32 as the torch path computes it."""
-    return np.float32(1.0) / np.sqrt(np.float32(xx) / np.float32(h) + np.float32(EPS))
+        # slices, so each index is a non-negative loop counter: numba's negative-index fix-up on
+        # ``rw[x0 + q]`` turned these loads into per-lane gathers
+        z0 = yo + b0
+        u0, u1, u2, u3 = y0[z0:z0 + n], y1[z0:z0 + n], y2[z0:z0 + n], y3[z0:z0 + n]
+        if kind == BF16 or kind == F16:
+            xs, ps = rw[xo + b0:xo + b0 + n], rw[po + b0:po + b0 + n]
+            if kind == BF16:
+                for q in range(n):
+                    v = _bf16(xs[q])
+                    aa += v * v
+                    ap += v * _bf16(ps[q])
+                    a0 += v * u0[q]
+                    a1 += v * u1[q]
+                    a2 += v * u2[q]
+                    a3 += v * u3[q]
+            else:
+                for q in range(n):
+                    v = _f16(xs[q])
+                    aa += v * v
+                    ap += v * _f16(ps[q])
+                    a0 += v * u0[q]
+                    a1 += v * u1[q]
+                    a2 += v * u2[q]
+                    a3 += v * u3[q]
+        else:
+            xf, pf = rwf[xo + b0:xo + b0 + n], rwf[po + b0:po + b0 + n]
+            for q in range(n):
+                v = xf[q]
+                aa += v * v
+                ap += v * pf[q]
+                a0 += v * u0[q]
+                a1 += v * u1[q]
+                a2 += v * u2[q]
+                a3 += v * u3[q]
+        out[0] += aa
+        out[1] += a0
+        out[2] += a1
+        out[3] += a2
+        out[4] += a3
+        out[5] += ap
 
 
 def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, cs: int, lw: int,
-            yb: Any, ykind: int, k_count: int, rows: int, work: int, raw: Any, xw: Any, yw: Any,
+            yb: Any, ykind: int, k_count: int, rows: int, chunk: int, work: int,
             xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any, adj: Any, err: Any) -> None:
     """Tokens [a, b) of every position g (rows from byte ``goff[g]`` of file ``gfd[g]``): squared norms,
     finiteness and, where ``below[g]`` (position g-1 is the raw position right below g), the dot
@@ -254,14 +243,14 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
     products. Training row i (window tokens of [a, b)) of slot k starts at unit
     ``((i - max(a, cs)) * k_count + k) * H * units`` of ``yb``. Outputs are ``Sums``' arrays (xx, bad,
     adj [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]); a bad row is zero in every slot product, as in the
-    torch path. ``raw``/``xw``/``yw`` are per-work-item scratch ([work, ...]); ``err[w]`` = g + 1
-    when position g could not be read.
+    torch path. ``err[w]`` = g + 1 when position g could not be read.
 
-    Each work item takes a range of tokens, ``rows`` at a time: their training rows are widened
-    once into ``yw``, then each position's rows are read (one pread), widened into ``xw`` (two
-    slots, so the position below is still there for ``adj``) and met with them."""
+    Each work item takes a range of tokens, ``rows`` at a time: one read per position brings those
+    rows of every position into a buffer (L2/L3), and their training rows are widened once. Then per
+    token, H is walked in pieces of ``chunk`` values: the slots' pieces stay in L1 cache while every
+    position's piece (and the piece of the position below, just used) meets them."""
     p_count = gfd.shape[0]
-    k_pad = yw.shape[2]
+    k_pad = max(4, (k_count + 3) // 4 * 4)
     xu_ = _units(kind)
     yu_ = _units(ykind)
     rowb = h * xu_ * 2
@@ -270,74 +259,67 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
     for w in prange(work):
         t0 = a + (b - a) * w // work
         t1 = a + (b - a) * (w + 1) // work
-        rw = raw[w]
-        xb = xw[w]
-        yr_ = yw[w]
-        part = np.zeros(6)
+        rw = np.empty(p_count * rows * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        yw = np.zeros((rows, k_pad, h), np.float32)
+        zero = np.zeros(h, np.float32)
+        acc = np.zeros((p_count, 6))
+        tmp = np.empty(h, np.float32)
         failed = False
         for r0 in range(t0, t1, rows):
             if failed:
                 break
             n = min(rows, t1 - r0)
-            for r in range(n):
-                i = r0 + r
-                if i < wa or i >= wb:
-                    continue
-                j = i - cs
-                for k in range(k_pad):
-                    dst = yr_[r, k]
-                    if k >= k_count:
-                        dst[:] = 0.0
-                        continue
-                    _widen(yb, ((i - wa) * k_count + k) * h * yu_, h, ykind, dst, dst.view(np.uint32))
-                    s = _sq64(dst, h)
-                    if not np.isfinite(s):
-                        s = _sq_exact(dst, h)
-                    ok = np.isfinite(s)
-                    y_ok[j, k] = ok
-                    yy[j, k] = np.float32(s) if ok else 0.0
-                    if not ok:
-                        dst[:] = 0.0
             for g in range(p_count):
-                if not _read(gfd[g], rw, n * rowb, goff[g] + r0 * rowb):
+                u0 = g * rows * h * xu_
+                if not _read(gfd[g], rw[u0:u0 + n * h * xu_], n * rowb, goff[g] + r0 * rowb):
                     err[w] = g + 1
                     failed = True
                     break
-                cur = g & 1
-                low = below[g] != 0
-                for r in range(n):
-                    i = r0 + r
-                    xf = xb[cur, r]
-                    pv = xb[1 - cur, r]
-                    _widen(rw, r * h * xu_, h, kind, xf, xf.view(np.uint32))
-                    ad = 0.0
-                    if wa <= i < wb:
-                        yr = yr_[r]
-                        for k0 in range(0, k_pad, 4):
-                            if k0 == 0 and low:
-                                _row5(xf, pv, yr[0], yr[1], yr[2], yr[3], h, part)
-                                ad = part[5]
+            if failed:
+                break
+            for r in range(n):
+                i = r0 + r
+                inwin = wa <= i < wb
+                if inwin:
+                    j = i - cs
+                    for k in range(k_count):
+                        dst = yw[r, k]
+                        _widen(yb, ((i - wa) * k_count + k) * h * yu_, h, ykind, dst, dst.view(np.uint32))
+                        s = _sq64(dst, h)
+                        if not np.isfinite(s):
+                            s = _sq_exact(dst, h)
+                        ok = np.isfinite(s)
+                        y_ok[j, k] = ok
+                        yy[j, k] = np.float32(s) if ok else 0.0
+                        if not ok:
+                            dst[:] = 0.0
+                for k0 in range(0, k_pad if inwin else 4, 4):
+                    acc[:] = 0.0
+                    for c in range(0, h, chunk):
+                        m = min(chunk, h - c)
+                        for g in range(p_count):
+                            xo = (g * rows + r) * h + c
+                            po = xo - rows * h if below[g] != 0 else xo
+                            if inwin:
+                                _six(rw, rwf, xo, po, yw[r, k0], yw[r, k0 + 1], yw[r, k0 + 2], yw[r, k0 + 3], c, m,
+                                     kind, chunk, acc[g])
                             else:
-                                _row4(xf, yr[k0], yr[k0 + 1], yr[k0 + 2], yr[k0 + 3], h, part)
-                            if k0 == 0:
-                                s = part[0]
+                                _six(rw, rwf, xo, po, zero, zero, zero, zero, c, m, kind, chunk, acc[g])
+                    for g in range(p_count):
+                        if k0 == 0:
+                            s = acc[g, 0]
+                            low = below[g] != 0
+                            adj[g, i] = np.float32(acc[g, 5]) if low else nan
+                            if not np.isfinite(s):
+                                _widen(rw, (g * rows + r) * h * xu_, h, kind, tmp, tmp.view(np.uint32))
+                                s = _sq_exact(tmp, h)
+                            xx[g, i] = np.float32(s)
+                            bad[g, i] = not np.isfinite(s)  # a NaN/Inf row: recorded, and zero in every product
+                        if inwin:
+                            rowbad = bad[g, i]
                             for k in range(k0, min(k0 + 4, k_count)):
-                                dot[i - cs, g, k] = np.float32(part[1 + k - k0])
-                    elif low:
-                        _sq_dot(xf, pv, h, part)
-                        s = part[0]
-                        ad = part[5]
-                    else:
-                        s = _sq64(xf, h)
-                    adj[g, i] = np.float32(ad) if low else nan
-                    if not np.isfinite(s):
-                        s = _sq_exact(xf, h)
-                    xx[g, i] = np.float32(s)
-                    rowbad = not np.isfinite(s)  # a NaN/Inf row: recorded, and zero in every product
-                    bad[g, i] = rowbad
-                    if rowbad and wa <= i < wb:
-                        for k in range(k_count):
-                            dot[i - cs, g, k] = 0.0
+                                dot[i - cs, g, k] = 0.0 if rowbad else np.float32(acc[g, 1 + k - k0])
 
 
 def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
@@ -487,6 +469,7 @@ def kernels() -> types.SimpleNamespace:
     with LOCK:
         if _KERNELS is None:
             import numba
+            import numba.extending
 
             if not os.environ.get("NUMBA_THREADING_LAYER"):
                 # numba's own pthread pool: its threads sleep when idle. OpenMP threads spin at every
@@ -497,7 +480,9 @@ def kernels() -> types.SimpleNamespace:
             # a named C symbol (resolved when the code is loaded), not a ctypes address: the code stays cacheable
             _pread = nt.ExternalFunction("pread", nt.intp(nt.intc, nt.uintp, nt.uintp, nt.int64))
             g = globals()
-            for name in ("_units", "_read", "_widen", "_sq64", "_dot64", "_sq_dot", "_row4", "_row5", "_scale"):
+            g["_bf16"] = numba.extending.intrinsic(_bf16_ir)
+            g["_f16"] = numba.extending.intrinsic(_f16_ir)
+            for name in ("_units", "_read", "_widen", "_sq64", "_dot64", "_six", "_scale"):
                 g[name] = numba.njit(inline="always", fastmath=_FLAGS)(g[name])
             g["_sq_exact"] = numba.njit(fastmath=_FLAGS)(g["_sq_exact"])
             _KERNELS = types.SimpleNamespace(
@@ -664,25 +649,20 @@ def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.nd
         ys = [(f32(np.ascontiguousarray(as_array(s))).view(np.uint16), F32) for s in slots]
     ykind = ys[0][1]
     kern = kernels()
-    k_pad = max(4, -(-k // 4) * 4)
-    rows = max(1, min(64, Y_BYTES // (k_pad * h * 4)))
-    chunk = max(rows, STAGE_BYTES // max(1, k * h * 2 * _units(ykind)))  # tokens per launch
-    work = max(1, min(4 * kern.threads, -(-min(chunk, t) // rows)))
-    raw = np.empty((work, rows * h * _units(st.kind)), np.uint16)
-    xw = np.empty((work, 2, rows, h), np.float32)
-    yw = np.empty((work, rows, k_pad, h), np.float32)
-    yb = np.empty((min(chunk, max(lw, 1)), k, h * _units(ykind)), np.uint16)
+    per_launch = max(READ_ROWS, STAGE_BYTES // max(1, k * h * 2 * _units(ykind)))  # tokens per launch
+    work = max(1, min(4 * kern.threads, -(-min(per_launch, t) // READ_ROWS)))
+    yb = np.empty((min(per_launch, max(lw, 1)), k, h * _units(ykind)), np.uint16)
     err = np.zeros(work, np.int64)
     below = np.ascontiguousarray(below, np.int8)
-    for a in range(0, t, chunk):
-        b = min(t, a + chunk)
+    for a in range(0, t, per_launch):
+        b = min(t, a + per_launch)
         wa, wb = max(a, cs), min(b, cs + lw)
         for i, (y, _) in enumerate(ys):
             if wb > wa:
                 yb[:wb - wa, i] = y[ts + wa - cs:ts + wb - cs]
-        nw = max(1, min(work, -(-(b - a) // rows)))
-        kern.direct(st.gfd, st.offs, below, h, st.kind, a, b, cs, lw, yb.reshape(-1), ykind, k, rows, nw,
-                    raw, xw, yw, xx, bad, dot, yy, y_ok, adj, err)
+        nw = max(1, min(work, -(-(b - a) // READ_ROWS)))
+        kern.direct(st.gfd, st.offs, below, h, st.kind, a, b, cs, lw, yb.reshape(-1), ykind, k, READ_ROWS, CHUNK,
+                    nw, xx, bad, dot, yy, y_ok, adj, err)
         st.check(err)
 
 
