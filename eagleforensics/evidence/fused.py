@@ -93,8 +93,20 @@ def _f16_ir(typingctx: Any, v: Any) -> Any:
     return nt.float32(nt.uint16), codegen
 
 
+def _u32_ir(typingctx: Any, v: Any) -> Any:
+    """The bits of a float32 as uint32, in a register (non-negative floats order as their bits)."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return nt.uint32(nt.float32), codegen
+
+
 _bf16: Any = None  # the intrinsics, set by ``kernels()``
 _f16: Any = None
+_u32: Any = None
 
 
 def _units(kind: int) -> int:
@@ -157,19 +169,6 @@ def _sq_exact(x: Any, n: int) -> float:
     for h in range(n):
         v = np.float64(x[h])
         total += v * v
-    return total
-
-
-def _dot64(x: Any, y: Any, n: int) -> float:
-    """sum(x*y), summed as ``_sq64``."""
-    total = 0.0
-    nb = n // BLOCK
-    for b in range(nb + 1):
-        b0 = b * BLOCK
-        acc = np.float32(0.0)
-        for q in range(BLOCK if b < nb else n - b0):
-            acc += x[b0 + q] * y[b0 + q]
-        total += acc
     return total
 
 
@@ -322,9 +321,19 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
                                 dot[i - cs, g, k] = 0.0 if rowbad else np.float32(acc[g, 1 + k - k0])
 
 
+def _ld(rw: Any, rwf: Any, q: int, kind: int) -> Any:
+    """Value q of a stored row as float32, widened in a register (``rwf``: the row as float32, read for
+    fp32). The kind test sits inside the callers' loops: LLVM moves it out (one vectorised loop per kind)."""
+    if kind == BF16:
+        return _bf16(rw[q])
+    if kind == F16:
+        return _f16(rw[q])
+    return rwf[q]
+
+
 def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
                    yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, rows: int, work: int,
-                   raw: Any, xw: Any, yf: Any, acc_n: Any, acc_d: Any, err: Any) -> None:
+                   acc_n: Any, acc_d: Any, err: Any) -> None:
     """Gain normal equations of position g (rows from byte ``off`` of file ``fd``) and one slot (aligned
     row j from unit ``yoff + j*yrow`` of ``yb``; validity ``y_ok[:, col]``) over the window, with
     u = x / rms(x) and bad rows counting as zero: work item w sums its range of tokens into
@@ -334,10 +343,9 @@ def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: A
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = raw[w]
-        x = xw[w]
-        xu = x.view(np.uint32)
-        y = yf[w]
+        rw = np.empty(rows * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        y = np.empty(h, np.float32)
         yu = y.view(np.uint32)
         an = acc_n[w]
         ad = acc_d[w]
@@ -354,30 +362,34 @@ def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: A
                 if bad[g, i]:
                     continue
                 scale = _scale(xx[g, i], h)
-                _widen(rw, r * h * xu_, h, kind, x, xu)
-                for q in range(h):
-                    x[q] *= scale
-                    ad[q] += np.float64(x[q]) * np.float64(x[q])
+                xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
                 if y_ok[j, col]:
                     _widen(yb, yoff + j * yrow, h, ykind, y, yu)
                     for q in range(h):
-                        an[q] += np.float64(x[q]) * np.float64(y[q])
+                        u = _ld(xs, xf, q, kind) * scale
+                        ad[q] += np.float64(u) * np.float64(u)
+                        an[q] += np.float64(u) * np.float64(y[q])
+                else:
+                    for q in range(h):
+                        u = _ld(xs, xf, q, kind) * scale
+                        ad[q] += np.float64(u) * np.float64(u)
 
 
 def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
                 yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
-                fdot: Any, fpp: Any, rows: int, work: int, raw: Any, xw: Any, yf: Any, err: Any) -> None:
+                fdot: Any, fpp: Any, rows: int, work: int, err: Any) -> None:
     """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
-    fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``)."""
+    fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``; summed as
+    ``_sq64``, in one pass over the row)."""
     xu_ = _units(kind)
     rowb = h * xu_ * 2
+    gn = gain[vj, f]
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = raw[w]
-        x = xw[w]
-        xu = x.view(np.uint32)
-        y = yf[w]
+        rw = np.empty(rows * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        y = np.empty(h, np.float32)
         yu = y.view(np.uint32)
         for b0 in range(j0, j1, rows):
             n = min(rows, j1 - b0)
@@ -392,31 +404,43 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
                     fpp[j, vj, f] = 0.0
                     continue
                 scale = _scale(xx[g, i], h)
-                _widen(rw, r * h * xu_, h, kind, x, xu)
-                for q in range(h):
-                    x[q] = x[q] * scale * gain[vj, f, q]
-                fpp[j, vj, f] = np.float32(_sq64(x, h))
-                if y_ok[j, col]:
+                ok = y_ok[j, col]
+                if ok:
                     _widen(yb, yoff + j * yrow, h, ykind, y, yu)
-                    fdot[j, vj, f] = np.float32(_dot64(x, y, h))
                 else:
-                    fdot[j, vj, f] = 0.0
+                    y[:] = 0.0
+                xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
+                pp = 0.0
+                py = 0.0
+                for c0 in range(0, h, BLOCK):
+                    m = min(BLOCK, h - c0)
+                    xs_, xf_, y_, g_ = xs[c0:c0 + m], xf[c0:c0 + m], y[c0:c0 + m], gn[c0:c0 + m]
+                    app = np.float32(0.0)
+                    apy = np.float32(0.0)
+                    for q in range(m):
+                        pr = _ld(xs_, xf_, q, kind) * scale * g_[q]
+                        app += pr * pr
+                        apy += pr * y_[q]
+                    pp += app
+                    py += apy
+                fpp[j, vj, f] = np.float32(pp)
+                fdot[j, vj, f] = np.float32(py) if ok else 0.0
 
 
 def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
              yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
-             fitted: bool, out: Any, rows: int, work: int, raw: Any, xw: Any, yf: Any, err: Any) -> None:
+             fitted: bool, out: Any, rows: int, work: int, err: Any) -> None:
     """out[j] = max |y - pred| of aligned token j (0 where either row is bad); pred = x, or with
     ``fitted`` gain[vj, f] * x / rms(x) (arguments as ``fit_equations``)."""
     xu_ = _units(kind)
     rowb = h * xu_ * 2
+    gn = gain[vj, f]
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = raw[w]
-        x = xw[w]
-        xu = x.view(np.uint32)
-        y = yf[w]
+        rw = np.empty(rows * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        y = np.empty(h, np.float32)
         yu = y.view(np.uint32)
         for b0 in range(j0, j1, rows):
             n = min(rows, j1 - b0)
@@ -429,20 +453,20 @@ def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, ba
                 out[j] = 0.0
                 if bad[g, i] or not y_ok[j, col]:
                     continue
-                _widen(rw, r * h * xu_, h, kind, x, xu)
                 _widen(yb, yoff + j * yrow, h, ykind, y, yu)
+                xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
+                # the max of the bits: non-negative floats order as their bits, NaN above Inf, and an
+                # integer max vectorises
+                worst = np.uint32(0)
                 if fitted:
                     scale = _scale(xx[g, i], h)
                     for q in range(h):
-                        x[q] = abs(y[q] - x[q] * scale * gain[vj, f, q])
+                        worst = max(worst, _u32(abs(y[q] - _ld(xs, xf, q, kind) * scale * gn[q])))
                 else:
                     for q in range(h):
-                        x[q] = abs(y[q] - x[q])
-                worst = np.uint32(0)
-                for q in range(h):  # non-negative floats order as their bits: an integer max vectorises
-                    worst = max(worst, xu[q])
-                xu[0] = worst
-                out[j] = x[0]
+                        worst = max(worst, _u32(abs(y[q] - _ld(xs, xf, q, kind))))
+                yu[0] = worst
+                out[j] = y[0]
 
 
 def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms: Any, bad: Any, work: int) -> None:
@@ -482,7 +506,8 @@ def kernels() -> types.SimpleNamespace:
             g = globals()
             g["_bf16"] = numba.extending.intrinsic(_bf16_ir)
             g["_f16"] = numba.extending.intrinsic(_f16_ir)
-            for name in ("_units", "_read", "_widen", "_sq64", "_dot64", "_six", "_scale"):
+            g["_u32"] = numba.extending.intrinsic(_u32_ir)
+            for name in ("_units", "_read", "_widen", "_sq64", "_six", "_ld", "_scale"):
                 g[name] = numba.njit(inline="always", fastmath=_FLAGS)(g[name])
             g["_sq_exact"] = numba.njit(fastmath=_FLAGS)(g["_sq_exact"])
             _KERNELS = types.SimpleNamespace(
@@ -666,12 +691,10 @@ def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.nd
         st.check(err)
 
 
-def _one_position_scratch(st: Stored, lw: int, y: Rows) -> tuple[int, int, Any, Any, Any, Any]:
-    """(rows per read, work items, raw, x, y buffers, error flags) for the one-position kernels."""
+def _one_position_work(lw: int) -> tuple[int, int, np.ndarray]:
+    """(rows per read, work items, error flags) for the one-position kernels."""
     work = max(1, min(4 * kernels().threads, -(-lw // READ_ROWS)))
-    raw = np.empty((work, READ_ROWS * st.h * _units(st.kind)), np.uint16)
-    return READ_ROWS, work, raw, np.empty((work, st.h), np.float32), np.empty((work, st.h), np.float32), \
-        np.zeros(work, np.int64)
+    return READ_ROWS, work, np.zeros(work, np.int64)
 
 
 def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
@@ -679,10 +702,10 @@ def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np
     """(sum u*y, sum u*u) per dimension over the aligned tokens (float64 [H] each): position g
     against training rows ``y`` [Lw, H] of slot ``col`` (see ``_fit_equations``)."""
     kern, yv = kernels(), Rows(y)
-    rows, work, raw, xw, yf, err = _one_position_scratch(st, lw, yv)
+    rows, work, err = _one_position_work(lw)
     acc_n, acc_d = np.empty((work, st.h)), np.empty((work, st.h))
     kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.off, yv.row,
-                       yv.kind, y_ok, col, rows, work, raw, xw, yf, acc_n, acc_d, err)
+                       yv.kind, y_ok, col, rows, work, acc_n, acc_d, err)
     st.check(err, g)
     return acc_n.sum(0), acc_d.sum(0)
 
@@ -691,9 +714,9 @@ def fit_scores(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.nd
                y_ok: np.ndarray, gain: np.ndarray, vj: int, f: int, fdot: np.ndarray, fpp: np.ndarray) -> None:
     """fdot[:, vj, f], fpp[:, vj, f] of position g against the fitted gain ``gain[vj, f]`` (``_fit_scores``)."""
     kern, yv = kernels(), Rows(y)
-    rows, work, raw, xw, yf, err = _one_position_scratch(st, lw, yv)
+    rows, work, err = _one_position_work(lw)
     kern.fit_scores(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.off, yv.row,
-                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, raw, xw, yf, err)
+                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, err)
     st.check(err, g)
 
 
@@ -705,10 +728,10 @@ def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarr
     out = np.zeros(lw, np.float32)
     if lw == 0:
         return out
-    rows, work, raw, xw, yf, err = _one_position_scratch(st, lw, yv)
+    rows, work, err = _one_position_work(lw)
     fitted = vj is not None and gain is not None
     g_arr = gain if fitted else np.zeros((1, 1, st.h), np.float32)
     kern.max_abs(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.off, yv.row,
-                 yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, raw, xw, yf, err)
+                 yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, err)
     st.check(err, g)
     return out
