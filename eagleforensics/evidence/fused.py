@@ -475,9 +475,21 @@ def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms:
         xf = np.empty(h, np.float32)
         xu = xf.view(np.uint32)
         for r in range(t * w // work, t * (w + 1) // work):
-            _widen(yb, yoff + r * yrow, h, ykind, xf, xu)
-            s = _sq64(xf, h)
+            u0 = yoff + r * yrow
+            if ykind == F32:
+                _widen(yb, u0, h, ykind, xf, xu)
+                s = _sq64(xf, h)
+            else:  # 16-bit values widened in registers: one pass, summed as ``_sq64``
+                s = 0.0
+                for c0 in range(0, h, BLOCK):
+                    xs = yb[u0 + c0:u0 + min(h, c0 + BLOCK)]
+                    acc = np.float32(0.0)
+                    for q in range(xs.shape[0]):
+                        v = _ld(xs, xf, q, ykind)
+                        acc += v * v
+                    s += acc
             if not np.isfinite(s):
+                _widen(yb, u0, h, ykind, xf, xu)
                 s = _sq_exact(xf, h)
             norms[r] = np.float32(np.sqrt(s))
             bad[r] = not np.isfinite(s)
