@@ -182,7 +182,7 @@ def _six(rw: Any, rwf: Any, xo: int, po: int, y0: Any, y1: Any, y2: Any, y3: Any
     """Add to out[0..5] the sums [x.x, x.y0, x.y1, x.y2, x.y3, x.p] over m values: x and p (the row
     below) stored at element ``xo`` / ``po`` of ``rw`` (``rwf``: it as float32, for fp32 rows) and
     widened in registers; y rows from element ``yo``. float32 sums over blocks of ``block`` values
-    (vectorised: each lane sums a few), added to ``out`` in float64; one of three loops by kind."""
+    (vectorised: each lane sums a few), added to ``out`` in float64."""
     for b0 in range(0, m, block):
         n = min(block, m - b0)
         aa = np.float32(0.0)
@@ -195,36 +195,16 @@ def _six(rw: Any, rwf: Any, xo: int, po: int, y0: Any, y1: Any, y2: Any, y3: Any
         # ``rw[x0 + q]`` turned these loads into per-lane gathers
         z0 = yo + b0
         u0, u1, u2, u3 = y0[z0:z0 + n], y1[z0:z0 + n], y2[z0:z0 + n], y3[z0:z0 + n]
-        if kind == BF16 or kind == F16:
-            xs, ps = rw[xo + b0:xo + b0 + n], rw[po + b0:po + b0 + n]
-            if kind == BF16:
-                for q in range(n):
-                    v = _bf16(xs[q])
-                    aa += v * v
-                    ap += v * _bf16(ps[q])
-                    a0 += v * u0[q]
-                    a1 += v * u1[q]
-                    a2 += v * u2[q]
-                    a3 += v * u3[q]
-            else:
-                for q in range(n):
-                    v = _f16(xs[q])
-                    aa += v * v
-                    ap += v * _f16(ps[q])
-                    a0 += v * u0[q]
-                    a1 += v * u1[q]
-                    a2 += v * u2[q]
-                    a3 += v * u3[q]
-        else:
-            xf, pf = rwf[xo + b0:xo + b0 + n], rwf[po + b0:po + b0 + n]
-            for q in range(n):
-                v = xf[q]
-                aa += v * v
-                ap += v * pf[q]
-                a0 += v * u0[q]
-                a1 += v * u1[q]
-                a2 += v * u2[q]
-                a3 += v * u3[q]
+        xs, ps = rw[xo + b0:xo + b0 + n], rw[po + b0:po + b0 + n]
+        xf, pf = rwf[xo + b0:xo + b0 + n], rwf[po + b0:po + b0 + n]
+        for q in range(n):
+            v = _ld(xs, xf, q, kind)
+            aa += v * v
+            ap += v * _ld(ps, pf, q, kind)
+            a0 += v * u0[q]
+            a1 += v * u1[q]
+            a2 += v * u2[q]
+            a3 += v * u3[q]
         out[0] += aa
         out[1] += a0
         out[2] += a1
