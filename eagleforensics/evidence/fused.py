@@ -2,32 +2,34 @@
 
 Every capture position of a sweep lies in a file (safetensors, zip .pt, one file per
 position) as a row-major [T, H] block. Each kernel thread copies a few rows at a time into
-its own small buffer with ``pread`` (the page cache's copy runs at ~20 GB/s a core here, where
-page-faulting the same rows through a memory map managed ~5), widens the stored bits in
-registers (bf16 is the top half of a float32: a shift; fp16 is rebuilt from its fields; fp32
-from two halves) and keeps what ``sums.Sums`` keeps, in one pass, in parallel over tokens:
+its own buffer with ``pread`` (the page cache's copy runs at ~20 GB/s a core here, where
+page-faulting the same rows through a memory map managed ~5), widens the stored values as it
+loads them (bf16 is the top half of a float32: a shift; fp16 by the CPU's conversion; fp32 as
+stored) and keeps what ``sums.Sums`` keeps, in one pass, in parallel over tokens:
 
-* ``direct``: token-major. A thread takes a range of tokens; for a few tokens at a time it
-  widens their training rows once (they stay in its L2 cache), then reads those tokens' rows
-  of every position in turn: each row's squared norm and finiteness, for aligned rows the
-  dot product with every slot, and the dot product with the same token's row of the position
-  below it (``adj``, the capture's own layer step, so no second read is needed for it);
+* ``direct``: token-major. A thread takes a range of tokens, 4 at a time: one read per
+  position brings those rows of every position into its buffer, and their training rows are
+  widened once. Then per token, H is walked in pieces of 2048 values, so the slots' pieces
+  stay in L1 cache while every position's piece meets them: each row's squared norm and
+  finiteness, for aligned rows the dot product with every slot, and the dot product with the
+  same token's row of the position below it (``adj``: the capture's own layer step, so
+  identity needs no second read for it, see ``steps``);
 * ``fit_equations`` / ``fit_scores``: the gain normal equations of a post-norm slot against
   a raw position, then each token's products with the fitted gain (two reads of that position);
 * ``max_abs``: the largest |training - capture| over valid tokens of one cell.
 
-Sums are float32 over blocks of 256 values (vectorised: 16-wide FMAs on AVX-512), added up
-in float64, so results agree with the torch path (float32 throughout) to float32 rounding.
-Every array reaches a kernel as the same numba type whatever the dtypes (flat uint16 buffers
-plus offsets and row strides), so each kernel compiles once. Nothing is mapped: the process
-holds only the per-thread buffers, whatever the capture's size.
+Sums are float32 over blocks (256 values, 2048 in ``direct``; vectorised, each lane summing a
+few), added up in float64, so results agree with the torch path (float32 throughout) to
+float32 rounding. Every array reaches a kernel as the same numba type whatever the dtypes
+(flat uint16 buffers plus offsets and row strides), so each kernel compiles once. Nothing is
+mapped: the process holds only the per-thread buffers (a few MB), whatever the capture's size.
 
 A file cut short (or truncated while it is read) gives a short read, which the kernel reports
 and ``Stored.check`` turns into a one-line error naming the file.
 
-Without numba (or on CUDA) the torch path in ``match`` runs instead. The compiled code is
-cached next to this file, or in numba's user cache; where neither is writable (a read-only
-install) it is compiled in memory at each start instead.
+Without numba (or on CUDA, or off POSIX) the torch path in ``match`` runs instead. The
+compiled code is cached next to this file, or in numba's user cache; where neither is
+writable (a read-only install) it is compiled in memory at each start instead.
 """
 from __future__ import annotations
 
