@@ -21,6 +21,7 @@ from eagleforensics.evidence.identity import step_reader
 from eagleforensics.evidence.norms import nonfinite_rows, token_norms
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.sweep import write_capture
+from eagleforensics.positions import Position
 
 from .realdata import N, ROOT, SAMPLES, _model, forward
 
@@ -267,3 +268,25 @@ def test_a_capture_cut_short_while_it_is_read_is_a_one_line_error(tmp_path, monk
     with pytest.raises(ForensicsError, match="shorter than its header says") as err:
         match.score_slots(_slots(run, torch.bfloat16), [False] * 4, cap.positions, cap, 0, 0, 32)
     assert err.value.path == str(path)
+
+
+@pytest.mark.parametrize("count", [1, 3, 5, 9])
+def test_any_number_of_slots_gives_the_torch_path_scores(tmp_path, monkeypatch, count):
+    """The direct pass meets slots four at a time (zero rows pad the last group): 1, 3, 5 and 9
+    slots of a real sweep, mixed dtypes among them, score as on the torch path."""
+    run = forward("llama")
+    path = tmp_path / "cap.safetensors"
+    write_capture(path, run.sweep, _model("llama", 0), dtype="bfloat16")
+    cap = load_capture(path)
+    slots = [run.p(1 + i % N).to(torch.bfloat16 if i % 3 else torch.float32).contiguous() for i in range(count)]
+    calls = []
+    kern = fused.kernels()
+    real = kern.direct
+    monkeypatch.setattr(kern, "direct", lambda *a: calls.append(1) or real(*a))
+    got = match.score_slots(slots, [False] * count, cap.positions, cap, 2, 2, 28)
+    assert calls
+    monkeypatch.setattr(fused, "AVAILABLE", False)
+    ref = match.score_slots(slots, [False] * count, cap.positions, cap, 2, 2, 28)
+    assert _worst(got, ref)["score"] < 1e-6
+    for i in range(count):  # each slot meets the position it was drawn from as itself
+        assert got.score[i, got.columns.index(Position(1 + i % N))] > 0.999
