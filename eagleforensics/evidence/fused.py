@@ -57,7 +57,6 @@ MIN_BYTES = 0 if _MODE == "1" else 64 << 20
 BF16, F16, F32 = 0, 1, 2  # how a kernel widens stored values; all arrive as uint16 (fp32 as two)
 EPS = 1e-12  # as sums.EPS / norms.unit_rms
 BLOCK = 256  # elements summed in float32 (vectorised) before each float64 addition
-STAGE_BYTES = 16 << 20  # training rows (stored dtype) staged per ``direct`` launch
 READ_ROWS = 4  # rows of a position per read (``direct``: of every position at once, into L2/L3)
 CHUNK = 2048  # values of a row met at once in ``direct``: four slots' pieces (32 KB) stay in L1 cache
 _FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf rows must stay visible
@@ -106,7 +105,20 @@ def _u32_ir(typingctx: Any, v: Any) -> Any:
     return nt.uint32(nt.float32), codegen
 
 
+def _addr_ir(typingctx: Any, addr: Any) -> Any:
+    """An integer address as a pointer, for ``numba.carray``: a training row read where it lies."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return nt.voidptr(nt.uint64), codegen
+
+
 _bf16: Any = None  # the intrinsics, set by ``kernels()``
+_addr: Any = None
+_carray: Any = None
 _f16: Any = None
 _u32: Any = None
 
@@ -216,13 +228,13 @@ def _six(rw: Any, rwf: Any, xo: int, po: int, y0: Any, y1: Any, y2: Any, y3: Any
 
 
 def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, cs: int, lw: int,
-            yb: Any, ykind: int, k_count: int, rows: int, chunk: int, work: int,
+            yaddr: Any, ystep: Any, ykind: Any, rows: int, chunk: int, work: int,
             xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any, adj: Any, err: Any) -> None:
     """Tokens [a, b) of every position g (rows from byte ``goff[g]`` of file ``gfd[g]``): squared norms,
     finiteness and, where ``below[g]`` (position g-1 is the raw position right below g), the dot
     product with that position's row (``adj``, NaN elsewhere); in the aligned window also the slot
-    products. Training row i (window tokens of [a, b)) of slot k starts at unit
-    ``((i - max(a, cs)) * k_count + k) * H * units`` of ``yb``. Outputs are ``Sums``' arrays (xx, bad,
+    products. Slot k's training row for capture row i lies in memory at address
+    ``yaddr[k] + (i - cs) * ystep[k]``, stored as ``ykind[k]``. Outputs are ``Sums``' arrays (xx, bad,
     adj [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]); a bad row is zero in every slot product, as in the
     torch path. ``err[w]`` = g + 1 when position g could not be read.
 
@@ -231,9 +243,9 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
     token, H is walked in pieces of ``chunk`` values: the slots' pieces stay in L1 cache while every
     position's piece (and the piece of the position below, just used) meets them."""
     p_count = gfd.shape[0]
+    k_count = yaddr.shape[0]
     k_pad = max(4, (k_count + 3) // 4 * 4)
     xu_ = _units(kind)
-    yu_ = _units(ykind)
     rowb = h * xu_ * 2
     wa, wb = max(a, cs), min(b, cs + lw)
     nan = np.float32(np.nan)
@@ -266,7 +278,8 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
                     j = i - cs
                     for k in range(k_count):
                         dst = yw[r, k]
-                        _widen(yb, ((i - wa) * k_count + k) * h * yu_, h, ykind, dst, dst.view(np.uint32))
+                        src = _carray(_addr(yaddr[k] + np.uint64(j * ystep[k])), h * _units(ykind[k]), np.uint16)
+                        _widen(src, 0, h, ykind[k], dst, dst.view(np.uint32))
                         s = _sq64(dst, h)
                         if not np.isfinite(s):
                             s = _sq_exact(dst, h)
@@ -483,7 +496,7 @@ _KERNELS: types.SimpleNamespace | None = None
 def kernels() -> types.SimpleNamespace:
     """The compiled kernels (``direct``, ``fit_equations``, ``fit_scores``, ``max_abs``, ``row_stats``):
     numba imported, each loaded from its cache (or compiled) on first call."""
-    global _KERNELS, prange, _pread
+    global _KERNELS, prange, _pread, _carray
     with LOCK:
         if _KERNELS is None:
             import numba
@@ -501,6 +514,8 @@ def kernels() -> types.SimpleNamespace:
             g["_bf16"] = numba.extending.intrinsic(_bf16_ir)
             g["_f16"] = numba.extending.intrinsic(_f16_ir)
             g["_u32"] = numba.extending.intrinsic(_u32_ir)
+            g["_addr"] = numba.extending.intrinsic(_addr_ir)
+            g["_carray"] = numba.carray
             for name in ("_units", "_read", "_widen", "_sq64", "_six", "_ld", "_scale"):
                 g[name] = numba.njit(inline="always", fastmath=_FLAGS)(g[name])
             g["_sq_exact"] = numba.njit(fastmath=_FLAGS)(g["_sq_exact"])
@@ -662,27 +677,21 @@ def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.nd
     xx, bad, adj [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]. Slot k's aligned row j is row ts + j of
     ``slots[k]`` ([S, H] tensors or arrays); ``below[g]`` marks positions whose lower neighbour
     is position g - 1 (``steps.lower_neighbours``)."""
-    k, h, t = len(slots), st.h, st.t
-    ys = [_as16(s)[:2] for s in slots]
-    if len({kd for _, kd in ys}) != 1:  # mixed dtypes: all staged as float32
-        ys = [(f32(np.ascontiguousarray(as_array(s))).view(np.uint16), F32) for s in slots]
-    ykind = ys[0][1]
+    h, t = st.h, st.t
+    ys = [_as16(s)[:2] for s in slots]  # kept alive: the kernel reads their memory by address
+    if any(y.shape[0] < ts + lw for y, _ in ys):
+        raise ValueError("a slot holds fewer rows than the aligned window")
+    yaddr = np.array([y[ts:].ctypes.data if lw else 0 for y, _ in ys], np.uint64)
+    ystep = np.array([y.strides[0] for y, _ in ys], np.int64)
+    ykind = np.array([kd for _, kd in ys], np.int64)
     kern = kernels()
-    per_launch = max(READ_ROWS, STAGE_BYTES // max(1, k * h * 2 * _units(ykind)))  # tokens per launch
-    work = max(1, min(4 * kern.threads, -(-min(per_launch, t) // READ_ROWS)))
-    yb = np.empty((min(per_launch, max(lw, 1)), k, h * _units(ykind)), np.uint16)
+    work = max(1, min(8 * kern.threads, -(-t // READ_ROWS)))
     err = np.zeros(work, np.int64)
     below = np.ascontiguousarray(below, np.int8)
-    for a in range(0, t, per_launch):
-        b = min(t, a + per_launch)
-        wa, wb = max(a, cs), min(b, cs + lw)
-        for i, (y, _) in enumerate(ys):
-            if wb > wa:
-                yb[:wb - wa, i] = y[ts + wa - cs:ts + wb - cs]
-        nw = max(1, min(work, -(-(b - a) // READ_ROWS)))
-        kern.direct(st.gfd, st.offs, below, h, st.kind, a, b, cs, lw, yb.reshape(-1), ykind, k, READ_ROWS, CHUNK,
-                    nw, xx, bad, dot, yy, y_ok, adj, err)
-        st.check(err)
+    kern.direct(st.gfd, st.offs, below, h, st.kind, 0, t, cs, lw, yaddr, ystep, ykind, READ_ROWS, CHUNK, work,
+                xx, bad, dot, yy, y_ok, adj, err)
+    st.check(err)
+    del ys
 
 
 def _one_position_work(lw: int) -> tuple[int, int, np.ndarray]:
