@@ -327,21 +327,20 @@ def _ld(rw: Any, rwf: Any, q: int, kind: int) -> Any:
 
 
 def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-                   yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, rows: int, work: int,
+                   yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, rows: int, work: int,
                    acc_n: Any, acc_d: Any, err: Any) -> None:
     """Gain normal equations of position g (rows from byte ``off`` of file ``fd``) and one slot (aligned
     row j from unit ``yoff + j*yrow`` of ``yb``; validity ``y_ok[:, col]``) over the window, with
     u = x / rms(x) and bad rows counting as zero: work item w sums its range of tokens into
     acc_n[w] = sum u*y and acc_d[w] = sum u*u (float64; the caller adds the items up)."""
     xu_ = _units(kind)
+    yu_ = _units(ykind)
     rowb = h * xu_ * 2
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
         rw = np.empty(rows * h * xu_, np.uint16)
         rwf = rw.view(np.float32)
-        y = np.empty(h, np.float32)
-        yu = y.view(np.uint32)
         an = acc_n[w]
         ad = acc_d[w]
         an[:] = 0.0
@@ -359,11 +358,12 @@ def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: A
                 scale = _scale(xx[g, i], h)
                 xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
                 if y_ok[j, col]:
-                    _widen(yb, yoff + j * yrow, h, ykind, y, yu)
+                    y0 = yoff + j * yrow
+                    ys, yf = yb[y0:y0 + h * yu_], ybf[y0 // 2:y0 // 2 + h]
                     for q in range(h):
                         u = _ld(xs, xf, q, kind) * scale
                         ad[q] += np.float64(u) * np.float64(u)
-                        an[q] += np.float64(u) * np.float64(y[q])
+                        an[q] += np.float64(u) * np.float64(_ld(ys, yf, q, ykind))
                 else:
                     for q in range(h):
                         u = _ld(xs, xf, q, kind) * scale
@@ -371,12 +371,13 @@ def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: A
 
 
 def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-                yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
+                yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
                 fdot: Any, fpp: Any, rows: int, work: int, err: Any) -> None:
     """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
     fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``; summed as
     ``_sq64``, in one pass over the row)."""
     xu_ = _units(kind)
+    yu_ = _units(ykind)
     rowb = h * xu_ * 2
     gn = gain[vj, f]
     for w in prange(work):
@@ -384,8 +385,6 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
         j1 = lw * (w + 1) // work
         rw = np.empty(rows * h * xu_, np.uint16)
         rwf = rw.view(np.float32)
-        y = np.empty(h, np.float32)
-        yu = y.view(np.uint32)
         for b0 in range(j0, j1, rows):
             n = min(rows, j1 - b0)
             if not _read(fd, rw, n * rowb, off + (cs + b0) * rowb):
@@ -400,22 +399,21 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
                     continue
                 scale = _scale(xx[g, i], h)
                 ok = y_ok[j, col]
-                if ok:
-                    _widen(yb, yoff + j * yrow, h, ykind, y, yu)
-                else:
-                    y[:] = 0.0
+                y0 = yoff + j * yrow
+                ys, yf = yb[y0:y0 + h * yu_], ybf[y0 // 2:y0 // 2 + h]
                 xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
                 pp = 0.0
                 py = 0.0
                 for c0 in range(0, h, BLOCK):
                     m = min(BLOCK, h - c0)
-                    xs_, xf_, y_, g_ = xs[c0:c0 + m], xf[c0:c0 + m], y[c0:c0 + m], gn[c0:c0 + m]
+                    xs_, xf_, g_ = xs[c0:c0 + m], xf[c0:c0 + m], gn[c0:c0 + m]
+                    ys_, yf_ = ys[c0 * yu_:(c0 + m) * yu_], yf[c0:c0 + m]
                     app = np.float32(0.0)
                     apy = np.float32(0.0)
                     for q in range(m):
                         pr = _ld(xs_, xf_, q, kind) * scale * g_[q]
                         app += pr * pr
-                        apy += pr * y_[q]
+                        apy += pr * _ld(ys_, yf_, q, ykind)
                     pp += app
                     py += apy
                 fpp[j, vj, f] = np.float32(pp)
@@ -423,11 +421,12 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
 
 
 def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-             yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
+             yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
              fitted: bool, out: Any, rows: int, work: int, err: Any) -> None:
     """out[j] = max |y - pred| of aligned token j (0 where either row is bad); pred = x, or with
     ``fitted`` gain[vj, f] * x / rms(x) (arguments as ``fit_equations``)."""
     xu_ = _units(kind)
+    yu_ = _units(ykind)
     rowb = h * xu_ * 2
     gn = gain[vj, f]
     for w in prange(work):
@@ -435,7 +434,7 @@ def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, ba
         j1 = lw * (w + 1) // work
         rw = np.empty(rows * h * xu_, np.uint16)
         rwf = rw.view(np.float32)
-        y = np.empty(h, np.float32)
+        y = np.empty(1, np.float32)
         yu = y.view(np.uint32)
         for b0 in range(j0, j1, rows):
             n = min(rows, j1 - b0)
@@ -448,7 +447,8 @@ def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, ba
                 out[j] = 0.0
                 if bad[g, i] or not y_ok[j, col]:
                     continue
-                _widen(yb, yoff + j * yrow, h, ykind, y, yu)
+                y0 = yoff + j * yrow
+                ys, yf = yb[y0:y0 + h * yu_], ybf[y0 // 2:y0 // 2 + h]
                 xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
                 # the max of the bits: non-negative floats order as their bits, NaN above Inf, and an
                 # integer max vectorises
@@ -456,10 +456,10 @@ def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, ba
                 if fitted:
                     scale = _scale(xx[g, i], h)
                     for q in range(h):
-                        worst = max(worst, _u32(abs(y[q] - _ld(xs, xf, q, kind) * scale * gn[q])))
+                        worst = max(worst, _u32(abs(_ld(ys, yf, q, ykind) - _ld(xs, xf, q, kind) * scale * gn[q])))
                 else:
                     for q in range(h):
-                        worst = max(worst, _u32(abs(y[q] - _ld(xs, xf, q, kind))))
+                        worst = max(worst, _u32(abs(_ld(ys, yf, q, ykind) - _ld(xs, xf, q, kind))))
                 yu[0] = worst
                 out[j] = y[0]
 
@@ -566,6 +566,8 @@ class Rows:
         self.base = np.lib.stride_tricks.as_strided(a16, shape=((n - 1) * self.row + width if n else 0,),
                                                     strides=(2,))
         self.off = 0
+        # fp32 rows also as float32 (read as they are); a one-value stand-in for the other kinds
+        self.basef = self.base.view(np.float32) if self.kind == F32 else np.zeros(1, np.float32)
         self.keep = a16  # the memory must outlive the view
 
 
@@ -707,7 +709,7 @@ def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np
     kern, yv = kernels(), Rows(y)
     rows, work, err = _one_position_work(lw)
     acc_n, acc_d = np.empty((work, st.h)), np.empty((work, st.h))
-    kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.off, yv.row,
+    kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
                        yv.kind, y_ok, col, rows, work, acc_n, acc_d, err)
     st.check(err, g)
     return acc_n.sum(0), acc_d.sum(0)
@@ -718,7 +720,7 @@ def fit_scores(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.nd
     """fdot[:, vj, f], fpp[:, vj, f] of position g against the fitted gain ``gain[vj, f]`` (``_fit_scores``)."""
     kern, yv = kernels(), Rows(y)
     rows, work, err = _one_position_work(lw)
-    kern.fit_scores(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.off, yv.row,
+    kern.fit_scores(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
                     yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, err)
     st.check(err, g)
 
@@ -734,7 +736,7 @@ def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarr
     rows, work, err = _one_position_work(lw)
     fitted = vj is not None and gain is not None
     g_arr = gain if fitted else np.zeros((1, 1, st.h), np.float32)
-    kern.max_abs(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.off, yv.row,
+    kern.max_abs(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
                  yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, err)
     st.check(err, g)
     return out
