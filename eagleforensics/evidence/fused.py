@@ -327,47 +327,63 @@ def _ld(rw: Any, rwf: Any, q: int, kind: int) -> Any:
 
 
 def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-                   yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, rows: int, work: int,
+                   yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, work: int,
                    acc_n: Any, acc_d: Any, err: Any) -> None:
     """Gain normal equations of position g (rows from byte ``off`` of file ``fd``) and one slot (aligned
-    row j from unit ``yoff + j*yrow`` of ``yb``; validity ``y_ok[:, col]``) over the window, with
-    u = x / rms(x) and bad rows counting as zero: work item w sums its range of tokens into
-    acc_n[w] = sum u*y and acc_d[w] = sum u*u (float64; the caller adds the items up)."""
+    row j from unit ``yoff + j*yrow`` of ``yb``, or of ``ybf`` as float32 for fp32; validity
+    ``y_ok[:, col]``) over the window, with u = x / rms(x) and bad rows counting as zero: work item w
+    sums its range of tokens into acc_n[w] = sum u*y and acc_d[w] = sum u*u (float64; the caller adds
+    the items up). Four tokens (one read) at a time meet the float64 sums once: per token they
+    were a load and a store of 16 bytes per value, more than the rest of the work."""
     xu_ = _units(kind)
     yu_ = _units(ykind)
     rowb = h * xu_ * 2
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = np.empty(rows * h * xu_, np.uint16)
+        rw = np.empty(4 * h * xu_, np.uint16)
         rwf = rw.view(np.float32)
+        zs = np.zeros(h * yu_, np.uint16)  # a zero training row, for tokens that add nothing
+        zf = zs.view(np.float32)
+        sc = np.zeros(4, np.float32)
+        yo = np.zeros(4, np.int64)
+        yz = np.zeros(4, np.bool_)
         an = acc_n[w]
         ad = acc_d[w]
         an[:] = 0.0
         ad[:] = 0.0
-        for b0 in range(j0, j1, rows):
-            n = min(rows, j1 - b0)
+        for b0 in range(j0, j1, 4):
+            n = min(4, j1 - b0)
             if not _read(fd, rw, n * rowb, off + (cs + b0) * rowb):
                 err[w] = 1
                 break
-            for r in range(n):
+            for r in range(4):
                 j = b0 + r
-                i = cs + j
-                if bad[g, i]:
-                    continue
-                scale = _scale(xx[g, i], h)
-                xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
-                if y_ok[j, col]:
-                    y0 = yoff + j * yrow
-                    ys, yf = yb[y0:y0 + h * yu_], ybf[y0 // 2:y0 // 2 + h]
-                    for q in range(h):
-                        u = _ld(xs, xf, q, kind) * scale
-                        ad[q] += np.float64(u) * np.float64(u)
-                        an[q] += np.float64(u) * np.float64(_ld(ys, yf, q, ykind))
-                else:
-                    for q in range(h):
-                        u = _ld(xs, xf, q, kind) * scale
-                        ad[q] += np.float64(u) * np.float64(u)
+                live = r < n and not bad[g, cs + j]
+                sc[r] = _scale(xx[g, cs + j], h) if live else 0.0
+                if not live:  # past the range, or NaN/Inf: zero, so it adds nothing (0 * NaN would)
+                    rw[r * h * xu_:(r + 1) * h * xu_] = 0
+                yz[r] = not (live and y_ok[j, col])
+                yo[r] = yoff + j * yrow
+            s0, s1, s2, s3 = sc[0], sc[1], sc[2], sc[3]
+            x0s, x1s, x2s, x3s = rw[0:h], rw[h:2 * h], rw[2 * h:3 * h], rw[3 * h:4 * h]
+            x0f, x1f, x2f, x3f = rwf[0:h], rwf[h:2 * h], rwf[2 * h:3 * h], rwf[3 * h:4 * h]
+            y0s = zs if yz[0] else yb[yo[0]:yo[0] + h * yu_]
+            y1s = zs if yz[1] else yb[yo[1]:yo[1] + h * yu_]
+            y2s = zs if yz[2] else yb[yo[2]:yo[2] + h * yu_]
+            y3s = zs if yz[3] else yb[yo[3]:yo[3] + h * yu_]
+            y0f = zf if yz[0] else ybf[yo[0] // 2:yo[0] // 2 + h]
+            y1f = zf if yz[1] else ybf[yo[1] // 2:yo[1] // 2 + h]
+            y2f = zf if yz[2] else ybf[yo[2] // 2:yo[2] // 2 + h]
+            y3f = zf if yz[3] else ybf[yo[3] // 2:yo[3] // 2 + h]
+            for q in range(h):
+                u0 = np.float64(_ld(x0s, x0f, q, kind) * s0)
+                u1 = np.float64(_ld(x1s, x1f, q, kind) * s1)
+                u2 = np.float64(_ld(x2s, x2f, q, kind) * s2)
+                u3 = np.float64(_ld(x3s, x3f, q, kind) * s3)
+                ad[q] += (u0 * u0 + u1 * u1) + (u2 * u2 + u3 * u3)
+                an[q] += (u0 * np.float64(_ld(y0s, y0f, q, ykind)) + u1 * np.float64(_ld(y1s, y1f, q, ykind))) + \
+                    (u2 * np.float64(_ld(y2s, y2f, q, ykind)) + u3 * np.float64(_ld(y3s, y3f, q, ykind)))
 
 
 def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
@@ -707,10 +723,10 @@ def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np
     """(sum u*y, sum u*u) per dimension over the aligned tokens (float64 [H] each): position g
     against training rows ``y`` [Lw, H] of slot ``col`` (see ``_fit_equations``)."""
     kern, yv = kernels(), Rows(y)
-    rows, work, err = _one_position_work(lw)
+    _, work, err = _one_position_work(lw)
     acc_n, acc_d = np.empty((work, st.h)), np.empty((work, st.h))
-    kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
-                       yv.kind, y_ok, col, rows, work, acc_n, acc_d, err)
+    kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef,
+                       yv.off, yv.row, yv.kind, y_ok, col, work, acc_n, acc_d, err)
     st.check(err, g)
     return acc_n.sum(0), acc_d.sum(0)
 
