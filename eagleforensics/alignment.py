@@ -23,8 +23,8 @@ from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresho
 from .evidence.findings import identity_findings, slot_findings
 from .evidence.identity import Identity, judge, step_reader
 from .evidence.match import ScoreMatrix, score_slots
-from .evidence.steps import known_first
 from .evidence.norms import looks_post_norm, nonfinite_rows, norm_cv, token_norms
+from .evidence.steps import known_first
 from .evidence.tokens import (
     TokenAlignment,
     align_tokens,

@@ -23,7 +23,7 @@ from eagleforensics.io.capture import load_capture
 from eagleforensics.io.sweep import write_capture
 from eagleforensics.positions import Position
 
-from .realdata import N, ROOT, SAMPLES, _model, forward
+from .realdata import ROOT, SAMPLES, N, _model, forward
 
 pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
 FIELDS = ("score", "rel_diff", "max_abs", "norm_ratio", "per_token")

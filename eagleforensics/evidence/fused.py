@@ -512,7 +512,7 @@ _KERNELS: types.SimpleNamespace | None = None
 def kernels() -> types.SimpleNamespace:
     """The compiled kernels (``direct``, ``fit_equations``, ``fit_scores``, ``max_abs``, ``row_stats``):
     numba imported, each loaded from its cache (or compiled) on first call."""
-    global _KERNELS, prange, _pread, _carray
+    global _KERNELS, prange, _pread
     with LOCK:
         if _KERNELS is None:
             import numba
