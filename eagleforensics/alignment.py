@@ -24,6 +24,7 @@ from .evidence.findings import identity_findings, slot_findings
 from .evidence.identity import Identity, judge, step_reader
 from .evidence.match import ScoreMatrix, score_slots
 from .evidence.norms import looks_post_norm, norm_cv, row_summary
+from .evidence.steps import known_first
 from .evidence.tokens import (
     TokenAlignment,
     align_tokens,
@@ -62,7 +63,7 @@ def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None
                        float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
                 for i in range(n_slots)], [None] * n_slots
     real = set(sm.column_norms)
-    step_of = step_reader(cap.read_rows, tok.capture_start, tok.length)
+    step_of = known_first(sm.steps, step_reader(cap.read_rows, tok.capture_start, tok.length))
     picks, ids = [], []
     for i in range(n_slots):
         tokens = int(np.nanmax(sm.tokens_used[i])) if sm.tokens_used.size else 0

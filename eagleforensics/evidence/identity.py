@@ -32,6 +32,7 @@ import numpy as np
 from ..arrays import as_array, f32
 from ..positions import Position
 from .fidelity import Fidelity, judge_fidelity
+from .steps import lower_median
 
 MIN_VOTES = 0.5  # share of tokens that must vote for the best position
 PAIRED_ALPHA = 1e-3  # one-sided level of the bound on the median paired difference (docs/calibration.md)
@@ -230,14 +231,6 @@ def step_reader(read_rows: Callable[[Position, int, int], Any], cs: int, lw: int
         return cache[key]
 
     return step_of
-
-
-def lower_median(c: np.ndarray) -> float:
-    """The lower of the two middle values for an even count (as torch.median), NaN when empty."""
-    if not c.size:
-        return float("nan")
-    k = (c.size - 1) // 2
-    return float(np.partition(c, k)[k])
 
 
 def row_cosines(x: np.ndarray, y: np.ndarray) -> np.ndarray:

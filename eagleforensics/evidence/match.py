@@ -40,11 +40,11 @@ from ..arrays import as_array, dtype_name, f32, is_float, numpy_dtype
 from ..errors import ForensicsError
 from ..positions import Position
 from . import fused
+from .steps import Steps, lower_neighbours, steps_from
 from .sums import Sums
 
 CHUNK_BYTES = 4 << 20  # float32 block [L, K, H] of training rows reduced at once on the numpy path
 FIT_CANDIDATES = 4  # compiled path: fitted columns at the raw positions each post-norm slot resembles most
-FUSED_BYTES = 32 << 20  # CPU, compiled path: capture bytes (all positions) per kernel call; their pages are then dropped
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -67,6 +67,7 @@ class ScoreMatrix:
     nonfinite_capture: dict[Position, int] = field(default_factory=dict)
     error: np.ndarray | None = None
     device: str = "cpu"
+    steps: Steps | None = None  # the capture's layer steps where the scorer kept them (``steps.steps_from``)
 
 
 def resolve_device(device: Any) -> str:
@@ -235,7 +236,7 @@ def _candidates(sums: Sums, m: int) -> list[int]:
 
 def _assemble(sums: Sums, positions: list[Position], columns: list[Position], src: _Source,
               slots: list[np.ndarray], ts: int, fit_idx: list[int], virt: list[int],
-              mapped: fused.Mapped | None = None, device: str = "cpu") -> ScoreMatrix:
+              mapped: fused.Stored | None = None, device: str = "cpu") -> ScoreMatrix:
     """Turn the sums into the slots x columns matrices, then the max abs error of each slot's best column."""
     k, lw = sums.k, sums.lw
     col = {c: j for j, c in enumerate(columns)}
@@ -260,13 +261,14 @@ def _assemble(sums: Sums, positions: list[Position], columns: list[Position], sr
     bad = sums.bad.sum(1)
     nonfinite = {p: int(bad[g]) for g, p in enumerate(positions)}
     _fill_max_abs(out["score"], out["max_abs"], columns, positions, sums, src, slots, ts, fit_idx, virt, mapped)
+    steps = None if sums.adj is None else steps_from(sums.adj, sums.xx, sums.bad, positions, sums.cs, sums.lw)
     return ScoreMatrix(columns, out["score"], out["rel_diff"], out["max_abs"], out["norm_ratio"], tokens,
-                       per_token, norms, nonfinite, device=device)
+                       per_token, norms, nonfinite, device=device, steps=steps)
 
 
 def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position], positions: list[Position],
                   sums: Sums, src: _Source, slots: list[np.ndarray], ts: int, fit_idx: list[int],
-                  virt: list[int], mapped: fused.Mapped | None = None) -> None:
+                  virt: list[int], mapped: fused.Stored | None = None) -> None:
     """max |training - capture| over valid aligned tokens, for each slot's best column (one more read of it)."""
     index = {p: g for g, p in enumerate(positions)}
     virt_of = {g: j for j, g in enumerate(virt)}
@@ -311,7 +313,7 @@ def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position
             max_abs[i, j] = worst[c] if math.isfinite(worst[c]) else np.nan
 
 
-def _fused_cells(mapped: fused.Mapped, sums: Sums, wanted: dict[int, list[tuple[int, int, int | None]]],
+def _fused_cells(mapped: fused.Stored, sums: Sums, wanted: dict[int, list[tuple[int, int, int | None]]],
                  slots: list[np.ndarray], ts: int, fit_idx: list[int], max_abs: np.ndarray) -> None:
     """``_fill_max_abs`` through the compiled kernel: position g of each (slot i, column j, virtual j) cell."""
     for g, cells in wanted.items():
@@ -320,8 +322,8 @@ def _fused_cells(mapped: fused.Mapped, sums: Sums, wanted: dict[int, list[tuple[
             max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, vj, f)
 
 
-def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | None:
-    """The capture's positions as memory-mapped arrays for the compiled kernels, when each is a plain
+def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Stored | None:
+    """The capture's positions as (file, offset) for the compiled kernels, when each is a plain
     row block of a file (``filerows.FileRows`` behind ``Capture.read_rows``); None otherwise."""
     from ..io.filerows import FileRows
 
@@ -334,38 +336,18 @@ def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Mapped | N
         if not isinstance(reader, FileRows) or reader.rows != src.t:
             return None
         rows.append(reader)
-    return fused.Mapped.of(rows, h)
+    return fused.Stored.of(rows, h)
 
 
-def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: list[np.ndarray], ts: int,
+def _fused_sweep(m: fused.Stored, positions: list[Position], sums: Sums, slots: list[np.ndarray], ts: int,
                  progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
-    """CPU, compiled: one pass over every row of every position (norms, slot products), a block of rows
-    at a time straight from the mapped file; then the fitted columns (two reads of each candidate)."""
-    h, cs, lw, t, k = sums.h, sums.cs, sums.lw, sums.t, sums.k
+    """CPU, compiled: one pass over every row of every position (norms, slot products, and each row's
+    product with the position below, ``sums.adj``, for the capture's layer step); then the fitted
+    columns (two reads of each candidate)."""
+    cs, lw = sums.cs, sums.lw
     xx, bad, dot, yy, y_ok = sums.xx, sums.bad, sums.dot, sums.yy, sums.y_ok
-    kinds = {fused.kind_of(s.dtype) for s in slots}
-    stage = slots[0].dtype if len(kinds) == 1 and None not in kinds else np.dtype(np.float32)
-    k_pad = max(4, -(-k // 4) * 4)
-    rows = max(1, min(t, fused.Y_BYTES // (k_pad * h * 4)))  # training rows widened per call stay in L2
-    drop_rows = max(rows, FUSED_BYTES // max(1, len(positions) * h * m.itemsize))
-    ybuf = np.empty((rows, k, h), dtype=stage)
-    yv = fused.Rows(ybuf.reshape(rows, k * h))
-    yw = np.empty((rows, k_pad, h), np.float32)
-    groups = m.groups()
-    kern = fused.kernels()
-    work_max = 4 * kern.threads
-    dropped = 0
-    for a in range(0, t, rows):
-        b = min(t, a + rows)
-        wa, wb = max(a, cs), min(b, cs + lw)
-        if wb > wa:
-            fill_y(ybuf[:wb - wa], slots, ts + wa - cs)
-        for f, (base, gidx, offs) in enumerate(groups):  # one call per file; the first widens the training rows
-            kern.direct(base, gidx, offs, h, m.kind, a, b, cs, lw, yv.base, yv.off, yv.row, yv.row // k,
-                        yv.kind, f == 0, yw, xx, bad, dot, yy, y_ok)
-        if b - dropped >= drop_rows or b == t:
-            m.drop(dropped, b)
-            dropped = b
+    sums.adj = np.full(xx.shape, np.nan, np.float32)
+    fused.direct(m, slots, ts, cs, lw, lower_neighbours(positions), xx, bad, dot, yy, y_ok, sums.adj)
     if progress is not None:
         for pos in positions:
             progress(pos)
@@ -373,37 +355,22 @@ def _fused_sweep(m: fused.Mapped, positions: list[Position], sums: Sums, slots: 
         return
     js = list(range(len(sums.virt))) if fit_candidates is None else _candidates(sums, fit_candidates)
     assert sums.num is not None and sums.den is not None and sums.gain is not None
-    ys = {i: fused.Rows(slots[i][ts:ts + lw]) for i in sums.fit_idx}
     for j in js:
         g = sums.virt[j]
-        base, off = m.arrays[m.fidx[g]], int(m.offs[g])
         for f, i in enumerate(sums.fit_idx):
-            y = ys[i]
-            num, den = np.empty(h), np.empty(h)
-            kern.fit_equations(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
-                               num, den, min(h, work_max))
+            num, den = fused.fit_equations(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok)
             sums.num[g, f] = num
             sums.den[g] = den
         sums.fit([j])
         for f, i in enumerate(sums.fit_idx):
-            y = ys[i]
-            kern.fit_scores(base, off, h, m.kind, cs, lw, xx, bad, g, y.base, y.off, y.row, y.kind, y_ok, i,
-                            sums.gain, j, f, sums.fdot, sums.fpp, min(lw, work_max))
-        m.drop(cs, cs + lw, [g])
+            fused.fit_scores(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok, sums.gain, j, f, sums.fdot,
+                             sums.fpp)
 
 
-def _fused_max_abs(m: fused.Mapped, sums: Sums, g: int, y: np.ndarray, i: int, vj: int | None, f: int) -> float:
+def _fused_max_abs(m: fused.Stored, sums: Sums, g: int, y: np.ndarray, i: int, vj: int | None, f: int) -> float:
     """max |training - capture| of slot i against position g (or its fitted column ``vj``, slot ``f`` of the fit)."""
-    cs, lw, h = sums.cs, sums.lw, sums.h
-    if lw == 0:
+    if sums.lw == 0:
         return 0.0
-    out = np.empty(lw, np.float32)
-    yv = fused.Rows(y)
-    kern = fused.kernels()
-    gain = sums.gain if vj is not None and sums.gain is not None else np.zeros((1, 1, h), np.float32)
-    kern.max_abs(m.arrays[m.fidx[g]], int(m.offs[g]), h, m.kind, cs, lw, sums.xx, sums.bad, g,
-                 yv.base, yv.off, yv.row, yv.kind, sums.y_ok, i, gain, vj or 0, f, vj is not None, out,
-                 min(lw, 4 * kern.threads))
-    m.drop(cs, cs + lw, [g])
+    out = fused.max_abs(m, g, y, i, sums.cs, sums.lw, sums.xx, sums.bad, sums.y_ok, sums.gain, vj, f)
     worst = float(out.max())
     return worst if math.isfinite(worst) else float("nan")

@@ -36,6 +36,7 @@ class Sums:
         self.gain = np.zeros((len(virt), nf, h), np.float32) if nf and virt else None  # per virtual column
         self.fdot = np.full((lw, len(virt), nf), np.nan, np.float32)
         self.fpp = np.full((lw, len(virt), nf), np.nan, np.float32)
+        self.adj: np.ndarray | None = None  # [P, T]: each row . the same token's row one position below (compiled path)
 
     def prep_y(self, yb: np.ndarray, w0: int) -> np.ndarray:
         """Record norms and finiteness of training rows [w0, w0+L) given as [L, K, H] float32; zero bad rows."""
