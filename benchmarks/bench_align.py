@@ -3,9 +3,11 @@
     python benchmarks/bench_align.py                   # both shapes, T = 512 and 2048, every CPU mode
     python benchmarks/bench_align.py --device cuda     # adds the GPU mode (and the host-to-device copy rate)
 
-Reports, per shape, in one run, side by side for each way of scoring (``cat`` of the file; the
-torch path, ``EAGLEFORENSICS_FUSED=0``; the compiled numba kernels, the default; GPU mode where
-there is a GPU):
+Reports, per shape, in one run, side by side for each way of scoring: ``cat`` of the file; a plain
+torch loop (``torchloop.py``: the same sums as one torch operation each, the baseline); the numpy
+path (``EAGLEFORENSICS_FUSED=0``); the compiled numba kernels (the default for large captures);
+GPU mode where there is a GPU. The training record is read from safetensors, so the CPU modes of
+``align`` never import torch (``--record pt`` reads the ``.pt`` copy instead):
 
 * marginal throughput: (capture bytes at T=2048 - at T=512) / (align seconds at 2048 - at 512),
   so interpreter start-up and imports cancel; as a ratio to the page-cache read rate of the
@@ -13,8 +15,9 @@ there is a GPU):
 * peak RSS of the align process (``wait4`` rusage) over the capture's size;
 * whether align placed the three aux slots and the post-norm final where they were drawn from.
 
-And once: ``eagleforensics --help``, ``align`` on data_samples (start-up), and the numba
-compile: ``align`` with an empty cache folder, then again with it filled. Each align run is
+And once: ``eagleforensics --help``, ``align`` on the two safetensors samples (start-up: by default,
+on the numpy path, and with the kernels forced, from an empty numba cache folder, so they compile,
+then from the filled one). Each align run is
 repeated (best wall time kept). Synthetic files go to a temporary folder (or ``--dir``),
 checked against free disk space first, and are deleted afterwards unless ``--keep``.
 """
@@ -44,11 +47,14 @@ FP_CLI = [sys.executable, "-c", "from eagleforensics.cli.fingerprint import fing
 
 PEAKRSS = Path(__file__).resolve().parent / "peakrss.py"
 
-MODES = {  # name -> (environment, --device)
-    "torch": ({"EAGLEFORENSICS_FUSED": "0"}, "cpu"),
+MODES = {  # name -> (environment, --device); "torch-loop" runs torchloop.py instead of align
+    "torch-loop": ({}, "cpu"),
+    "numpy": ({"EAGLEFORENSICS_FUSED": "0"}, "cpu"),
     "fused": ({"EAGLEFORENSICS_FUSED": "1"}, "cpu"),
     "gpu": ({}, "cuda"),
 }
+TORCH_LOOP = [sys.executable, str(Path(__file__).resolve().parent / "torchloop.py")]
+SAMPLE = ["data_samples/record_layer_outputs.safetensors", "data_samples/capture_sweep.safetensors"]
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str, float]:
@@ -89,8 +95,10 @@ def read_rate(path: Path, repeat: int = 3) -> float:
     return path.stat().st_size / min(times)
 
 
-def placed_right(out: str, sweep: Sweep) -> bool:
+def placed_right(out: str, sweep: Sweep) -> bool | None:
     doc = json.loads(out)
+    if "mapping" not in doc:  # the torch loop: sums only, no verdict
+        return None
     got = [(m["position"], m["post_norm"], m["confident"]) for m in doc["mapping"]]
     want = [(p, False, True) for p in sweep.aux_positions] + [(sweep.num_layers, True, True)]
     return got == want
@@ -131,15 +139,16 @@ def h2d_rate(nbytes: int = 1 << 30) -> dict[str, float]:
 
 
 def compile_seconds(repeat: int) -> dict[str, float]:
-    """``align`` on the safetensors sample with an empty numba cache folder (compiles), then with it filled."""
-    cmd = [*CLI, "align", "data_samples/record_layer_outputs.pt", "data_samples/capture_sweep.safetensors"]
+    """``align`` on the two safetensors samples: by default (numpy: the capture is small), and with
+    the kernels forced from an empty numba cache folder (compiles), then with it filled."""
+    cmd = [*CLI, "align", *SAMPLE]
+    auto = best(cmd, max(repeat, 5))
     with tempfile.TemporaryDirectory(prefix="ef-numba-") as cache:
         env = {"NUMBA_CACHE_DIR": cache, "EAGLEFORENSICS_FUSED": "1"}
         first = run(cmd, env)[0]
         cached = best(cmd, repeat, env)["wall"]
-    torch_path = best(cmd, repeat, MODES["torch"][0])["wall"]
-    auto = best(cmd, repeat)["wall"]  # the default: a capture this small goes to torch
-    return {"first": first, "cached": cached, "torch_path": torch_path, "auto": auto}
+    numpy_path = best(cmd, repeat, MODES["numpy"][0])["wall"]
+    return {"first": first, "cached": cached, "numpy_path": numpy_path, "auto": auto["wall"], "auto_rss": auto["rss"]}
 
 
 def main() -> None:
@@ -149,7 +158,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
                     help="cuda/auto add the GPU mode beside the CPU ones")
     ap.add_argument("--modes", nargs="+", default=None, choices=list(MODES),
-                    help="which ways of scoring to time (default: torch and fused, plus gpu with --device cuda)")
+                    help="which ways of scoring to time (default: torch-loop, numpy and fused, plus gpu with "
+                         "--device cuda)")
+    ap.add_argument("--record", choices=("safetensors", "pt"), default="safetensors",
+                    help="which copy of the training record align reads (pt imports torch)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where the synthetic files go (default: a temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic files")
@@ -159,7 +171,7 @@ def main() -> None:
                     help="also time align inside this process after a warm-up (always for the GPU mode: CUDA "
                          "start-up varies by seconds between processes, more than the whole sweep takes)")
     args = ap.parse_args()
-    modes = args.modes or ["torch", "fused"] + (["gpu"] if args.device != "cpu" else [])
+    modes = args.modes or ["torch-loop", "numpy", "fused"] + (["gpu"] if args.device != "cpu" else [])
 
     need = sum(62 * t * h * 2 * 1.1 + 4 * t * h * 2 for s in args.shapes for n, h in [SHAPES[s]] for t in args.tokens)
     folder = args.dir or Path(tempfile.mkdtemp(prefix="ef-bench-"))
@@ -188,30 +200,35 @@ def main() -> None:
                 sweep = sweeps[t] = write_sweep(folder, shape, t)
                 row: dict[str, Any] = {"bytes": sweep.capture_bytes, "write_s": time.perf_counter() - t0,
                                        "read_rate": read_rate(sweep.capture), "modes": {}}
+                record = sweep.record if args.record == "pt" else sweep.record_safetensors
                 for mode in modes:
                     env, device = MODES[mode]
-                    res = best([*CLI, "align", str(sweep.record), str(sweep.capture), "--json", "--device", device],
-                               args.repeat, env)
+                    cmd = [*TORCH_LOOP, str(sweep.capture), str(sweep.record_safetensors)] if mode == "torch-loop" \
+                        else [*CLI, "align", str(record), str(sweep.capture), "--json", "--device", device]
+                    res = best(cmd, args.repeat, env)
                     row["modes"][mode] = {"wall": res["wall"], "cpu": res["cpu"], "rss": res["rss"], "rc": res["rc"],
                                           "placed_right": placed_right(res["out"], sweep), "out": res["out"]}
                 rows[str(t)] = row
             small, large = (rows[str(t)] for t in args.tokens)
             if args.inproc or "gpu" in modes:
                 for mode in modes:
+                    if mode == "torch-loop":
+                        continue
                     if mode == "gpu" or args.inproc:
                         for t in args.tokens:
                             os.environ.update(MODES[mode][0])
                             from eagleforensics.evidence import fused
 
-                            fused.AVAILABLE = mode != "torch" and importlib.util.find_spec("numba") is not None
+                            fused.AVAILABLE = mode != "numpy" and importlib.util.find_spec("numba") is not None
                             fused.MIN_BYTES = 0
                             rows[str(t)]["modes"][mode]["inproc_s"] = inproc_seconds(
                                 sweeps[t], MODES[mode][1], args.repeat)
             if not args.no_fingerprint:
                 fp = folder / f"{shape}-T{args.tokens[1]}.fp.json"
                 made = best([*FP_CLI, str(sweeps[args.tokens[1]].capture), "-o", str(fp)], 1)
-                est = best([*CLI, "align", str(sweeps[args.tokens[1]].record), str(fp), "--json"], 1)
-                same = json.loads(est["out"])["verdict"] == json.loads(large["modes"][modes[0]]["out"])["verdict"]
+                est = best([*CLI, "align", str(sweeps[args.tokens[1]].record_safetensors), str(fp), "--json"], 1)
+                full = next(large["modes"][m]["out"] for m in modes if m != "torch-loop")
+                same = json.loads(est["out"])["verdict"] == json.loads(full)["verdict"]
                 large["fingerprint"] = {"write_s": made["wall"], "bytes": fp.stat().st_size, "align_s": est["wall"],
                                         "same_verdict": same}
             extra_bytes = large["bytes"] - small["bytes"]
@@ -223,7 +240,7 @@ def main() -> None:
                      "marginal_bytes_per_cpu_s": extra_bytes / max(b["cpu"] - a["cpu"], 1e-9),
                      "rss_over_capture": b["rss"] / large["bytes"],
                      "rss_over_capture_small": a["rss"] / small["bytes"],
-                     "all_right": a["placed_right"] and b["placed_right"]}
+                     "all_right": None if a["placed_right"] is None else a["placed_right"] and b["placed_right"]}
                 m["ratio"] = m["marginal_bytes_per_s"] / rate
                 if "inproc_s" in b:
                     m["inproc_marginal_bytes_per_s"] = extra_bytes / max(b["inproc_s"] - a["inproc_s"], 1e-9)
@@ -238,9 +255,10 @@ def main() -> None:
           f"{'/'.join(f'{x:.1f}' for x in report['load_after'])} on {report['cpus']} CPUs: other processes "
           "share these cores and slow every figure")
     c = report["compile"]
-    print(f"start-up: eagleforensics --help {report['help_s']:.3f} s; align on the safetensors sample "
-          f"{c['cached']:.2f} s (numba cache filled), {c['first']:.2f} s with an empty cache (compiling), "
-          f"{c['torch_path']:.2f} s on the torch path, {c['auto']:.2f} s by default; bare `import torch` peak RSS "
+    print(f"start-up: eagleforensics --help {report['help_s']:.3f} s; align on the two safetensors samples "
+          f"{c['auto']:.2f} s by default ({c['auto_rss'] / 2**20:.0f} MiB peak RSS; numpy path "
+          f"{c['numpy_path']:.2f} s); with the kernels forced {c['cached']:.2f} s (numba cache filled), "
+          f"{c['first']:.2f} s with an empty cache (compiling); bare `import torch` peak RSS "
           f"{report['import_torch_rss'] / 2**20:.0f} MiB")
     if "h2d" in report:
         print("host-to-device copy: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in report["h2d"].items()))
@@ -284,7 +302,8 @@ def _print_shape(shape: str, r: dict[str, Any], report: dict[str, Any], tokens: 
     line(f"peak RSS / capture T={tokens[0]}", "", [f"{r['modes'][m]['rss_over_capture_small']:.2f}x" for m in modes])
     line(f"peak RSS / capture T={tokens[1]}", "", [
         f"{r['modes'][m]['rss_over_capture']:.2f}x ({large['modes'][m]['rss'] / 2**20:.0f} MiB)" for m in modes])
-    line("verdict", "", ["right" if r["modes"][m]["all_right"] else "WRONG" for m in modes])
+    line("verdict", "", ["-" if r["modes"][m]["all_right"] is None else "right" if r["modes"][m]["all_right"]
+                         else "WRONG" for m in modes])
     for t, row in by.items():
         for m in modes:
             row["modes"][m].pop("out", None)

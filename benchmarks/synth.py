@@ -5,7 +5,8 @@ Each position is a random-walk step from the previous one (neighbouring layers s
 p=2 on, and the post-norm final is an RMSNorm with a random gain of the last raw state. The
 file is the capture helper's safetensors format (``hidden.0..N``, ``final_norm``,
 ``input_ids``, metadata), written without ever holding the sweep in memory. The training
-record holds three positions and the post-norm final, bf16, list layout.
+record holds three positions and the post-norm final, bf16, list layout, written twice: as
+``.pt`` (reading it imports torch) and as safetensors (read without torch).
 
 These tensors are hand-made on purpose: they exist to measure speed and memory at shapes no
 test can afford. Matching behaviour is tested on real forward passes (tests/).
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from eagleforensics.io.capture import CAPTURE_FORMAT, META_KEY
 
@@ -31,11 +33,16 @@ class Sweep:
     """Paths of one synthetic sweep and the positions its training record holds (ground truth)."""
 
     capture: Path
-    record: Path
+    record: Path  # the training record as torch.save writes it (.pt: reading it imports torch)
     num_layers: int
     hidden: int
     tokens: int
     aux_positions: tuple[int, int, int]
+
+    @property
+    def record_safetensors(self) -> Path:
+        """The same record as safetensors (list layout ``hidden_states.0..3``): read without torch."""
+        return self.record.with_suffix(".safetensors")
 
     @property
     def capture_bytes(self) -> int:
@@ -71,7 +78,7 @@ def write_sweep(folder: Path, shape: str, tokens: int, seed: int = 0) -> Sweep:
     rec = folder / f"{shape}-T{tokens}.record.pt"
     aux = record_positions(n)
     sweep = Sweep(cap, rec, n, h, tokens, aux)
-    if cap.exists() and rec.exists():
+    if cap.exists() and rec.exists() and sweep.record_safetensors.exists():
         return sweep
     gen = torch.Generator().manual_seed(seed)
     head, names = _header(n, tokens, h)
@@ -97,5 +104,8 @@ def write_sweep(folder: Path, shape: str, tokens: int, seed: int = 0) -> Sweep:
         fh.write(final.view(torch.uint8).numpy().tobytes())
         fh.write(ids.to(torch.int64).numpy().tobytes())
     assert names[-1] == "final_norm"
-    torch.save({"hidden_states": [kept[p] for p in aux] + [final], "input_ids": ids.clone()}, rec)
+    states = [kept[p] for p in aux] + [final]
+    torch.save({"hidden_states": states, "input_ids": ids.clone()}, rec)
+    save_file({**{f"hidden_states.{i}": s.contiguous() for i, s in enumerate(states)}, "input_ids": ids.clone()},
+              str(sweep.record_safetensors))
     return sweep

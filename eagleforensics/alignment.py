@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
+from .arrays import as_array, dtype_name
 from .engines import rules
 from .engines.advice import engine_advice, serving_advice
 from .engines.crosscheck import check_request, crosscheck, serving_audit
@@ -23,7 +23,8 @@ from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresho
 from .evidence.findings import identity_findings, slot_findings
 from .evidence.identity import Identity, judge, step_reader
 from .evidence.match import ScoreMatrix, score_slots
-from .evidence.norms import looks_post_norm, nonfinite_rows, norm_cv, token_norms
+from .evidence.norms import looks_post_norm, norm_cv, row_summary
+from .evidence.steps import known_first
 from .evidence.tokens import (
     TokenAlignment,
     align_tokens,
@@ -62,7 +63,7 @@ def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None
                        float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
                 for i in range(n_slots)], [None] * n_slots
     real = set(sm.column_norms)
-    step_of = step_reader(cap.read_rows, tok.capture_start, tok.length)
+    step_of = known_first(sm.steps, step_reader(cap.read_rows, tok.capture_start, tok.length))
     picks, ids = [], []
     for i in range(n_slots):
         tokens = int(np.nanmax(sm.tokens_used[i])) if sm.tokens_used.size else 0
@@ -128,20 +129,20 @@ def align(
     if tok.length == 0:
         raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note} (if one side has an "
                              "extra BOS or template token, drop it so both start at the same token)", path=record.path)
-    slot_rows = [s.data[:usable] for s in slots]
-    norms = [token_norms(r) for r in slot_rows]
+    slot_data = [as_array(s.data) for s in slots]
+    summaries = [row_summary(d) for d in slot_data]  # per-token norms and NaN/Inf rows, one pass each
+    norms = [n[:usable] for n, _ in summaries]
+    bad_rows = [int(b.sum()) for _, b in summaries]
     fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]
-    thr = thresholds(cap.dtype, *(s.data.dtype for s in slots), min_score=min_score, min_margin=min_margin)
+    thr = thresholds(cap.dtype, *(d.dtype for d in slot_data), min_score=min_score, min_margin=min_margin)
 
     def run(t: TokenAlignment) -> ScoreMatrix:
         if isinstance(cap, Fingerprint):
             from .evidence.fpmatch import score_fingerprint
 
-            return score_fingerprint([s.data for s in slots], fit, cap, t.train_start, t.capture_start, t.length)
-        return score_slots([s.data for s in slots], fit, cap.positions, cap,
+            return score_fingerprint(slot_data, fit, cap, t.train_start, t.capture_start, t.length)
+        return score_slots(slot_data, fit, cap.positions, cap,
                            t.train_start, t.capture_start, t.length, progress, device=device)
-
-    bad_rows = [int(nonfinite_rows(s.data).sum()) for s in slots]
 
     def decide(t: TokenAlignment, sm: ScoreMatrix) -> tuple[list[Choice], list[Identity | None]]:
         return _choices(sm, len(slots), thr, None if isinstance(cap, Fingerprint) else cap, t, bad_rows)
@@ -153,7 +154,7 @@ def align(
     matches = [_slot_match(s, c, sm, i, n, fit[i] and looks_post_norm(n), bad_rows[i], idents[i])
                for i, (s, c, n) in enumerate(zip(slots, picks, norms))]
     matches = [_resolve_role(m, cap.num_layers) for m in matches]
-    findings = _token_findings(tok, record, sm, slots) + slot_findings(matches, cap.num_layers)
+    findings = _token_findings(tok, record, sm, slots, [b for _, b in summaries]) + slot_findings(matches, cap.num_layers)
     findings += identity_findings(matches) + _capture_findings(cap, sm, slots)
     findings += _row_findings(matches, sm, tok, thr)
     rule_type = model_type if model_type is not None else (audit.model_type if audit is not None else None)
@@ -166,7 +167,7 @@ def align(
         findings.append(estimate_finding(cap, sm))
     result = AlignmentResult(
         record.path, record.format, cap.path, cap.convention, cap.num_layers, cap.num_layers_source,
-        cap.hidden_size, tok, matches, sm, [n.numpy() for n in norms], engine_ids, engine_notes, findings, thr,
+        cap.hidden_size, tok, matches, sm, norms, engine_ids, engine_notes, findings, thr,
         dict(record.metadata),
     )
     aux = [m.position for m in matches if m.role == "aux"]
@@ -178,12 +179,12 @@ def align(
 
 
 def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], idents: list[Identity | None],
-               slots: list[Slot], norms: list[torch.Tensor], usable: int, cap: Capture,
+               slots: list[Slot], norms: list[np.ndarray], usable: int, cap: Capture,
                decide: Callable[[TokenAlignment, ScoreMatrix], tuple[list[Choice], list[Identity | None]]],
                run: Callable[[TokenAlignment], ScoreMatrix]
                ) -> tuple[TokenAlignment, ScoreMatrix, list[Choice], list[Identity | None]]:
     """When nothing matched, test whether the rows are offset by a few tokens; rescore if so."""
-    cols = [torch.from_numpy(v) for p, v in sm.column_norms.items() if not p.normed]
+    cols = [v for p, v in sm.column_norms.items() if not p.normed]
     # every slot votes; a post-norm slot's flat norm profile simply correlates poorly
     d, c, c0 = max((detect_shift(n, cols) for n in norms), key=lambda t: t[1] if t[1] == t[1] else -2.0)
     if d == 0 or not c >= SHIFT_MIN_CORR or (c0 == c0 and c - c0 < SHIFT_MIN_GAIN):
@@ -196,11 +197,11 @@ def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], idents
     return tok, sm, picks, idents
 
 
-def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: torch.Tensor, post: bool, bad: int,
+def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: np.ndarray, post: bool, bad: int,
                 ident: Identity | None = None) -> SlotMatch:
     j = sm.columns.index(c.best) if c.best is not None else None
     get = (lambda a: float(a[i, j])) if j is not None else (lambda a: float("nan"))
-    m = SlotMatch(s.key, s.index, s.role, str(s.data.dtype).replace("torch.", ""), c.best, c.score, c.runner_up,
+    m = SlotMatch(s.key, s.index, s.role, dtype_name(s.data.dtype), c.best, c.score, c.runner_up,
                   c.margin, c.confident, c.reason, get(sm.rel_diff), get(sm.max_abs), get(sm.norm_ratio),
                   int(get(sm.tokens_used)) if j is not None else 0, norm_cv(norms), post, bad,
                   fitted=c.best is not None and c.best not in sm.column_norms)
@@ -222,7 +223,8 @@ def _resolve_role(m: SlotMatch, n: int) -> SlotMatch:
     return replace(m, role="aux")
 
 
-def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:
+def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix, slots: list[Slot],
+                    bad_rows: list[np.ndarray]) -> list[Finding]:
     out = [Finding("tokens-compared", "info",
                    f"compared {tok.length} tokens (training has {tok.train_tokens}, capture {tok.capture_tokens}"
                    f"{f', {tok.padding_dropped} trailing padding rows dropped' if tok.padding_dropped else ''}): {tok.note}")]
@@ -237,8 +239,7 @@ def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix
                            + ("The token ids agree, so the record's hidden states are misaligned with its own "
                               "input_ids: the drafter learned each token from a neighbour's state."
                               if both else "Check the dumper's token handling (BOS, chat template).")))
-    bad_slots = {s.key if s.index is None else f"{s.key}[{s.index}]":
-                 nonfinite_rows(s.data).nonzero().flatten().tolist() for s in slots}
+    bad_slots = {s.name: np.flatnonzero(b).tolist() for s, b in zip(slots, bad_rows)}
     bad_slots = {k: v for k, v in bad_slots.items() if v}
     if bad_slots:
         out.append(Finding("nonfinite-training", "warning",
@@ -260,15 +261,15 @@ def _capture_findings(cap: Capture, sm: ScoreMatrix, slots: list[Slot]) -> list[
     out = [Finding("capture-read-as-labelled", "warning", note) for note in getattr(cap, "notes", [])]
     normed_real = [p for p in sm.column_norms if p.normed]
     for p in normed_real:
-        cv = norm_cv(torch.from_numpy(sm.column_norms[p]))
-        if cv == cv and not looks_post_norm(torch.from_numpy(sm.column_norms[p])):
+        cv = norm_cv(sm.column_norms[p])
+        if cv == cv and not looks_post_norm(sm.column_norms[p]):
             out.append(Finding("convention-content", "warning",
                                f"capture entry {p.label} is read as the post-norm final (convention "
                                f"{cap.convention}), but its per-token norms vary like a raw state (coefficient of "
                                f"variation {cv:.2f}); if it is the raw last layer, use --capture-convention vllm"))
     raw_top = Position(cap.num_layers)
     if not normed_real and raw_top in sm.column_norms and cap.num_layers > 0:
-        norms = torch.from_numpy(sm.column_norms[raw_top])
+        norms = sm.column_norms[raw_top]
         if looks_post_norm(norms):
             out.append(Finding("convention-content", "warning",
                                f"capture entry {raw_top.label} is read as a raw state, but its per-token norms are "

@@ -59,11 +59,16 @@ def as_array(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def to_torch(a: np.ndarray) -> Any:
-    """A torch tensor over the same memory (bf16 through its 16 bits); imports torch."""
+def to_torch(a: Any) -> Any:
+    """A torch tensor over the same memory (bf16 through its 16 bits); a copy when the array is
+    read-only (a mapped file), since torch tensors are always writable; tensors pass through."""
     import torch
 
+    if is_torch(a):
+        return a
     a = np.asarray(a)
+    if not a.flags.writeable:
+        a = a.copy()
     if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)

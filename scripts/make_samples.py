@@ -4,7 +4,8 @@ The incident at small scale (N = 12): training data dumped at the OUTPUTS of lay
 2, N//2, N-3 (positions 3, 7, 10) plus the post-norm final, in the list layout, beside the
 capture sweep of the same prompt; a second record made the way a wrong "fix" assumed
 (embedding, layer 2, layer N//2: HF hidden_states[0], [2], [N//2]); and a SpecForge-layout
-record at the engines' default positions (2, 6, 9) with zero right-padding.
+record at the engines' default positions (2, 6, 9) with zero right-padding. The incident record
+is also written as safetensors (same bits), the input a CPU align reads without torch.
 
     python scripts/make_samples.py [OUT_DIR]
 """
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from eagleforensics.io.sweep import sweep, write_capture
 from eagleforensics.testing.tinymodels import build_model, prompt_ids
@@ -56,8 +58,12 @@ def main(out: Path) -> None:
         return train_hs[i].to(torch.bfloat16).contiguous()
 
     final = bf16(N)  # post-norm, as SpecForge stores it
-    torch.save({"hidden_states": [bf16(3), bf16(N // 2 + 1), bf16(N - 2), final],
+    layer_outputs = [bf16(3), bf16(N // 2 + 1), bf16(N - 2), final]
+    torch.save({"hidden_states": layer_outputs,
                 "input_ids": full.clone(), "loss_mask": loss_mask.clone()}, out / "record_layer_outputs.pt")
+    # The same record as safetensors, which holds no lists: the list layout as hidden_states.0..3.
+    save_file({**{f"hidden_states.{i}": h for i, h in enumerate(layer_outputs)},
+               "input_ids": full.clone(), "loss_mask": loss_mask.clone()}, str(out / "record_layer_outputs.safetensors"))
     torch.save({"hidden_states": [bf16(0), bf16(2), bf16(N // 2), final],
                 "input_ids": full.clone(), "loss_mask": loss_mask.clone()}, out / "record_wrong_fix.pt")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import torch
 from click.testing import CliRunner
 
@@ -81,9 +82,9 @@ def test_capture_command_writes_a_full_sweep_from_a_local_model_dir(tmp_path):
     from eagleforensics.positions import Position
 
     cap = load_capture(out)
-    assert cap.num_layers == N and torch.equal(cap.input_ids, run.ids)
-    assert torch.allclose(cap.read(Position(N)), run.raw_last, atol=1e-5)
-    assert torch.allclose(cap.read(Position(N, True)), run.hs[N], atol=1e-5)
+    assert cap.num_layers == N and np.array_equal(cap.input_ids, run.ids.numpy())
+    np.testing.assert_allclose(cap.read(Position(N)), run.raw_last.numpy(), atol=1e-5)
+    np.testing.assert_allclose(cap.read(Position(N, True)), run.hs[N].numpy(), atol=1e-5)
 
 
 def test_capture_command_needs_a_prompt_or_ids(tmp_path):

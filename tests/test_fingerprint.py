@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from eagleforensics.alignment import align
+from eagleforensics.arrays import as_array, f32
 from eagleforensics.io.capture import load_capture
 from eagleforensics.cli.fingerprint import fingerprint as fingerprint_cli
 from eagleforensics.errors import ForensicsError
@@ -19,7 +20,7 @@ from eagleforensics.evidence.match import score_slots
 from eagleforensics.evidence.fpmatch import score_fingerprint
 from eagleforensics.io.sweep import write_capture
 
-from .realdata import N, SAMPLES, _model, forward
+from .realdata import N, ROOT, SAMPLES, _model, forward
 
 SAMPLE_RECORDS = ("record_layer_outputs.pt", "record_wrong_fix.pt", "data_0.ckpt")
 SAMPLE_CAPTURES = ("capture.pt", "capture_sweep.safetensors")
@@ -121,10 +122,11 @@ def test_fingerprint_file_holds_norms_hashes_and_a_readable_header(tmp_path):
     head = json.loads(fp_path.read_text())
     assert head["format"] == "eagleforensics-fingerprint-v1" and head["num_tokens"] == 40
     entry = head["positions"][5]
-    x = cap.read_rows(cap.positions[5], 0, 40).contiguous()
-    assert entry["sha256"] == hashlib.sha256(x.numpy().tobytes()).hexdigest()
+    x = np.ascontiguousarray(as_array(cap.read_rows(cap.positions[5], 0, 40)))
+    assert entry["sha256"] == hashlib.sha256(x.tobytes()).hexdigest()
     fp = load_fingerprint(fp_path)
-    assert torch.allclose(fp.norms[cap.positions[5]], torch.linalg.vector_norm(x.float(), dim=-1))
+    assert isinstance(fp.norms[cap.positions[5]], np.ndarray) and fp.norms[cap.positions[5]].dtype == np.float32
+    assert np.allclose(fp.norms[cap.positions[5]], np.linalg.norm(f32(x).astype(np.float64), axis=-1), rtol=1e-6)
     assert fp_path.stat().st_size < 1.2 * (SAMPLES / "capture_sweep.safetensors").stat().st_size
 
 
@@ -133,8 +135,9 @@ def test_projection_is_fixed_by_seed_alone():
     a = projection(128, 64, seed=7)
     torch.manual_seed(456)
     b = projection(128, 64, seed=7)
-    assert torch.equal(a, b) and not torch.equal(a, projection(128, 64, seed=8))
-    assert set(a.unique().tolist()) == {-1 / 8, 1 / 8}
+    assert a.dtype == np.float32 and a.shape == (128, 64)
+    assert np.array_equal(a, b) and not np.array_equal(a, projection(128, 64, seed=8))
+    assert set(np.unique(a).tolist()) == {-1 / 8, 1 / 8}
 
 
 def test_cli_writes_a_fingerprint_and_refuses_bad_input(tmp_path):
@@ -176,3 +179,73 @@ def test_an_estimate_within_its_error_of_a_rival_is_not_confident():
     assert choose_estimated(scores, ratios, cols, 32, bar, np.array([0.0, 0.0, 0.0])).confident
     shaky = choose_estimated(scores, ratios, cols, 32, bar, np.array([0.0005, 0.003, 0.003]))
     assert not shaky.confident and "estimation error" in shaky.reason
+
+
+# ---------------------------------------------------------------- torch stays out of the fingerprint path
+
+TORCH_FREE = ("evidence/fingerprint.py", "evidence/fpmatch.py", "scan/signature.py", "scan/reference.py",
+              "scan/runner.py", "scan/results.py", "scan/summary.py", "cli/fingerprint.py")
+
+
+@pytest.mark.parametrize("rel", TORCH_FREE)
+def test_fingerprint_and_scan_modules_import_torch_only_inside_functions(rel):
+    """A module-level ``import torch`` here would put torch's start-up back on every CPU fingerprint alignment."""
+    import ast
+
+    from .test_layout import PKG
+
+    tree = ast.parse((PKG / rel).read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in names if m == "torch" or m.startswith("torch.")], rel
+
+
+_NO_TORCH = r'''
+import json, sys, traceback
+
+class Watch:  # records who imports torch first, then lets the import go on
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and "chain" not in globals():
+            globals()["chain"] = [f"{f.filename.split('eagleforensics/')[-1]}:{f.lineno}"
+                                  for f in traceback.extract_stack() if "/eagleforensics/" in f.filename]
+        return None
+
+sys.meta_path.insert(0, Watch())
+import numpy as np
+from eagleforensics.arrays import BF16
+from eagleforensics.evidence.fingerprint import load_fingerprint
+from eagleforensics.evidence.fpmatch import score_fingerprint
+
+fp = load_fingerprint(sys.argv[1])
+slots = [a.view(BF16) if a.dtype == np.uint16 else a for a in np.load(sys.argv[2]).values()]
+sm = score_fingerprint(slots, [False, False, True], fp, 0, 0, 32)
+print(json.dumps({"torch": "torch" in sys.modules, "chain": globals().get("chain"),
+                  "score": np.nan_to_num(sm.score, nan=-9).tolist(), "types": sorted({type(v).__name__ for v in fp.norms.values()})}))
+'''
+
+
+def test_loading_a_fingerprint_and_scoring_numpy_slots_never_imports_torch(tmp_path):
+    """In a fresh interpreter: load a fingerprint, score a record's slots given as ndarrays (bf16 and float32);
+    the scores equal those from torch tensors here, and torch is never imported."""
+    import os
+    import subprocess
+    import sys
+
+    from eagleforensics.arrays import as_array
+
+    run = forward("llama")
+    path = write_capture(tmp_path / "s.safetensors", run.sweep, _model("llama", 0))
+    fp_path = write_fingerprint(make_fingerprint(load_capture(path)), tmp_path / "s.fp.json.gz")
+    slots = [_bf16(run.p(1)), _bf16(run.p(4)), run.hs[N].float().contiguous()]
+    arrays = [as_array(s) for s in slots]
+    np.savez(tmp_path / "slots.npz", *[a.view(np.uint16) if a.dtype.itemsize == 2 else a for a in arrays])
+    want = score_fingerprint(slots, [False, False, True], load_fingerprint(fp_path), 0, 0, 32).score
+    out = subprocess.run([sys.executable, "-c", _NO_TORCH, str(fp_path), str(tmp_path / "slots.npz")],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not got["torch"], f"torch was imported, first by: {' <- '.join(reversed(got['chain'] or []))}"
+    assert got["types"] == ["ndarray"]
+    assert np.allclose(np.array(got["score"]), np.nan_to_num(want, nan=-9), atol=1e-6, rtol=0)

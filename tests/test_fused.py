@@ -15,12 +15,15 @@ import torch
 from safetensors.torch import save_file
 
 from eagleforensics.alignment import align
+from eagleforensics.errors import ForensicsError
 from eagleforensics.evidence import fused, match
+from eagleforensics.evidence.identity import step_reader
 from eagleforensics.evidence.norms import nonfinite_rows, token_norms
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.sweep import write_capture
+from eagleforensics.positions import Position
 
-from .realdata import N, ROOT, SAMPLES, _model, forward
+from .realdata import ROOT, SAMPLES, N, _model, forward
 
 pytestmark = pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
 FIELDS = ("score", "rel_diff", "max_abs", "norm_ratio", "per_token")
@@ -123,12 +126,12 @@ def test_every_16_bit_pattern_widens_exactly(dtype):
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
     x = bits.view(dtype).reshape(-1, 1)
     norms, bad = fused.row_stats(x)
-    want = x.float().abs().reshape(-1)
-    finite = torch.isfinite(want)
-    assert torch.equal(bad, ~finite)
+    want = x.float().abs().reshape(-1).numpy()
+    finite = np.isfinite(want)
+    assert np.array_equal(bad, ~finite)
     square_ok = finite & (want > 1e-18)
-    assert square_ok.sum() > 30000 and torch.equal(norms[square_ok], want[square_ok])
-    assert torch.isnan(norms[torch.isnan(want)]).all() and torch.isinf(norms[torch.isinf(want)]).all()
+    assert square_ok.sum() > 30000 and np.array_equal(norms[square_ok], want[square_ok])
+    assert np.isnan(norms[np.isnan(want)]).all() and np.isinf(norms[np.isinf(want)]).all()
 
 
 def test_record_norms_and_nonfinite_rows_match_torch():
@@ -137,9 +140,10 @@ def test_record_norms_and_nonfinite_rows_match_torch():
     x[3, 7] = float("nan")
     x[11, 0] = float("-inf")
     for t in (x, x.float(), torch.cat([x, x], 1)[:, 64:]):  # a strided slot view too
-        np.testing.assert_allclose(token_norms(t)[~nonfinite_rows(t)], torch.linalg.vector_norm(
-            t.float(), dim=-1)[~nonfinite_rows(t)], rtol=1e-6)
-        assert nonfinite_rows(t).nonzero().flatten().tolist() == [3, 11]
+        ok = ~nonfinite_rows(t)
+        np.testing.assert_allclose(token_norms(t)[ok], torch.linalg.vector_norm(t.float(), dim=-1).numpy()[ok],
+                                   rtol=1e-6)
+        assert np.flatnonzero(nonfinite_rows(t)).tolist() == [3, 11]
 
 
 def _child(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -168,9 +172,9 @@ def test_a_read_only_install_compiles_in_memory_without_error(tmp_path):
     ro = tmp_path / "ro"
     (ro / "home").mkdir(parents=True)
     shutil.copytree(ROOT / "eagleforensics", ro / "eagleforensics", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import torch\nfrom eagleforensics.evidence import fused, norms\n"
+    code = ("import numpy as np\nimport torch\nfrom eagleforensics.evidence import fused, norms\n"
             "x = torch.randn(8, 64).to(torch.bfloat16)\n"
-            "assert torch.allclose(norms.token_norms(x), torch.linalg.vector_norm(x.float(), dim=-1))\n"
+            "assert np.allclose(norms.token_norms(x), torch.linalg.vector_norm(x.float(), dim=-1).numpy())\n"
             "print(type(fused.kernels().row_stats._cache).__name__)")
     script = tmp_path / "child.py"
     script.write_text(code)
@@ -183,3 +187,107 @@ def test_a_read_only_install_compiles_in_memory_without_error(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split()[-1] == "NullCache"  # compiled in memory
     assert not [p for p in ro.rglob("*") if p.suffix in (".nbi", ".nbc")]
+
+
+def _reference_steps(cap, cs, lw):
+    """``identity.step_reader``'s step of every neighbouring pair of raw positions (reads the file)."""
+    step_of = step_reader(cap.read_rows, cs, lw)
+    raw = sorted(p.p for p in cap.positions if not p.normed)
+    return {(p, p + 1): step_of(p, p + 1) for p in raw if p + 1 in raw}
+
+
+def _assert_same_steps(got, want):
+    assert got is not None and set(got) == set(want)
+    for key, v in want.items():
+        assert (np.isnan(v) and np.isnan(got[key])) or abs(got[key] - v) < 1e-6, (key, got[key], v)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_steps_from_the_sums_equal_step_reader_on_a_real_capture(tmp_path, monkeypatch, dtype):
+    """The layer step kept in the one pass (adj) gives identity's medians without reading the file
+    again: equal to ``step_reader`` within 1e-6, NaN/Inf rows left out, in and off the token window."""
+    run = forward("qwen3")
+    sweep = dict(run.sweep)
+    sweep["hidden.3"] = sweep["hidden.3"].clone()
+    sweep["hidden.3"][4] = float("nan")
+    sweep["hidden.6"] = sweep["hidden.6"].clone()
+    sweep["hidden.6"][9, 2] = float("inf")
+    path = tmp_path / f"{dtype}.safetensors"
+    write_capture(path, sweep, _model("qwen3", 0), dtype=dtype)
+    cap = load_capture(path)
+    for window in ((0, 0, 32), (3, 5, 20), (0, 31, 1)):
+        got, _ = _both(monkeypatch, _slots(run, torch.bfloat16), cap, window, match.FIT_CANDIDATES)
+        want = _reference_steps(cap, *window[1:])
+        assert len(want) == N and np.isfinite(list(want.values())).all()
+        _assert_same_steps(got.steps, want)
+
+
+def test_steps_of_a_capture_in_one_file_per_position(tmp_path, monkeypatch):
+    run = forward("llama")
+    d = tmp_path / "dir"
+    d.mkdir()
+    for p in range(N + 1):
+        save_file({"h": run.p(p).to(torch.float16).contiguous()}, str(d / f"layer_{p}.safetensors"))
+    cap = load_capture(d, convention="vllm", num_layers=N)
+    got, _ = _both(monkeypatch, _slots(run, torch.float32), cap, (2, 1, 30), None)
+    _assert_same_steps(got.steps, _reference_steps(cap, 1, 30))
+
+
+def test_align_answers_identity_from_the_kept_steps_without_reading_again(tmp_path, monkeypatch):
+    """With the compiled scorer, identity's step comes from the sums: no row of the capture is
+    read for it, and the identities equal those of the torch path (which reads the rows)."""
+    from eagleforensics import alignment
+
+    read = []
+    real = alignment.step_reader
+    monkeypatch.setattr(alignment, "step_reader", lambda *a, **k: (lambda p, q: read.append((p, q)) or
+                                                                   real(*a, **k)(p, q)))
+    got = align(SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture_sweep.safetensors")
+    assert got.scores.steps and not read
+    monkeypatch.setattr(fused, "AVAILABLE", False)
+    ref = align(SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture_sweep.safetensors")
+    assert read and ref.scores.steps is None
+    assert [(m.position, m.confident, m.identity) for m in got.matches] == \
+        [(m.position, m.confident, m.identity) for m in ref.matches]
+
+
+def test_a_capture_cut_short_while_it_is_read_is_a_one_line_error(tmp_path, monkeypatch):
+    """The kernels read with pread: a file truncated after it was checked gives a short read,
+    reported as bad input naming the file (a memory map would have ended the process with SIGBUS)."""
+    run = forward("llama")
+    path = tmp_path / "cut.safetensors"
+    write_capture(path, run.sweep, _model("llama", 0), dtype="bfloat16")
+    cap = load_capture(path)
+    real = fused.Stored.of
+
+    def cut(rows, h):
+        st = real(rows, h)
+        os.truncate(path, path.stat().st_size // 2)
+        return st
+
+    monkeypatch.setattr(fused.Stored, "of", cut)
+    with pytest.raises(ForensicsError, match="shorter than its header says") as err:
+        match.score_slots(_slots(run, torch.bfloat16), [False] * 4, cap.positions, cap, 0, 0, 32)
+    assert err.value.path == str(path)
+
+
+@pytest.mark.parametrize("count", [1, 3, 5, 9])
+def test_any_number_of_slots_gives_the_torch_path_scores(tmp_path, monkeypatch, count):
+    """The direct pass meets slots four at a time (zero rows pad the last group): 1, 3, 5 and 9
+    slots of a real sweep, mixed dtypes among them, score as on the torch path."""
+    run = forward("llama")
+    path = tmp_path / "cap.safetensors"
+    write_capture(path, run.sweep, _model("llama", 0), dtype="bfloat16")
+    cap = load_capture(path)
+    slots = [run.p(1 + i % N).to(torch.bfloat16 if i % 3 else torch.float32).contiguous() for i in range(count)]
+    calls = []
+    kern = fused.kernels()
+    real = kern.direct
+    monkeypatch.setattr(kern, "direct", lambda *a: calls.append(1) or real(*a))
+    got = match.score_slots(slots, [False] * count, cap.positions, cap, 2, 2, 28)
+    assert calls
+    monkeypatch.setattr(fused, "AVAILABLE", False)
+    ref = match.score_slots(slots, [False] * count, cap.positions, cap, 2, 2, 28)
+    assert _worst(got, ref)["score"] < 1e-6
+    for i in range(count):  # each slot meets the position it was drawn from as itself
+        assert got.score[i, got.columns.index(Position(1 + i % N))] > 0.999

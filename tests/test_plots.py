@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from eagleforensics.arrays import f32
 from eagleforensics.report import plots
 from eagleforensics.alignment import AlignmentResult, align
 from eagleforensics.io.capture import load_capture
@@ -34,7 +36,7 @@ def wrong_fix_result() -> AlignmentResult:
 
 def _record_from_samples(edit) -> object:
     """The layer-outputs record's slots (real data) rearranged by ``edit(hidden_states list, dict)``."""
-    obj = load_object(SAMPLES / "record_layer_outputs.pt")
+    obj = torch.load(SAMPLES / "record_layer_outputs.pt", weights_only=True)
     hs = [t.clone() for t in obj["hidden_states"]]
     return edit(hs, {"input_ids": obj["input_ids"].clone()})
 
@@ -179,8 +181,8 @@ class TestFirstValuesTable:
         assert train.side == "training row 20" and cap.side == "capture row 20" and cap.matched == "p7"
         ours = [train[f"v{j}"] for j in range(5)]
         theirs = [cap[f"v{j}"] for j in range(5)]
-        np.testing.assert_allclose(ours, record.entries[1].data[20, :5].double().numpy())
-        np.testing.assert_allclose(theirs, raw[7][0, 20, :5].double().numpy())
+        np.testing.assert_allclose(ours, f32(record.entries[1].data[20, :5]).astype(np.float64))
+        np.testing.assert_allclose(theirs, f32(raw[7][0, 20, :5]).astype(np.float64))
         assert df["max |diff|"].max() < 0.1  # bf16 record vs fp32 capture of the same state
 
     def test_wrong_position_shows_in_the_numbers(self, wrong_fix_result: AlignmentResult) -> None:

@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eagleforensics.alignment import align
+from eagleforensics.arrays import is_float, to_torch
 from eagleforensics.io.capture import load_capture
 from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
@@ -56,12 +58,12 @@ def test_loaders_give_a_record_or_a_clean_error(case: Case, scratch: Path) -> No
     try:
         if case.side == "train":
             rec = load_training(path)
-            assert rec.entries and all(e.data.is_floating_point() for e in rec.entries)
+            assert rec.entries and all(isinstance(e.data, np.ndarray) and is_float(e.data.dtype) for e in rec.entries)
         else:
             cap = load_capture(path)
             for pos in cap.positions:
                 t = cap.read(pos)
-                assert tuple(t.shape) == (cap.num_tokens, cap.hidden_size) and t.is_floating_point()
+                assert tuple(t.shape) == (cap.num_tokens, cap.hidden_size) and isinstance(t, np.ndarray) and is_float(t.dtype)
     except ForensicsError as exc:
         _one_line_naming(exc, path)
 
@@ -95,9 +97,11 @@ def _ref_score(y: torch.Tensor, x: torch.Tensor) -> float:
     return float(torch.nanmean(_per_token(y, x)))
 
 
-def _rows(result, slot_rows: torch.Tensor, cap_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(result, slot_rows, cap_rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The aligned rows of a slot and a capture position (arrays from io) as torch tensors."""
     t = result.tokens
-    return (slot_rows[t.train_start:t.train_start + t.length], cap_rows[t.capture_start:t.capture_start + t.length])
+    return (to_torch(slot_rows[t.train_start:t.train_start + t.length]),
+            to_torch(cap_rows[t.capture_start:t.capture_start + t.length]))
 
 
 def _check_truthful(result, slots: dict[str, torch.Tensor], cap) -> None:
@@ -140,7 +144,7 @@ def test_a_bit_flip_in_a_record_is_never_hidden(case: Case, scratch: Path) -> No
         c = before.get(m.name)
         if c is None or mutated[m.name].shape != original[m.name].shape:
             continue
-        new_bad = ~torch.isfinite(mutated[m.name]).all(-1) & torch.isfinite(original[m.name]).all(-1)
+        new_bad = ~torch.isfinite(to_torch(mutated[m.name])).all(-1) & torch.isfinite(to_torch(original[m.name])).all(-1)
         for row in new_bad.nonzero().flatten().tolist():
             assert f"{m.name}: " in _messages(out.result, "nonfinite-training"), (m.name, row)
             assert str(row) in _messages(out.result, "nonfinite-training"), (m.name, row)

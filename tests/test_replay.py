@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from eagleforensics.arrays import to_torch
 from eagleforensics.cli import main
 from eagleforensics.errors import ForensicsError
 from eagleforensics.evidence.replay import DraftForward, replay_drafts, target_tokens
@@ -36,8 +37,8 @@ TRAINED = (3, 7, 10)
 def sample():
     drafter = load_drafter(DRAFTER, target=TARGET)
     cap = load_capture(SWEEP)
-    aux = torch.cat([cap.read(Position(p)).float() for p in TRAINED], -1)
-    y = target_tokens(cap.read(Position(12, True)).float(), load_target(TARGET).lm_head)
+    aux = torch.cat([to_torch(cap.read(Position(p))).float() for p in TRAINED], -1)
+    y = target_tokens(to_torch(cap.read(Position(12, True))).float(), load_target(TARGET).lm_head)
     return drafter, cap, aux, y
 
 
@@ -92,7 +93,7 @@ def _plain_chain(drafter, aux, ids, t, steps):
 
 def test_replay_matches_a_plain_reimplementation(sample):
     drafter, cap, aux, y = sample
-    ids = cap.input_ids
+    ids = to_torch(cap.input_ids)  # the internal steps below take tensors; replay_drafts takes either
     fwd = DraftForward.of(drafter)
     drafts = replay_drafts(fwd, aux, ids, steps=3, chunk=16)  # chunking crosses the rows checked
     assert torch.equal(drafts, replay_drafts(fwd, aux, ids, steps=3, chunk=7))

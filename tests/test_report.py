@@ -25,7 +25,6 @@ from eagleforensics.report import pipeline as report
 from eagleforensics.io.capture import CONVENTIONS as CAPTURE_CONVENTIONS
 from eagleforensics.cli.report import report as report_cmd
 from eagleforensics.errors import ForensicsError
-from eagleforensics.io.safeload import load_object
 
 from .reportrun import ReportRun
 
@@ -59,7 +58,7 @@ def wrong_fix_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
 def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
     """A generic record (real states of data_samples) whose key, metadata and file name are HTML."""
     d = tmp_path_factory.mktemp("report-hostile")
-    obj = load_object(SAMPLES / "record_layer_outputs.pt")
+    obj = torch.load(SAMPLES / "record_layer_outputs.pt", weights_only=True)
     shard = d / "rec<b onmouseover=alert(3)>.pt"
     torch.save({HOSTILE: obj["hidden_states"][1][0].clone(), "input_ids": obj["input_ids"].clone(),
                 "comment": "<img src=x onerror=alert(2)>"}, shard)

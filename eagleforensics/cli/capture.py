@@ -37,6 +37,7 @@ def capture(model_dir: str, prompt: str | None, input_ids: str | None, output: s
 
 
 def _parse_ids(text: str) -> "object":
+    import numpy as np
     import torch
 
     from ..errors import ForensicsError
@@ -47,6 +48,6 @@ def _parse_ids(text: str) -> "object":
     obj = load_object(text)
     if isinstance(obj, dict):
         obj = obj.get("input_ids", obj.get("token_ids"))
-    if not isinstance(obj, torch.Tensor) or obj.is_floating_point():
+    if not isinstance(obj, np.ndarray) or obj.dtype.kind not in "biu":  # load_object hands out ndarrays
         raise ForensicsError("holds no integer input_ids tensor", path=text)
-    return obj.reshape(-1).to(torch.int64)
+    return torch.from_numpy(obj.reshape(-1).astype(np.int64))

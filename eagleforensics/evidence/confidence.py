@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
-import torch
 
+from ..arrays import dtype_name
 from ..positions import Position
 
 MIN_TOKENS = 4
@@ -51,17 +52,19 @@ class Thresholds:
 
 
 _BY_DTYPE = {
-    torch.float64: Thresholds(0.9999, 0.0005, 0.005, dtype="float64", copy_gap=1e-7),
-    torch.float32: Thresholds(0.9999, 0.0005, 0.005, dtype="float32", copy_gap=1e-7),
-    torch.float16: Thresholds(0.999, 0.001, 0.01, dtype="float16", copy_gap=1e-6),
-    torch.bfloat16: Thresholds(0.998, 0.002, 0.02, dtype="bfloat16", copy_gap=1e-5),
+    "float64": Thresholds(0.9999, 0.0005, 0.005, dtype="float64", copy_gap=1e-7),
+    "float32": Thresholds(0.9999, 0.0005, 0.005, dtype="float32", copy_gap=1e-7),
+    "float16": Thresholds(0.999, 0.001, 0.01, dtype="float16", copy_gap=1e-6),
+    "bfloat16": Thresholds(0.998, 0.002, 0.02, dtype="bfloat16", copy_gap=1e-5),
 }
+_PRECISION = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}  # significand bits
 
 
-def thresholds(*dtypes: torch.dtype, min_score: float | None = None, min_margin: float | None = None) -> Thresholds:
-    """Bars for the least precise of ``dtypes`` (unknown floats count as bf16), with optional overrides."""
-    worst = min(dtypes, key=lambda d: torch.finfo(d).bits if d.is_floating_point else 0)
-    t = _BY_DTYPE.get(worst, _BY_DTYPE[torch.bfloat16])
+def thresholds(*dtypes: Any, min_score: float | None = None, min_margin: float | None = None) -> Thresholds:
+    """Bars for the least precise of ``dtypes`` (numpy, ml_dtypes or torch dtypes, or their names;
+    unknown floats count as bf16), with optional overrides."""
+    worst = min((dtype_name(d) for d in dtypes), key=lambda n: _PRECISION.get(n, 0))
+    t = _BY_DTYPE.get(worst, _BY_DTYPE["bfloat16"])
     if min_score is not None:  # a user's bar also says how far from 1 still counts as a copy
         t = replace(t, min_score=min_score, copy_gap=max(t.copy_gap, 1.0 - min_score))
     if min_margin is not None:

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
+from ..arrays import BF16, as_array, dtype_name, f32
 from ..errors import ForensicsError
 from ..io.atomic import write_bytes_atomic
 from ..io.capture import SweepHeader
@@ -48,8 +48,8 @@ CHUNK_ROWS = 256
 _MASK = (1 << 64) - 1
 
 
-def projection(hidden: int, k: int = SKETCH_DIM, seed: int = 0) -> torch.Tensor:
-    """The [H, k] sketch matrix: entries +-1/sqrt(k), sign from splitmix64(seed, h*k + j); same everywhere."""
+def projection(hidden: int, k: int = SKETCH_DIM, seed: int = 0) -> np.ndarray:
+    """The [H, k] float32 sketch matrix: entries +-1/sqrt(k), sign from splitmix64(seed, h*k + j); same everywhere."""
     idx = np.arange(hidden * k, dtype=np.uint64)
     with np.errstate(over="ignore"):
         z = idx + np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK)
@@ -57,46 +57,51 @@ def projection(hidden: int, k: int = SKETCH_DIM, seed: int = 0) -> torch.Tensor:
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
     signs = np.where((z >> np.uint64(63)) == 1, 1.0, -1.0).astype(np.float32)
-    return torch.from_numpy(signs.reshape(hidden, k) / np.float32(np.sqrt(k)))
+    return signs.reshape(hidden, k) / np.float32(np.sqrt(k))
 
 
-def projection_digest(r: torch.Tensor) -> str:
-    return hashlib.sha256(r.numpy().tobytes()).hexdigest()[:16]
+def projection_digest(r: Any) -> str:
+    return hashlib.sha256(np.ascontiguousarray(as_array(r)).tobytes()).hexdigest()[:16]
 
 
-def _encode(t: torch.Tensor) -> dict[str, Any]:
-    t = t.contiguous()
-    raw = t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
-    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-            "base64": base64.b64encode(raw.numpy().tobytes()).decode("ascii")}
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """The stored bytes of a C-contiguous array as uint8 (bf16 included, whose dtype no buffer can carry)."""
+    return a.reshape(-1).view(np.uint8)
 
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-           "float64": torch.float64, "int64": torch.int64}
+def _encode(t: Any) -> dict[str, Any]:
+    a = np.ascontiguousarray(as_array(t))
+    return {"dtype": dtype_name(a.dtype), "shape": list(a.shape),
+            "base64": base64.b64encode(_bytes(a).tobytes()).decode("ascii")}
 
 
-def _decode(d: dict[str, Any], path: str) -> torch.Tensor:
+_DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32),
+           "float64": np.dtype(np.float64), "int64": np.dtype(np.int64)}
+
+
+def _decode(d: dict[str, Any], path: str) -> np.ndarray:
+    """A writable ndarray from its ``_encode`` form (little-endian bytes, as torch and numpy write them here)."""
     try:
         dtype = _DTYPES[d["dtype"]]
         raw = base64.b64decode(d["base64"], validate=True)
         shape = [int(s) for s in d["shape"]]
         if not raw:
-            return torch.zeros(shape, dtype=dtype)
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            return np.zeros(shape, dtype=dtype)
+        return np.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+    except (KeyError, TypeError, ValueError) as exc:
         raise ForensicsError(f"corrupt fingerprint array ({exc})", path=path) from None
 
 
 @dataclass
 class Fingerprint(SweepHeader):
-    """A loaded fingerprint: the capture's header plus per-position norms, sketches and probe rows."""
+    """A loaded fingerprint: the capture's header plus per-position norms, sketches and probe rows (all ndarrays)."""
 
     k: int
     seed: int
     probe_tokens: list[int]
-    norms: dict[Position, torch.Tensor]
-    sketches: dict[Position, torch.Tensor]  # [T, k] float16, unit-norm rows
-    probes: dict[Position, torch.Tensor]  # [n_probes, H] stored dtype
+    norms: dict[Position, np.ndarray]  # [T] float32
+    sketches: dict[Position, np.ndarray]  # [T, k] float16, unit-norm rows
+    probes: dict[Position, np.ndarray]  # [n_probes, H] stored dtype
     stats: dict[Position, dict[str, Any]] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -109,61 +114,91 @@ class Fingerprint(SweepHeader):
         return {}  # no tensors: plots that re-read the capture show nothing for a fingerprint
 
 
-def _position_summary(cap: Any, pos: Position, r: torch.Tensor, probes: set[int], dev: torch.device) -> dict[str, Any]:
+def _widen(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``rows`` as float32 in the reused buffer ``out`` (a fresh copy per chunk would page-fault every time)."""
+    x = out[: len(rows)]
+    if rows.dtype == BF16:  # bf16 is the top half of a float32
+        np.left_shift(rows.view(np.uint16), 16, out=x.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(x, rows, casting="unsafe")
+    return x
+
+
+def _norms_and_sketch(x: np.ndarray, r: np.ndarray, dev: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row L2 norms (float32) and sketches ``x R / |x|`` (float32, NaN rows where the norm is not finite).
+
+    On CPU in numpy; with a CUDA device the norms and the product run there (torch is imported only then).
+    """
+    if dev is None:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            n = np.sqrt(np.einsum("th,th->t", x, x))
+            sk = (x @ r) / np.maximum(n, np.float32(1e-30))[:, None]
+    else:
+        import torch
+
+        xt, rt = torch.from_numpy(x).to(dev), torch.from_numpy(r).to(dev)
+        nt = torch.linalg.vector_norm(xt, dim=-1)
+        n, sk = nt.cpu().numpy(), ((xt @ rt) / nt.clamp_min(1e-30).unsqueeze(-1)).cpu().numpy()
+    return n, np.where(np.isfinite(n)[:, None], sk, np.float32(np.nan))
+
+
+def _top_rows(mags: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` largest values, largest first, the earlier row first on ties (as torch.topk picked them)."""
+    order = np.lexsort((np.arange(len(mags)), -mags))
+    return order[:n]
+
+
+def _position_summary(cap: Any, pos: Position, r: np.ndarray, probes: set[int], dev: Any) -> dict[str, Any]:
     """Stream one position in row chunks: norms, sketch, probe rows, statistics, hash."""
     t, h = cap.num_tokens, cap.hidden_size
     digest = hashlib.sha256()
-    norms = torch.empty(t, dtype=torch.float32)
-    sketch = torch.empty((t, r.shape[1]), dtype=torch.float16)
+    norms = np.empty(t, dtype=np.float32)
+    sketch = np.empty((t, r.shape[1]), dtype=np.float16)
     total = total_sq = 0.0
     lo, hi, count, bad = float("inf"), float("-inf"), 0, 0
     top: list[tuple[float, int, int]] = []
     first: dict[str, list[float]] = {}
-    probe_rows: list[torch.Tensor] = []
-    stored = None
-    scratch = torch.empty((min(t, CHUNK_ROWS), h), dtype=torch.float32, device=dev)
+    probe_rows: list[np.ndarray] = []
+    stored = _DTYPES.get(dtype_name(cap.dtype), BF16)
+    scratch = np.empty((min(t, CHUNK_ROWS), h), dtype=np.float32)
     for a in range(0, t, CHUNK_ROWS):
-        rows = cap.read_rows(pos, a, min(t, a + CHUNK_ROWS)).contiguous()
+        rows = np.ascontiguousarray(as_array(cap.read_rows(pos, a, min(t, a + CHUNK_ROWS))))
         stored = rows.dtype
-        raw = rows.view(torch.uint16) if rows.dtype == torch.bfloat16 else rows
-        digest.update(raw.numpy())
-        x = scratch[: len(rows)]
-        x.copy_(rows)  # a reused buffer: a fresh float32 copy per chunk would page-fault every time
-        n = torch.linalg.vector_norm(x, dim=-1)
-        ok = torch.isfinite(n)
-        norms[a:a + len(rows)] = n.cpu()
-        sk = (x @ r) / n.clamp_min(1e-30).unsqueeze(-1)
-        sketch[a:a + len(rows)] = torch.where(ok.unsqueeze(-1), sk, float("nan")).to(torch.float16).cpu()
+        digest.update(_bytes(rows))
+        x = _widen(rows, scratch)
+        n, sk = _norms_and_sketch(x, r, dev)
+        ok = np.isfinite(n)
+        norms[a:a + len(rows)] = n
+        sketch[a:a + len(rows)] = sk.astype(np.float16)
         nbad = int((~ok).sum())
         good = x if nbad == 0 else x[ok]
         bad += nbad
-        if good.numel():
+        if good.size:
             total += float(good.sum())
-            total_sq += float(n[ok].double().square().sum())  # sum of squares = sum of squared row norms
-            lo, hi, count = min(lo, float(good.amin())), max(hi, float(good.amax())), count + good.numel()
-            mags = x.abs().amax(-1).nan_to_num(0.0)
-            best = torch.topk(mags, min(3, len(rows)))
-            for v, i in zip(best.values.tolist(), best.indices.tolist()):
-                top.append((v, a + i, int(x[i].abs().nan_to_num(0.0).argmax())))
+            total_sq += float(np.square(n[ok].astype(np.float64)).sum())  # sum of squares = sum of squared row norms
+            lo, hi, count = min(lo, float(good.min())), max(hi, float(good.max())), count + good.size
+            mags = np.nan_to_num(np.abs(x).max(-1), nan=0.0)
+            for i in _top_rows(mags, min(3, len(rows))).tolist():
+                top.append((float(mags[i]), a + i, int(np.nan_to_num(np.abs(x[i]), nan=0.0).argmax())))
         for i in sorted({0, 1, t - 1} & set(range(a, a + len(rows)))):
             first[str(i)] = [float(v) for v in x[i - a, :FIRST_VALUES].tolist()]
         for i in sorted(q for q in probes if a <= q < a + len(rows)):
-            probe_rows.append(rows[i - a].clone())
-    finite = norms[torch.isfinite(norms)].double()
+            probe_rows.append(rows[i - a].copy())
+    finite = norms[np.isfinite(norms)].astype(np.float64)
     mean = total / count if count else float("nan")
     top = sorted(top, reverse=True)[:3]
     stats = {
         "mean": mean, "std": (max(total_sq / count - mean * mean, 0.0) ** 0.5) if count else float("nan"),
         "min": lo if count else None, "max": hi if count else None, "nonfinite_rows": bad,
-        "norm_mean": float(finite.mean()) if finite.numel() else None,
-        "norm_cv": float(finite.std() / finite.mean()) if finite.numel() > 1 and float(finite.mean()) > 0 else None,
+        "norm_mean": float(finite.mean()) if finite.size else None,
+        "norm_cv": float(finite.std(ddof=1) / finite.mean()) if finite.size > 1 and float(finite.mean()) > 0 else None,
         "largest": [{"value": v, "token": tk, "dim": d} for v, tk, d in top],
     }
     return {
-        "p": pos.p, "normed": pos.normed, "label": pos.label, "dtype": str(stored).replace("torch.", ""),
+        "p": pos.p, "normed": pos.normed, "label": pos.label, "dtype": dtype_name(stored),
         "sha256": digest.hexdigest(), "stats": _finite(stats), "first_values": _finite(first),
         "norms": _encode(norms), "sketch": _encode(sketch),
-        "probe_rows": _encode(torch.stack(probe_rows) if probe_rows else torch.zeros((0, h), dtype=stored)),
+        "probe_rows": _encode(np.stack(probe_rows) if probe_rows else np.zeros((0, h), dtype=stored)),
     }
 
 
@@ -185,19 +220,30 @@ def probe_tokens(t: int, n: int = PROBES) -> list[int]:
     return sorted({round(i * (t - 1) / (n - 1)) for i in range(n)})
 
 
-def make_fingerprint(cap: Any, *, k: int = SKETCH_DIM, seed: int = 0, probes: int = PROBES, device: str = "cpu",
-                     progress: Callable[[Position], None] | None = None) -> dict[str, Any]:
-    """The fingerprint of a loaded capture as a JSON-ready dict (one position in memory at a time)."""
+def _device(device: str) -> Any:
+    """None for the numpy path (CPU), else the torch CUDA device; torch is imported only for a GPU."""
+    if device == "cpu":
+        return None
     from .match import resolve_device
 
+    dev = resolve_device(device)
+    return None if dev.type == "cpu" else dev
+
+
+def make_fingerprint(cap: Any, *, k: int = SKETCH_DIM, seed: int = 0, probes: int = PROBES, device: str = "cpu",
+                     progress: Callable[[Position], None] | None = None) -> dict[str, Any]:
+    """The fingerprint of a loaded capture as a JSON-ready dict (one position in memory at a time).
+
+    The capture's rows may be torch tensors or ndarrays; the arithmetic is numpy unless ``device`` is a GPU.
+    """
     if k < 8:
         raise ForensicsError(f"sketch dimension k={k} is too small to estimate cosines (use 32 or more)")
-    dev = resolve_device(device)
+    dev = _device(device)
     r = projection(cap.hidden_size, k, seed)
     picks = probe_tokens(cap.num_tokens, probes)
     entries = []
     for pos in cap.positions:
-        entries.append(_position_summary(cap, pos, r.to(dev), set(picks), dev))
+        entries.append(_position_summary(cap, pos, r, set(picks), dev))
         if progress is not None:
             progress(pos)
     return {
@@ -205,11 +251,11 @@ def make_fingerprint(cap: Any, *, k: int = SKETCH_DIM, seed: int = 0, probes: in
         "source": {"path": str(cap.path), "convention": cap.convention},
         "num_layers": cap.num_layers, "num_layers_source": cap.num_layers_source,
         "hidden_size": cap.hidden_size, "num_tokens": cap.num_tokens,
-        "dtype": str(cap.dtype).replace("torch.", ""),
+        "dtype": dtype_name(cap.dtype),
         "sketch": {"k": k, "seed": seed, "kind": "rademacher-splitmix64", "normalized": True,
                    "projection_sha256": projection_digest(r)},
         "probe_tokens": picks,
-        "input_ids": None if cap.input_ids is None else [int(i) for i in cap.input_ids.tolist()],
+        "input_ids": None if cap.input_ids is None else [int(i) for i in as_array(cap.input_ids).tolist()],
         "positions": entries,
     }
 
@@ -242,7 +288,7 @@ def is_fingerprint(path: str | Path) -> bool:
 
 
 def load_fingerprint(path: str | Path) -> Fingerprint:
-    """Read a fingerprint file written by ``write_fingerprint``."""
+    """Read a fingerprint file written by ``write_fingerprint``: numpy arrays throughout, torch never imported."""
     p = Path(path)
     try:
         with open_regular(p, "fingerprint file") as fh:
@@ -261,7 +307,7 @@ def load_fingerprint(path: str | Path) -> Fingerprint:
         norms, sketches, probes, stats = {}, {}, {}, {}
         for e in doc["positions"]:
             pos = Position(int(e["p"]), bool(e["normed"]))
-            norms[pos] = _decode(e["norms"], str(p)).float()
+            norms[pos] = f32(_decode(e["norms"], str(p)))
             sketches[pos] = _decode(e["sketch"], str(p))
             probes[pos] = _decode(e["probe_rows"], str(p))
             stats[pos] = dict(e.get("stats") or {}) | {"sha256": e.get("sha256"), "first_values": e.get("first_values")}
@@ -270,8 +316,8 @@ def load_fingerprint(path: str | Path) -> Fingerprint:
         ids = doc.get("input_ids")
         return Fingerprint(
             str(p), f"fingerprint of {doc['source'].get('convention', '?')}", doc.get("num_layers"),
-            f"fingerprint ({doc.get('num_layers_source', '?')})", h, t, _DTYPES.get(doc.get("dtype"), torch.bfloat16),
-            None if ids is None else torch.tensor(ids, dtype=torch.int64), k, seed,
+            f"fingerprint ({doc.get('num_layers_source', '?')})", h, t, _DTYPES.get(doc.get("dtype"), BF16),
+            None if ids is None else np.array(ids, dtype=np.int64), k, seed,
             [int(i) for i in doc["probe_tokens"]], norms, sketches, probes, stats,
             {"source": doc.get("source"), "format": FORMAT},
         )

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
+from ..arrays import as_array, f32
 from ..positions import Position
 from .confidence import Choice, Thresholds, choose
 from .fingerprint import Fingerprint, projection
@@ -40,9 +40,13 @@ Z = 2.0
 MIN_PROBES = 4
 
 
-def score_fingerprint(slots: list[torch.Tensor], fit: list[bool], fp: Fingerprint, train_start: int,
+def score_fingerprint(slots: list[Any], fit: list[bool], fp: Fingerprint, train_start: int,
                       capture_start: int, length: int) -> ScoreMatrix:
-    """The ScoreMatrix of ``match.score_slots``, estimated from a fingerprint; ``error`` holds standard errors."""
+    """The ScoreMatrix of ``match.score_slots``, estimated from a fingerprint; ``error`` holds standard errors.
+
+    ``slots`` are [S, H] torch tensors or ndarrays (any float dtype); everything is computed in numpy.
+    """
+    slots = [as_array(s) for s in slots]
     positions = fp.positions
     have = set(positions)
     fit_idx = [i for i, f in enumerate(fit) if f]
@@ -55,17 +59,19 @@ def score_fingerprint(slots: list[torch.Tensor], fit: list[bool], fp: Fingerprin
     tokens = np.zeros(shape)
     per_token = np.full((k, len(columns), lw), np.nan, dtype=np.float32)
     r = projection(fp.hidden_size, fp.k, fp.seed)
-    ys = [s[ts:ts + lw].float() for s in slots]
-    ny = torch.stack([torch.linalg.vector_norm(y, dim=-1) for y in ys]) if k else torch.zeros(0, lw)
-    y_ok = torch.isfinite(ny) & (ny > 0)
-    ysk = torch.stack([_unit(y @ r) for y in ys]) if k else torch.zeros(0, lw, fp.k)  # [K, Lw, k]
-    for pos in positions:
-        nx = fp.norms[pos][cs:cs + lw]
-        sk = _unit(fp.sketches[pos][cs:cs + lw].float())
-        valid = y_ok & (torch.isfinite(nx) & (nx > 0)).unsqueeze(0)
-        cos = torch.einsum("ktd,td->kt", torch.nan_to_num(ysk), torch.nan_to_num(sk)).clamp(-1, 1)
-        sig = (1 - cos.square()).clamp_min(0) / math.sqrt(fp.k)
-        _store(out, tokens, per_token, col[pos], list(range(k)), cos, sig, valid, ny, nx.unsqueeze(0).expand_as(ny))
+    ys = [f32(s[ts:ts + lw]) for s in slots]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ny = np.stack([_norm(y) for y in ys]) if k else np.zeros((0, lw), np.float32)
+        y_ok = np.isfinite(ny) & (ny > 0)
+        ysk = np.stack([_unit(y @ r) for y in ys]) if k else np.zeros((0, lw, fp.k), np.float32)  # [K, Lw, k]
+        for pos in positions:
+            nx = as_array(fp.norms[pos])[cs:cs + lw]
+            sk = _unit(f32(as_array(fp.sketches[pos])[cs:cs + lw]))
+            valid = y_ok & (np.isfinite(nx) & (nx > 0))[None]
+            cos = np.clip(np.einsum("ktd,td->kt", np.nan_to_num(ysk), np.nan_to_num(sk)), -1, 1)
+            sig = np.maximum(1 - cos * cos, 0) / np.float32(math.sqrt(fp.k))
+            _store(out, tokens, per_token, col[pos], list(range(k)), cos, sig, valid, ny,
+                   np.broadcast_to(nx[None], ny.shape))
     probes = [q for q in fp.probe_tokens if cs <= q < cs + lw]
     for pos in virt:
         for i in fit_idx:
@@ -73,52 +79,62 @@ def score_fingerprint(slots: list[torch.Tensor], fit: list[bool], fp: Fingerprin
                     probes, slots[i], ts, cs)
     bad = {p: int(fp.stats.get(p, {}).get("nonfinite_rows") or 0) for p in positions}
     return ScoreMatrix(columns, out["score"], out["rel_diff"], out["max_abs"], out["norm_ratio"], tokens, per_token,
-                       {p: fp.norms[p].numpy() for p in positions}, bad, error=out["error"], device="fingerprint")
+                       {p: as_array(fp.norms[p]) for p in positions}, bad, error=out["error"], device="fingerprint")
 
 
-def _unit(x: torch.Tensor) -> torch.Tensor:
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-30)
+def _norm(x: np.ndarray) -> np.ndarray:
+    """Per-row L2 norms of a float32 [.., D] array, in float32."""
+    return np.sqrt(np.einsum("...d,...d->...", x, x))
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(_norm(x), np.float32(1e-30))[..., None]
 
 
 def _store(out: dict[str, np.ndarray], tokens: np.ndarray, per_token: np.ndarray, j: int, rows: list[int],
-           sim: torch.Tensor, sig: torch.Tensor, valid: torch.Tensor, ny: torch.Tensor, nx: torch.Tensor) -> None:
-    """Per-cell mean, error, norm ratio and rel_diff from per-token [S, L] estimates."""
-    v = valid.double()
+           sim: np.ndarray, sig: np.ndarray, valid: np.ndarray, ny: np.ndarray, nx: np.ndarray) -> None:
+    """Per-cell mean, error, norm ratio and rel_diff from per-token [S, L] estimates (sums in float64)."""
+    v = valid.astype(np.float64)
     n = v.sum(-1)
     empty = n == 0
-    mean = lambda a: torch.where(empty, float("nan"), (torch.nan_to_num(a.double()) * v).sum(-1) / n.clamp_min(1))
-    dot = sim.double() * ny.double() * nx.double()
-    rel = 1 - 2 * (torch.nan_to_num(dot) * v).sum(-1) / (torch.nan_to_num(nx.double() ** 2 + ny.double() ** 2) * v).sum(-1).clamp_min(1e-300)
-    out["score"][rows, j] = mean(sim).numpy()
-    out["error"][rows, j] = mean(sig).numpy()
-    out["norm_ratio"][rows, j] = mean(ny / nx.clamp_min(1e-30)).numpy()
-    out["rel_diff"][rows, j] = torch.where(empty, float("nan"), rel).numpy()
-    tokens[rows, j] = n.numpy()
-    per_token[rows, j, :] = torch.where(valid, sim.float(), float("nan")).numpy()
+
+    def mean(a: np.ndarray) -> np.ndarray:
+        return np.where(empty, np.nan, (np.nan_to_num(a.astype(np.float64)) * v).sum(-1) / np.maximum(n, 1))
+
+    nx64, ny64 = nx.astype(np.float64), ny.astype(np.float64)
+    dot = sim.astype(np.float64) * ny64 * nx64
+    rel = 1 - 2 * (np.nan_to_num(dot) * v).sum(-1) / np.maximum((np.nan_to_num(nx64 ** 2 + ny64 ** 2) * v).sum(-1), 1e-300)
+    out["score"][rows, j] = mean(sim)
+    out["error"][rows, j] = mean(sig)
+    out["norm_ratio"][rows, j] = mean(ny / np.maximum(nx, np.float32(1e-30)))
+    out["rel_diff"][rows, j] = np.where(empty, np.nan, rel)
+    tokens[rows, j] = n
+    per_token[rows, j, :] = np.where(valid, sim.astype(np.float32), np.float32(np.nan))
 
 
 def _fitted(out: dict[str, np.ndarray], tokens: np.ndarray, per_token: np.ndarray, j: int, i: int,
-            probe_rows: torch.Tensor, stored: list[int], probes: list[int], slot: torch.Tensor, ts: int,
+            probe_rows: Any, stored: list[int], probes: list[int], slot: np.ndarray, ts: int,
             cs: int) -> None:
     """Cross-fitted gain on the probe tokens: fit on half, score 2xy/(|x|^2+|y|^2) on the other half.
 
     ``probe_rows[n]`` is capture row ``stored[n]``; ``probes`` are those inside the aligned window.
     """
     index = {q: n for n, q in enumerate(stored)}
-    xs = torch.stack([probe_rows[index[q]] for q in probes]).float() if probes else torch.zeros(0)
-    ys = torch.stack([slot[ts + q - cs] for q in probes]).float() if probes else torch.zeros(0)
-    ok = [n for n in range(len(probes)) if bool(torch.isfinite(xs[n]).all()) and bool(torch.isfinite(ys[n]).all())]
+    probe_rows = as_array(probe_rows)
+    xs = f32(np.stack([probe_rows[index[q]] for q in probes])) if probes else np.zeros(0, np.float32)
+    ys = f32(np.stack([slot[ts + q - cs] for q in probes])) if probes else np.zeros(0, np.float32)
+    ok = [n for n in range(len(probes)) if bool(np.isfinite(xs[n]).all()) and bool(np.isfinite(ys[n]).all())]
     if len(ok) < MIN_PROBES:
         return  # cannot tell: too few probe tokens in the aligned window
     halves = (ok[0::2], ok[1::2])
     u = unit_rms(xs)
     sims: dict[int, tuple[float, float, float, float]] = {}
     for fit_on, test_on in (halves, halves[::-1]):
-        gain = (ys[fit_on] * u[fit_on]).sum(0) / u[fit_on].square().sum(0).clamp_min(EPS)
+        gain = (ys[fit_on] * u[fit_on]).sum(0) / np.maximum(np.square(u[fit_on]).sum(0), np.float32(EPS))
         pred = gain * u[test_on]
         for row, n in enumerate(test_on):
             d = float((ys[n] * pred[row]).sum())
-            yy, pp = float(ys[n].square().sum()), float(pred[row].square().sum())
+            yy, pp = float(np.square(ys[n]).sum()), float(np.square(pred[row]).sum())
             sims[n] = (2 * d / max(yy + pp, 1e-30), d, yy, pp)
     vals = np.array([sims[n][0] for n in ok])
     out["score"][i, j] = float(vals.mean())

@@ -1,56 +1,63 @@
-"""The scorer's hot loops as compiled kernels (numba): each capture row read once, straight from the file.
+"""The scorer's hot loops as compiled kernels (numba): each capture row read once, straight from its file.
 
 Every capture position of a sweep lies in a file (safetensors, zip .pt, one file per
-position); the file is memory-mapped and each kernel reads the stored bits as 16-bit
-integers (bf16 is the top half of a float32: a shift; fp16 is rebuilt from its fields; fp32
-from two halves), widened into a small per-thread row buffer, and keeps what ``sums.Sums``
-keeps, in one pass, in parallel:
+position) as a row-major [T, H] block. Each kernel thread copies a few rows at a time into
+its own buffer with ``pread`` (the page cache's copy runs at ~20 GB/s a core here, where
+page-faulting the same rows through a memory map managed ~5), widens the stored values as it
+loads them (bf16 is the top half of a float32: a shift; fp16 by the CPU's conversion; fp32 as
+stored) and keeps what ``sums.Sums`` keeps, in one pass, in parallel over tokens:
 
-* ``direct``: every row's squared norm and finiteness, and for aligned rows the dot product
-  with every slot and the slots' own norms;
+* ``direct``: token-major. A thread takes a range of tokens, 4 at a time: one read per
+  position brings those rows of every position into its buffer, and their training rows are
+  widened once. Then per token, H is walked in pieces of 2048 values, so the slots' pieces
+  stay in L1 cache while every position's piece meets them: each row's squared norm and
+  finiteness, for aligned rows the dot product with every slot, and the dot product with the
+  same token's row of the position below it (``adj``: the capture's own layer step, so
+  identity needs no second read for it, see ``steps``);
 * ``fit_equations`` / ``fit_scores``: the gain normal equations of a post-norm slot against
   a raw position, then each token's products with the fitted gain (two reads of that position);
 * ``max_abs``: the largest |training - capture| over valid tokens of one cell.
 
-Sums are float32 over blocks of 256 values (vectorised), added up in float64, so results agree
-with the torch path (float32 throughout) to float32 rounding. Every array reaches a kernel as
-the same numba type whatever the dtypes (a flat uint16 view plus offsets and row strides), so
-each kernel compiles once. Mapped pages are dropped after each block
-(``MADV_DONTNEED``): they stay in the page cache but leave the process's resident memory.
+Sums are float32 over blocks (256 values, 2048 in ``direct``; vectorised, each lane summing a
+few), added up in float64, so results agree with the numpy path (float32 throughout) to
+float32 rounding. Every array reaches a kernel as the same numba type whatever the dtypes
+(flat uint16 buffers plus offsets and row strides), so each kernel compiles once. Nothing is
+mapped: the process holds only the per-thread buffers (a few MB), whatever the capture's size.
 
-A file cut short before it is mapped goes to the torch path, which names the error; one cut short
-*while* it is being read ends the process with SIGBUS (a mapping cannot raise), where the torch
-path's reads would raise a one-line error.
+A file cut short (or truncated while it is read) gives a short read, which the kernel reports
+and ``Stored.check`` turns into a one-line error naming the file.
 
-Without numba (or on CUDA) the torch path in ``match`` runs instead. The compiled code is
-cached next to this file, or in numba's user cache; where neither is writable (a read-only
-install) it is compiled in memory at each start instead.
+Without numba (or for small captures, or off POSIX) the numpy path in ``match`` runs instead (CUDA: ``gpu``). The
+compiled code is cached next to this file, or in numba's user cache; where neither is
+writable (a read-only install) it is compiled in memory at each start instead.
 """
 from __future__ import annotations
 
 import importlib.util
-import mmap
 import os
-import types
 import threading
-from collections import OrderedDict
+import types
 from typing import Any, Callable
 
 import numpy as np
 
+from ..arrays import as_array, dtype_name, f32
+from ..errors import ForensicsError
+
 prange = range  # numba.prange once ``kernels()`` has imported numba (0.3 s, paid only when they are used)
+_pread: Any = None  # libc's pread as numba calls it, set by ``kernels()``
 LOCK = threading.RLock()  # one launch at a time: numba's workqueue pool takes no concurrent launches
 
 _MODE = os.environ.get("EAGLEFORENSICS_FUSED", "auto")  # 0: never, 1: always, auto: by size
-AVAILABLE = _MODE != "0" and importlib.util.find_spec("numba") is not None
-# Below this many bytes to read the work goes to torch: loading the kernels' cached machine code
+AVAILABLE = _MODE != "0" and importlib.util.find_spec("numba") is not None and os.name == "posix"
+# Below this many bytes to read the work goes to numpy: loading the kernels' cached machine code
 # (~0.5 s, and numba's import) costs more than scoring a small capture takes.
 MIN_BYTES = 0 if _MODE == "1" else 64 << 20
 BF16, F16, F32 = 0, 1, 2  # how a kernel widens stored values; all arrive as uint16 (fp32 as two)
 EPS = 1e-12  # as sums.EPS / norms.unit_rms
 BLOCK = 256  # elements summed in float32 (vectorised) before each float64 addition
-REMAP_MARGIN = 2 << 20  # bytes around a dropped block that are dropped again (see ``Mapped.drop``)
-Y_BYTES = 512 << 10  # widened training rows per ``direct`` call: they stay in L2 cache while every position meets them
+READ_ROWS = 4  # rows of a position per read (``direct``: of every position at once, into L2/L3)
+CHUNK = 2048  # values of a row met at once in ``direct``: four slots' pieces (32 KB) stay in L1 cache
 _FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf rows must stay visible
 
 
@@ -63,9 +70,73 @@ def _jit(numba: Any, fn: Callable[..., Any], parallel: bool = True) -> Any:
         return numba.njit(cache=False, **opts)(fn)
 
 
+def _bf16_ir(typingctx: Any, v: Any) -> Any:
+    """uint16 -> float32 as bf16 (a 16-bit shift), in a register: lets the loops widen as they load."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i32 = ir.IntType(32)
+        return builder.bitcast(builder.shl(builder.zext(args[0], i32), ir.Constant(i32, 16)), ir.FloatType())
+
+    return nt.float32(nt.uint16), codegen
+
+
+def _f16_ir(typingctx: Any, v: Any) -> Any:
+    """uint16 -> float32 as IEEE fp16 (exact; one F16C instruction for 16 values)."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return nt.float32(nt.uint16), codegen
+
+
+def _u32_ir(typingctx: Any, v: Any) -> Any:
+    """The bits of a float32 as uint32, in a register (non-negative floats order as their bits)."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return nt.uint32(nt.float32), codegen
+
+
+def _addr_ir(typingctx: Any, addr: Any) -> Any:
+    """An integer address as a pointer, for ``numba.carray``: a training row read where it lies."""
+    from llvmlite import ir
+    from numba.core import types as nt
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return nt.voidptr(nt.uint64), codegen
+
+
+_bf16: Any = None  # the intrinsics, set by ``kernels()``
+_addr: Any = None
+_carray: Any = None
+_f16: Any = None
+_u32: Any = None
+
+
 def _units(kind: int) -> int:
     """uint16 units per stored value."""
     return 2 if kind == F32 else 1
+
+
+def _read(fd: int, buf: Any, nbytes: int, off: int) -> bool:
+    """``nbytes`` from byte ``off`` of file ``fd`` into ``buf``; False on a short read (file cut short) or an error."""
+    addr = buf.ctypes.data
+    got = 0
+    while got < nbytes:
+        n = _pread(fd, addr + np.uint64(got), nbytes - got, off + got)
+        if n <= 0:
+            return False
+        got += n
+    return True
 
 
 def _widen(src: Any, start: int, n: int, kind: int, out: Any, bits: Any) -> None:
@@ -114,213 +185,298 @@ def _sq_exact(x: Any, n: int) -> float:
     return total
 
 
-def _dot64(x: Any, y: Any, n: int) -> float:
-    """sum(x*y), summed as ``_sq64``."""
-    total = 0.0
-    nb = n // BLOCK
-    for b in range(nb + 1):
-        b0 = b * BLOCK
-        acc = np.float32(0.0)
-        for q in range(BLOCK if b < nb else n - b0):
-            acc += x[b0 + q] * y[b0 + q]
-        total += acc
-    return total
+def _scale(xx: Any, h: int) -> Any:
+    """1 / rms of a row from its squared norm, in float32 as the numpy path computes it."""
+    return np.float32(1.0) / np.sqrt(np.float32(xx) / np.float32(h) + np.float32(EPS))
 
 
-def _row4(x: Any, y0: Any, y1: Any, y2: Any, y3: Any, n: int, out: Any) -> None:
-    """out = [x.x, x.y0, x.y1, x.y2, x.y3] in one read of x (summed as ``_sq64``)."""
-    s = 0.0
-    t0 = 0.0
-    t1 = 0.0
-    t2 = 0.0
-    t3 = 0.0
-    nb = n // BLOCK
-    for b in range(nb + 1):
-        b0 = b * BLOCK
+def _six(rw: Any, rwf: Any, xo: int, po: int, y0: Any, y1: Any, y2: Any, y3: Any, yo: int, m: int, kind: int,
+         block: int, out: Any) -> None:
+    """Add to out[0..5] the sums [x.x, x.y0, x.y1, x.y2, x.y3, x.p] over m values: x and p (the row
+    below) stored at element ``xo`` / ``po`` of ``rw`` (``rwf``: it as float32, for fp32 rows) and
+    widened in registers; y rows from element ``yo``. float32 sums over blocks of ``block`` values
+    (vectorised: each lane sums a few), added to ``out`` in float64."""
+    for b0 in range(0, m, block):
+        n = min(block, m - b0)
         aa = np.float32(0.0)
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
         a3 = np.float32(0.0)
-        for q in range(BLOCK if b < nb else n - b0):
-            h = b0 + q
-            v = x[h]
+        ap = np.float32(0.0)
+        # slices, so each index is a non-negative loop counter: numba's negative-index fix-up on
+        # ``rw[x0 + q]`` turned these loads into per-lane gathers
+        z0 = yo + b0
+        u0, u1, u2, u3 = y0[z0:z0 + n], y1[z0:z0 + n], y2[z0:z0 + n], y3[z0:z0 + n]
+        xs, ps = rw[xo + b0:xo + b0 + n], rw[po + b0:po + b0 + n]
+        xf, pf = rwf[xo + b0:xo + b0 + n], rwf[po + b0:po + b0 + n]
+        for q in range(n):
+            v = _ld(xs, xf, q, kind)
             aa += v * v
-            a0 += v * y0[h]
-            a1 += v * y1[h]
-            a2 += v * y2[h]
-            a3 += v * y3[h]
-        s += aa
-        t0 += a0
-        t1 += a1
-        t2 += a2
-        t3 += a3
-    out[0] = s
-    out[1] = t0
-    out[2] = t1
-    out[3] = t2
-    out[4] = t3
+            ap += v * _ld(ps, pf, q, kind)
+            a0 += v * u0[q]
+            a1 += v * u1[q]
+            a2 += v * u2[q]
+            a3 += v * u3[q]
+        out[0] += aa
+        out[1] += a0
+        out[2] += a1
+        out[3] += a2
+        out[4] += a3
+        out[5] += ap
 
 
-def _scale(xx: Any, h: int) -> Any:
-    """1 / rms of a row from its squared norm, in float32 as the torch path computes it."""
-    return np.float32(1.0) / np.sqrt(np.float32(xx) / np.float32(h) + np.float32(EPS))
+def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, cs: int, lw: int,
+            yaddr: Any, ystep: Any, ykind: Any, rows: int, chunk: int, work: int,
+            xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any, adj: Any, err: Any) -> None:
+    """Tokens [a, b) of every position g (rows from byte ``goff[g]`` of file ``gfd[g]``): squared norms,
+    finiteness and, where ``below[g]`` (position g-1 is the raw position right below g), the dot
+    product with that position's row (``adj``, NaN elsewhere); in the aligned window also the slot
+    products. Slot k's training row for capture row i lies in memory at address
+    ``yaddr[k] + (i - cs) * ystep[k]``, stored as ``ykind[k]``. Outputs are ``Sums``' arrays (xx, bad,
+    adj [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]); a bad row is zero in every slot product, as in the
+    numpy path. ``err[w]`` = g + 1 when position g could not be read.
 
-
-def _direct(base: Any, gidx: Any, offs: Any, h: int, kind: int, r0: int, r1: int, cs: int, lw: int,
-            yb: Any, yoff: int, yrow: int, yslot: int, ykind: int, widen_y: bool, yw: Any,
-            xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any) -> None:
-    """Rows [r0, r1) of the positions ``gidx`` (row 0 of each at unit ``offs`` of ``base``, one file):
-    squared norms and finiteness; in the aligned window also the slot products. Training row r of
-    the window part of [r0, r1), slot k, starts at unit ``yoff + r*yrow + k*yslot`` of ``yb``; they
-    are widened into ``yw`` [>= rows, K rounded up to 4, H] when ``widen_y`` (else ``yw`` holds them
-    from a call on another file). Outputs are ``Sums``' arrays (xx, bad [P, T]; dot [Lw, P, K];
-    yy, y_ok [Lw, K]); a bad row is zero in every product, as in the torch path.
-
-    The training rows are widened once (a few rows, sized to stay in L2 cache); then each
-    position's rows are read in file order, one position per work item."""
-    k_count = dot.shape[2]
-    k_pad = yw.shape[1]
-    wa, wb = max(r0, cs), min(r1, cs + lw)
-    step = h * _units(kind)
-    for r in prange(max(0, wb - wa) if widen_y else 0):
-        j = wa + r - cs
-        for k in range(k_pad):
-            if k >= k_count:
-                yw[r, k, :] = 0.0
-                continue
-            _widen(yb, yoff + r * yrow + k * yslot, h, ykind, yw[r, k], yw[r, k].view(np.uint32))
-            s = _sq64(yw[r, k], h)
-            if not np.isfinite(s):
-                s = _sq_exact(yw[r, k], h)
-            ok = np.isfinite(s)
-            y_ok[j, k] = ok
-            yy[j, k] = np.float32(s) if ok else 0.0
-            if not ok:
-                yw[r, k, :] = 0.0
-    for q in prange(offs.shape[0]):
-        g = gidx[q]
-        xf = np.empty(h, np.float32)
-        xu = xf.view(np.uint32)
-        part = np.empty(5)
-        for i in range(r0, r1):
-            _widen(base, offs[q] + i * step, h, kind, xf, xu)
-            if not (wa <= i < wb):
-                s = _sq64(xf, h)
-            else:
-                yr = yw[i - wa]
-                for k0 in range(0, k_pad, 4):
-                    _row4(xf, yr[k0], yr[k0 + 1], yr[k0 + 2], yr[k0 + 3], h, part)
-                    if k0 == 0:
-                        s = part[0]
-                    for k in range(k0, min(k0 + 4, k_count)):
-                        dot[i - cs, g, k] = np.float32(part[1 + k - k0])
-            if not np.isfinite(s):
-                s = _sq_exact(xf, h)
-            xx[g, i] = np.float32(s)
-            rowbad = not np.isfinite(s)  # a NaN/Inf row: recorded, and zero in every product
-            bad[g, i] = rowbad
-            if rowbad and wa <= i < wb:
-                for k in range(k_count):
-                    dot[i - cs, g, k] = 0.0
-
-
-def _fit_equations(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-                   yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, num: Any, den: Any,
-                   work: int) -> None:
-    """Gain normal equations of position g (rows from unit ``off`` of ``base``) and one slot (aligned
-    row j from unit ``yoff + j*yrow`` of ``yb``; validity ``y_ok[:, col]``) over the window:
-    num = sum u*y, den = sum u*u with u = x / rms(x), bad rows counting as zero. Parallel over
-    slices of H, each summing every token in float64."""
-    step = h * _units(kind)
-    yu_ = _units(ykind)
+    Each work item takes a range of tokens, ``rows`` at a time: one read per position brings those
+    rows of every position into a buffer (L2/L3), and their training rows are widened once. Then per
+    token, H is walked in pieces of ``chunk`` values: the slots' pieces stay in L1 cache while every
+    position's piece (and the piece of the position below, just used) meets them."""
+    p_count = gfd.shape[0]
+    k_count = yaddr.shape[0]
+    k_pad = max(4, (k_count + 3) // 4 * 4)
     xu_ = _units(kind)
+    rowb = h * xu_ * 2
+    wa, wb = max(a, cs), min(b, cs + lw)
+    nan = np.float32(np.nan)
     for w in prange(work):
-        h0, h1 = h * w // work, h * (w + 1) // work
-        m = h1 - h0
-        xf = np.empty(m, np.float32)
-        xu = xf.view(np.uint32)
-        yf = np.empty(m, np.float32)
-        yu = yf.view(np.uint32)
-        acc_n = np.zeros(m)
-        acc_d = np.zeros(m)
-        for j in range(lw):
-            i = cs + j
-            if bad[g, i]:
-                continue
-            scale = _scale(xx[g, i], h)
-            _widen(base, off + i * step + h0 * xu_, m, kind, xf, xu)
-            for q in range(m):
-                xf[q] *= scale
-                acc_d[q] += np.float64(xf[q]) * np.float64(xf[q])
-            if y_ok[j, col]:
-                _widen(yb, yoff + j * yrow + h0 * yu_, m, ykind, yf, yu)
-                for q in range(m):
-                    acc_n[q] += np.float64(xf[q]) * np.float64(yf[q])
-        for q in range(m):
-            den[h0 + q] = acc_d[q]
-            num[h0 + q] = acc_n[q]
+        t0 = a + (b - a) * w // work
+        t1 = a + (b - a) * (w + 1) // work
+        rw = np.empty(p_count * rows * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        yw = np.zeros((rows, k_pad, h), np.float32)
+        zero = np.zeros(h, np.float32)
+        acc = np.zeros((p_count, 6))
+        tmp = np.empty(h, np.float32)
+        failed = False
+        for r0 in range(t0, t1, rows):
+            if failed:
+                break
+            n = min(rows, t1 - r0)
+            for g in range(p_count):
+                u0 = g * rows * h * xu_
+                if not _read(gfd[g], rw[u0:u0 + n * h * xu_], n * rowb, goff[g] + r0 * rowb):
+                    err[w] = g + 1
+                    failed = True
+                    break
+            if failed:
+                break
+            for r in range(n):
+                i = r0 + r
+                inwin = wa <= i < wb
+                if inwin:
+                    j = i - cs
+                    for k in range(k_count):
+                        dst = yw[r, k]
+                        src = _carray(_addr(yaddr[k] + np.uint64(j * ystep[k])), h * _units(ykind[k]), np.uint16)
+                        _widen(src, 0, h, ykind[k], dst, dst.view(np.uint32))
+                        s = _sq64(dst, h)
+                        if not np.isfinite(s):
+                            s = _sq_exact(dst, h)
+                        ok = np.isfinite(s)
+                        y_ok[j, k] = ok
+                        yy[j, k] = np.float32(s) if ok else 0.0
+                        if not ok:
+                            dst[:] = 0.0
+                for k0 in range(0, k_pad if inwin else 4, 4):
+                    acc[:] = 0.0
+                    for c in range(0, h, chunk):
+                        m = min(chunk, h - c)
+                        for g in range(p_count):
+                            xo = (g * rows + r) * h + c
+                            po = xo - rows * h if below[g] != 0 else xo
+                            if inwin:
+                                _six(rw, rwf, xo, po, yw[r, k0], yw[r, k0 + 1], yw[r, k0 + 2], yw[r, k0 + 3], c, m,
+                                     kind, chunk, acc[g])
+                            else:
+                                _six(rw, rwf, xo, po, zero, zero, zero, zero, c, m, kind, chunk, acc[g])
+                    for g in range(p_count):
+                        if k0 == 0:
+                            s = acc[g, 0]
+                            low = below[g] != 0
+                            adj[g, i] = np.float32(acc[g, 5]) if low else nan
+                            if not np.isfinite(s):
+                                _widen(rw, (g * rows + r) * h * xu_, h, kind, tmp, tmp.view(np.uint32))
+                                s = _sq_exact(tmp, h)
+                            xx[g, i] = np.float32(s)
+                            bad[g, i] = not np.isfinite(s)  # a NaN/Inf row: recorded, and zero in every product
+                        if inwin:
+                            rowbad = bad[g, i]
+                            for k in range(k0, min(k0 + 4, k_count)):
+                                dot[i - cs, g, k] = 0.0 if rowbad else np.float32(acc[g, 1 + k - k0])
 
 
-def _fit_scores(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-                yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
-                fdot: Any, fpp: Any, work: int) -> None:
-    """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
-    fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``)."""
-    step = h * _units(kind)
+def _ld(rw: Any, rwf: Any, q: int, kind: int) -> Any:
+    """Value q of a stored row as float32, widened in a register (``rwf``: the row as float32, read for
+    fp32). The kind test sits inside the callers' loops: LLVM moves it out (one vectorised loop per kind)."""
+    if kind == BF16:
+        return _bf16(rw[q])
+    if kind == F16:
+        return _f16(rw[q])
+    return rwf[q]
+
+
+def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
+                   yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, work: int,
+                   acc_n: Any, acc_d: Any, err: Any) -> None:
+    """Gain normal equations of position g (rows from byte ``off`` of file ``fd``) and one slot (aligned
+    row j from unit ``yoff + j*yrow`` of ``yb``, or of ``ybf`` as float32 for fp32; validity
+    ``y_ok[:, col]``) over the window, with u = x / rms(x) and bad rows counting as zero: work item w
+    sums its range of tokens into acc_n[w] = sum u*y and acc_d[w] = sum u*u (float64; the caller adds
+    the items up). Four tokens (one read) at a time meet the float64 sums once: per token they
+    were a load and a store of 16 bytes per value, more than the rest of the work."""
+    xu_ = _units(kind)
+    yu_ = _units(ykind)
+    rowb = h * xu_ * 2
     for w in prange(work):
-        xf = np.empty(h, np.float32)
-        xu = xf.view(np.uint32)
-        yf = np.empty(h, np.float32)
-        yu = yf.view(np.uint32)
-        for j in range(lw * w // work, lw * (w + 1) // work):
-            i = cs + j
-            if bad[g, i]:
-                fdot[j, vj, f] = 0.0
-                fpp[j, vj, f] = 0.0
-                continue
-            scale = _scale(xx[g, i], h)
-            _widen(base, off + i * step, h, kind, xf, xu)
+        j0 = lw * w // work
+        j1 = lw * (w + 1) // work
+        rw = np.empty(4 * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        zs = np.zeros(h * yu_, np.uint16)  # a zero training row, for tokens that add nothing
+        zf = zs.view(np.float32)
+        sc = np.zeros(4, np.float32)
+        yo = np.zeros(4, np.int64)
+        yz = np.zeros(4, np.bool_)
+        an = acc_n[w]
+        ad = acc_d[w]
+        an[:] = 0.0
+        ad[:] = 0.0
+        for b0 in range(j0, j1, 4):
+            n = min(4, j1 - b0)
+            if not _read(fd, rw, n * rowb, off + (cs + b0) * rowb):
+                err[w] = 1
+                break
+            for r in range(4):
+                j = b0 + r
+                live = r < n and not bad[g, cs + j]
+                sc[r] = _scale(xx[g, cs + j], h) if live else 0.0
+                if not live:  # past the range, or NaN/Inf: zero, so it adds nothing (0 * NaN would)
+                    rw[r * h * xu_:(r + 1) * h * xu_] = 0
+                yz[r] = not (live and y_ok[j, col])
+                yo[r] = yoff + j * yrow
+            s0, s1, s2, s3 = sc[0], sc[1], sc[2], sc[3]
+            x0s, x1s, x2s, x3s = rw[0:h], rw[h:2 * h], rw[2 * h:3 * h], rw[3 * h:4 * h]
+            x0f, x1f, x2f, x3f = rwf[0:h], rwf[h:2 * h], rwf[2 * h:3 * h], rwf[3 * h:4 * h]
+            y0s = zs if yz[0] else yb[yo[0]:yo[0] + h * yu_]
+            y1s = zs if yz[1] else yb[yo[1]:yo[1] + h * yu_]
+            y2s = zs if yz[2] else yb[yo[2]:yo[2] + h * yu_]
+            y3s = zs if yz[3] else yb[yo[3]:yo[3] + h * yu_]
+            y0f = zf if yz[0] else ybf[yo[0] // 2:yo[0] // 2 + h]
+            y1f = zf if yz[1] else ybf[yo[1] // 2:yo[1] // 2 + h]
+            y2f = zf if yz[2] else ybf[yo[2] // 2:yo[2] // 2 + h]
+            y3f = zf if yz[3] else ybf[yo[3] // 2:yo[3] // 2 + h]
             for q in range(h):
-                xf[q] = xf[q] * scale * gain[vj, f, q]
-            fpp[j, vj, f] = np.float32(_sq64(xf, h))
-            if y_ok[j, col]:
-                _widen(yb, yoff + j * yrow, h, ykind, yf, yu)
-                fdot[j, vj, f] = np.float32(_dot64(xf, yf, h))
-            else:
-                fdot[j, vj, f] = 0.0
+                u0 = np.float64(_ld(x0s, x0f, q, kind) * s0)
+                u1 = np.float64(_ld(x1s, x1f, q, kind) * s1)
+                u2 = np.float64(_ld(x2s, x2f, q, kind) * s2)
+                u3 = np.float64(_ld(x3s, x3f, q, kind) * s3)
+                ad[q] += (u0 * u0 + u1 * u1) + (u2 * u2 + u3 * u3)
+                an[q] += (u0 * np.float64(_ld(y0s, y0f, q, ykind)) + u1 * np.float64(_ld(y1s, y1f, q, ykind))) + \
+                    (u2 * np.float64(_ld(y2s, y2f, q, ykind)) + u3 * np.float64(_ld(y3s, y3f, q, ykind)))
 
 
-def _max_abs(base: Any, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-             yb: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
-             fitted: bool, out: Any, work: int) -> None:
+def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
+                yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
+                fdot: Any, fpp: Any, rows: int, work: int, err: Any) -> None:
+    """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
+    fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``; summed as
+    ``_sq64``, in one pass over the row)."""
+    xu_ = _units(kind)
+    yu_ = _units(ykind)
+    rowb = h * xu_ * 2
+    gn = gain[vj, f]
+    for w in prange(work):
+        j0 = lw * w // work
+        j1 = lw * (w + 1) // work
+        rw = np.empty(rows * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        for b0 in range(j0, j1, rows):
+            n = min(rows, j1 - b0)
+            if not _read(fd, rw, n * rowb, off + (cs + b0) * rowb):
+                err[w] = 1
+                break
+            for r in range(n):
+                j = b0 + r
+                i = cs + j
+                if bad[g, i]:
+                    fdot[j, vj, f] = 0.0
+                    fpp[j, vj, f] = 0.0
+                    continue
+                scale = _scale(xx[g, i], h)
+                ok = y_ok[j, col]
+                y0 = yoff + j * yrow
+                ys, yf = yb[y0:y0 + h * yu_], ybf[y0 // 2:y0 // 2 + h]
+                xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
+                pp = 0.0
+                py = 0.0
+                for c0 in range(0, h, BLOCK):
+                    m = min(BLOCK, h - c0)
+                    xs_, xf_, g_ = xs[c0:c0 + m], xf[c0:c0 + m], gn[c0:c0 + m]
+                    ys_, yf_ = ys[c0 * yu_:(c0 + m) * yu_], yf[c0:c0 + m]
+                    app = np.float32(0.0)
+                    apy = np.float32(0.0)
+                    for q in range(m):
+                        pr = _ld(xs_, xf_, q, kind) * scale * g_[q]
+                        app += pr * pr
+                        apy += pr * _ld(ys_, yf_, q, ykind)
+                    pp += app
+                    py += apy
+                fpp[j, vj, f] = np.float32(pp)
+                fdot[j, vj, f] = np.float32(py) if ok else 0.0
+
+
+def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
+             yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
+             fitted: bool, out: Any, rows: int, work: int, err: Any) -> None:
     """out[j] = max |y - pred| of aligned token j (0 where either row is bad); pred = x, or with
     ``fitted`` gain[vj, f] * x / rms(x) (arguments as ``fit_equations``)."""
-    step = h * _units(kind)
+    xu_ = _units(kind)
+    yu_ = _units(ykind)
+    rowb = h * xu_ * 2
+    gn = gain[vj, f]
     for w in prange(work):
-        xf = np.empty(h, np.float32)
-        xu = xf.view(np.uint32)
-        yf = np.empty(h, np.float32)
-        yu = yf.view(np.uint32)
-        for j in range(lw * w // work, lw * (w + 1) // work):
-            i = cs + j
-            out[j] = 0.0
-            if bad[g, i] or not y_ok[j, col]:
-                continue
-            _widen(base, off + i * step, h, kind, xf, xu)
-            _widen(yb, yoff + j * yrow, h, ykind, yf, yu)
-            if fitted:
-                scale = _scale(xx[g, i], h)
-                for q in range(h):
-                    xf[q] = abs(yf[q] - xf[q] * scale * gain[vj, f, q])
-            else:
-                for q in range(h):
-                    xf[q] = abs(yf[q] - xf[q])
-            worst = np.uint32(0)
-            for q in range(h):  # non-negative floats order as their bits: an integer max vectorises
-                worst = max(worst, xu[q])
-            xu[0] = worst
-            out[j] = xf[0]
+        j0 = lw * w // work
+        j1 = lw * (w + 1) // work
+        rw = np.empty(rows * h * xu_, np.uint16)
+        rwf = rw.view(np.float32)
+        y = np.empty(1, np.float32)
+        yu = y.view(np.uint32)
+        for b0 in range(j0, j1, rows):
+            n = min(rows, j1 - b0)
+            if not _read(fd, rw, n * rowb, off + (cs + b0) * rowb):
+                err[w] = 1
+                break
+            for r in range(n):
+                j = b0 + r
+                i = cs + j
+                out[j] = 0.0
+                if bad[g, i] or not y_ok[j, col]:
+                    continue
+                y0 = yoff + j * yrow
+                ys, yf = yb[y0:y0 + h * yu_], ybf[y0 // 2:y0 // 2 + h]
+                xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
+                # the max of the bits: non-negative floats order as their bits, NaN above Inf, and an
+                # integer max vectorises
+                worst = np.uint32(0)
+                if fitted:
+                    scale = _scale(xx[g, i], h)
+                    for q in range(h):
+                        worst = max(worst, _u32(abs(_ld(ys, yf, q, ykind) - _ld(xs, xf, q, kind) * scale * gn[q])))
+                else:
+                    for q in range(h):
+                        worst = max(worst, _u32(abs(_ld(ys, yf, q, ykind) - _ld(xs, xf, q, kind))))
+                yu[0] = worst
+                out[j] = y[0]
 
 
 def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms: Any, bad: Any, work: int) -> None:
@@ -329,9 +485,21 @@ def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms:
         xf = np.empty(h, np.float32)
         xu = xf.view(np.uint32)
         for r in range(t * w // work, t * (w + 1) // work):
-            _widen(yb, yoff + r * yrow, h, ykind, xf, xu)
-            s = _sq64(xf, h)
+            u0 = yoff + r * yrow
+            if ykind == F32:
+                _widen(yb, u0, h, ykind, xf, xu)
+                s = _sq64(xf, h)
+            else:  # 16-bit values widened in registers: one pass, summed as ``_sq64``
+                s = 0.0
+                for c0 in range(0, h, BLOCK):
+                    xs = yb[u0 + c0:u0 + min(h, c0 + BLOCK)]
+                    acc = np.float32(0.0)
+                    for q in range(xs.shape[0]):
+                        v = _ld(xs, xf, q, ykind)
+                        acc += v * v
+                    s += acc
             if not np.isfinite(s):
+                _widen(yb, u0, h, ykind, xf, xu)
                 s = _sq_exact(xf, h)
             norms[r] = np.float32(np.sqrt(s))
             bad[r] = not np.isfinite(s)
@@ -343,18 +511,27 @@ _KERNELS: types.SimpleNamespace | None = None
 def kernels() -> types.SimpleNamespace:
     """The compiled kernels (``direct``, ``fit_equations``, ``fit_scores``, ``max_abs``, ``row_stats``):
     numba imported, each loaded from its cache (or compiled) on first call."""
-    global _KERNELS, prange
+    global _KERNELS, prange, _pread
     with LOCK:
         if _KERNELS is None:
             import numba
+            import numba.extending
 
             if not os.environ.get("NUMBA_THREADING_LAYER"):
                 # numba's own pthread pool: its threads sleep when idle. OpenMP threads spin at every
                 # join, and with another process on a core a 2-thread kernel ran 5-10x slower.
                 numba.config.THREADING_LAYER = "workqueue"
             prange = numba.prange
+            nt = numba.types
+            # a named C symbol (resolved when the code is loaded), not a ctypes address: the code stays cacheable
+            _pread = nt.ExternalFunction("pread", nt.intp(nt.intc, nt.uintp, nt.uintp, nt.int64))
             g = globals()
-            for name in ("_units", "_widen", "_sq64", "_dot64", "_row4", "_scale"):
+            g["_bf16"] = numba.extending.intrinsic(_bf16_ir)
+            g["_f16"] = numba.extending.intrinsic(_f16_ir)
+            g["_u32"] = numba.extending.intrinsic(_u32_ir)
+            g["_addr"] = numba.extending.intrinsic(_addr_ir)
+            g["_carray"] = numba.carray
+            for name in ("_units", "_read", "_widen", "_sq64", "_six", "_ld", "_scale"):
                 g[name] = numba.njit(inline="always", fastmath=_FLAGS)(g[name])
             g["_sq_exact"] = numba.njit(fastmath=_FLAGS)(g["_sq_exact"])
             _KERNELS = types.SimpleNamespace(
@@ -371,139 +548,196 @@ def wanted(nbytes: int) -> bool:
     return AVAILABLE and nbytes >= MIN_BYTES
 
 
-# ---- torch tensors and files as the kernels' uint16 views ---------------------------------------
+# ---- arrays and files as the kernels' uint16 views ----------------------------------------------
 
 _KINDS = {"bfloat16": BF16, "float16": F16, "float32": F32}
 
 
 def kind_of(dtype: Any) -> int | None:
-    """The kernel kind of a torch dtype, None when the kernels do not read it."""
-    return _KINDS.get(str(dtype).replace("torch.", ""))
+    """The kernel kind of a numpy, ml_dtypes or torch dtype, None when the kernels do not read it."""
+    return _KINDS.get(dtype_name(dtype))
+
+
+def _as16(t: Any) -> tuple[np.ndarray, int, bool]:
+    """A [T, H] tensor or array as a [T, H * units] uint16 view (rows may be strided), its kind, and
+    whether it is a float32 copy (the kernels do not read its dtype, or its columns are strided)."""
+    a = as_array(t)
+    kind = kind_of(a.dtype)
+    copied = kind is None or a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != a.itemsize)
+    if copied:
+        a, kind = f32(np.ascontiguousarray(a)), F32
+    return a.view(np.uint16), kind, copied
 
 
 class Rows:
-    """A CPU [T, H] tensor as the kernels read it: its storage as flat uint16, the unit offset of
-    row 0, units between rows, and its kind. Not bf16/fp16/fp32, or with strided columns: a
-    float32 copy (``copied``)."""
+    """A CPU [T, H] tensor or array as the kernels read it: one flat uint16 view from row 0, units
+    between rows, and its kind. Not bf16/fp16/fp32, or with strided columns: a float32 copy
+    (``copied``)."""
 
     def __init__(self, t: Any) -> None:
-        import torch
-
-        self.copied = kind_of(t.dtype) is None or t.stride(-1) != 1 or t.device.type != "cpu"
-        if self.copied:
-            t = t.detach().to("cpu", torch.float32).contiguous()
-        t = t.detach()
-        size = t.element_size()
-        st = t.untyped_storage()
-        flat = torch.empty(0, dtype=torch.int16).set_(st, 0, (st.nbytes() // 2,), (1,))
-        self.base = flat.numpy().view(np.uint16)
-        self.off = t.storage_offset() * size // 2
-        self.row = (t.stride(0) if t.shape[0] > 1 else t.shape[-1]) * size // 2
-        self.kind = kind_of(t.dtype)
-        self.keep = t  # the storage must outlive the view
+        a16, self.kind, self.copied = _as16(t)
+        n, width = a16.shape
+        self.row = a16.strides[0] // 2 if n > 1 else width
+        self.base = np.lib.stride_tricks.as_strided(a16, shape=((n - 1) * self.row + width if n else 0,),
+                                                    strides=(2,))
+        self.off = 0
+        # fp32 rows also as float32 (read as they are); a one-value stand-in for the other kinds
+        self.basef = self.base.view(np.float32) if self.kind == F32 else np.zeros(1, np.float32)
+        self.keep = a16  # the memory must outlive the view
 
 
-_STATS: "OrderedDict[tuple[Any, ...], tuple[Any, Any, Any]]" = OrderedDict()
-STATS_KEPT = 8  # recent row_stats results: align asks for a slot's norms and its NaN rows separately
-
-
-def row_stats(t: Any) -> tuple[Any, Any] | None:
-    """(per-row L2 norms float32, per-row NaN/Inf flags) of a CPU [T, H] torch tensor in one pass,
-    or None where the kernels cannot read it without a copy (no numba, another dtype or device).
-
-    The last few results are kept with the tensor they describe (so its memory cannot be reused
-    for another while the entry lives) and reused while its data are unchanged (same version)."""
-    import torch
-
-    if t.dim() != 2 or t.device.type != "cpu" or kind_of(t.dtype) is None or t.stride(-1) != 1 \
-            or not wanted(t.numel() * t.element_size()):
+def row_stats(a: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """(per-row L2 norms float32, per-row NaN/Inf flags) of a [T, H] array in one compiled pass, or
+    None where the kernels should not read it (no numba, too small to pay for loading them, another
+    dtype, strided columns)."""
+    a = as_array(a)
+    if a.ndim != 2 or kind_of(a.dtype) is None or (a.shape[1] > 1 and a.strides[1] != a.itemsize) \
+            or not wanted(a.size * a.itemsize):
         return None
-    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
     k = kernels()
     with LOCK:
-        hit = _STATS.get(key)
-        if hit is not None:
-            return hit[1].clone(), hit[2].clone()
-        y = Rows(t)
-        norms = torch.empty(t.shape[0], dtype=torch.float32)
-        bad = torch.empty(t.shape[0], dtype=torch.bool)
-        k.row_stats(y.base, y.off, y.row, t.shape[0], t.shape[1], y.kind, norms.numpy(), bad.numpy(),
-                    max(1, min(t.shape[0], 4 * k.threads)))
-        _STATS[key] = (t, norms.clone(), bad.clone())
-        while len(_STATS) > STATS_KEPT:
-            _STATS.popitem(last=False)
+        y = Rows(a)
+        norms = np.empty(a.shape[0], np.float32)
+        bad = np.empty(a.shape[0], bool)
+        k.row_stats(y.base, y.off, y.row, a.shape[0], a.shape[1], y.kind, norms, bad,
+                    max(1, min(a.shape[0], 4 * k.threads)))
     return norms, bad
 
 
-class Mapped:
-    """Every position of a capture as (file index, uint16 offset) into read-only maps of its files.
+class Stored:
+    """Every position of a capture as an open file and the byte offset of its row-major [T, H] block.
 
-    Built only when each position is a plain row-major [T, H] block of one file at an even byte
-    offset, all of one dtype the kernels read (bf16, fp16, fp32); else ``of`` is None.
+    Built only when each position is such a block, all of one dtype the kernels read (bf16,
+    fp16, fp32) and all inside their files; else ``of`` is None. The files stay open until it
+    is collected (or ``close``).
     """
 
-    def __init__(self, maps: list[mmap.mmap], arrays: list[np.ndarray], fidx: np.ndarray, offs: np.ndarray,
-                 kind: int, itemsize: int, h: int) -> None:
-        self.maps, self.arrays, self.fidx, self.offs = maps, arrays, fidx, offs
-        self.kind, self.itemsize, self.h = kind, itemsize, h
-        self.page = mmap.PAGESIZE
-        self.t = 0  # rows per position
+    def __init__(self, paths: list[str], fds: list[int], fidx: np.ndarray, offs: np.ndarray, kind: int,
+                 h: int, t: int) -> None:
+        self.paths, self.fds, self.fidx, self.offs = paths, fds, fidx, offs
+        self.kind, self.h, self.t = kind, h, t
+        self.itemsize = 4 if kind == F32 else 2
+        self.gfd = np.array([fds[f] for f in fidx], np.int64)  # each position's file descriptor
 
     @classmethod
-    def of(cls, rows: list[Any], h: int) -> "Mapped | None":
+    def of(cls, rows: list[Any], h: int) -> "Stored | None":
         """``rows``: one ``filerows.FileRows`` per position (in the scorer's order)."""
         if not rows or not AVAILABLE:
             return None
         kinds = {kind_of(r.dtype) for r in rows}
-        if len(kinds) != 1 or None in kinds:
+        if len(kinds) != 1 or None in kinds or any(r.cols != h or r.rows != rows[0].rows for r in rows):
             return None
         (kind,) = kinds
-        if any(r.cols != h or r.offset % 2 for r in rows):
-            return None
         files: dict[str, int] = {}
-        maps: list[mmap.mmap] = []
-        arrays: list[np.ndarray] = []
+        fds: list[int] = []
+        sizes: list[int] = []
         fidx, offs = [], []
         try:
             for r in rows:
                 if r.path not in files:
-                    with open(r.path, "rb") as fh:
-                        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-                    files[r.path] = len(maps)
-                    maps.append(mm)
-                    arrays.append(np.frombuffer(mm, dtype=np.uint16, count=len(mm) // 2))
-                if r.offset + r.rows * r.row_bytes > len(maps[files[r.path]]):
-                    return None  # the file is shorter than its header says: the torch path names the error
-                fidx.append(files[r.path])
-                offs.append(r.offset // 2)
+                    fd = os.open(r.path, os.O_RDONLY)
+                    files[r.path] = len(fds)
+                    fds.append(fd)
+                    sizes.append(os.fstat(fd).st_size)
+                f = files[r.path]
+                if r.offset + r.rows * r.row_bytes > sizes[f]:
+                    raise ValueError  # shorter than its header says: the numpy path names the error
+                fidx.append(f)
+                offs.append(r.offset)
         except (OSError, ValueError):
+            for fd in fds:
+                os.close(fd)
             return None
-        out = cls(maps, arrays, np.array(fidx, np.int64), np.array(offs, np.int64), kind, 4 if kind == F32 else 2, h)
-        out.t = rows[0].rows
-        return out
+        return cls(list(files), fds, np.array(fidx, np.int64), np.array(offs, np.int64), kind, h, rows[0].rows)
 
-    def groups(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per file: (its uint16 view, the indices of its positions, their unit offsets)."""
-        out = []
-        for f, arr in enumerate(self.arrays):
-            idx = np.flatnonzero(self.fidx == f).astype(np.int64)
-            out.append((arr, idx, self.offs[idx]))
-        return out
+    def check(self, err: np.ndarray, g: int | None = None) -> None:
+        """Raise the one-line error for a kernel's short read (``err``: nonzero where one happened;
+        position g + 1 of ``direct``, or 1 with the position ``g`` read)."""
+        bad = np.flatnonzero(err)
+        if bad.size:
+            g = int(err[bad[0]]) - 1 if g is None else g
+            raise ForensicsError("could not read every row of a capture position: the file is shorter than its "
+                                 "header says, or it changed while it was being read", path=self.paths[self.fidx[g]])
 
-    def drop(self, r0: int, r1: int, positions: Any = None) -> None:
-        """Unmap rows [r0, r1) of the given positions (all by default) from this process; the page cache keeps them."""
-        row = self.h * self.itemsize
-        for g in (range(len(self.offs)) if positions is None else positions):
-            mm = self.maps[self.fidx[g]]
-            first = int(self.offs[g]) * 2
-            # from a little before r0: a fault maps the pages around it (fault-around, or a whole large
-            # folio of the page cache, up to 2 MB), so the block after the last drop re-mapped some
-            # pages before it; the same past a position's last row
-            a = max(first, first + r0 * row - REMAP_MARGIN)
-            start = a - a % self.page
-            stop = min(len(mm), first + r1 * row + (REMAP_MARGIN if r1 >= self.t else 0))
-            if stop > start:
-                try:
-                    mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
-                except (OSError, AttributeError, ValueError):  # pragma: no cover - platforms without madvise
-                    return
+    def close(self) -> None:
+        """Close the files (idempotent)."""
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover - already closed
+                pass
+
+    def __del__(self) -> None:
+        self.close()
+
+
+# ---- the kernels over a whole capture, as the scorer calls them ---------------------------------
+
+def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.ndarray, xx: np.ndarray,
+           bad: np.ndarray, dot: np.ndarray, yy: np.ndarray, y_ok: np.ndarray, adj: np.ndarray) -> None:
+    """One pass over every row of every position (``direct``), filling ``Sums``' arrays in place:
+    xx, bad, adj [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]. Slot k's aligned row j is row ts + j of
+    ``slots[k]`` ([S, H] tensors or arrays); ``below[g]`` marks positions whose lower neighbour
+    is position g - 1 (``steps.lower_neighbours``)."""
+    h, t = st.h, st.t
+    ys = [_as16(s)[:2] for s in slots]  # kept alive: the kernel reads their memory by address
+    if any(y.shape[0] < ts + lw for y, _ in ys):
+        raise ValueError("a slot holds fewer rows than the aligned window")
+    yaddr = np.array([y[ts:].ctypes.data if lw else 0 for y, _ in ys], np.uint64)
+    ystep = np.array([y.strides[0] for y, _ in ys], np.int64)
+    ykind = np.array([kd for _, kd in ys], np.int64)
+    kern = kernels()
+    work = max(1, min(8 * kern.threads, -(-t // READ_ROWS)))
+    err = np.zeros(work, np.int64)
+    below = np.ascontiguousarray(below, np.int8)
+    kern.direct(st.gfd, st.offs, below, h, st.kind, 0, t, cs, lw, yaddr, ystep, ykind, READ_ROWS, CHUNK, work,
+                xx, bad, dot, yy, y_ok, adj, err)
+    st.check(err)
+    del ys
+
+
+def _one_position_work(lw: int) -> tuple[int, int, np.ndarray]:
+    """(rows per read, work items, error flags) for the one-position kernels."""
+    work = max(1, min(4 * kernels().threads, -(-lw // READ_ROWS)))
+    return READ_ROWS, work, np.zeros(work, np.int64)
+
+
+def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
+                  y_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sum u*y, sum u*u) per dimension over the aligned tokens (float64 [H] each): position g
+    against training rows ``y`` [Lw, H] of slot ``col`` (see ``_fit_equations``)."""
+    kern, yv = kernels(), Rows(y)
+    _, work, err = _one_position_work(lw)
+    acc_n, acc_d = np.empty((work, st.h)), np.empty((work, st.h))
+    kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef,
+                       yv.off, yv.row, yv.kind, y_ok, col, work, acc_n, acc_d, err)
+    st.check(err, g)
+    return acc_n.sum(0), acc_d.sum(0)
+
+
+def fit_scores(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
+               y_ok: np.ndarray, gain: np.ndarray, vj: int, f: int, fdot: np.ndarray, fpp: np.ndarray) -> None:
+    """fdot[:, vj, f], fpp[:, vj, f] of position g against the fitted gain ``gain[vj, f]`` (``_fit_scores``)."""
+    kern, yv = kernels(), Rows(y)
+    rows, work, err = _one_position_work(lw)
+    kern.fit_scores(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
+                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, err)
+    st.check(err, g)
+
+
+def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
+            y_ok: np.ndarray, gain: np.ndarray | None, vj: int | None, f: int) -> np.ndarray:
+    """Per aligned token, max |training - capture| (float32 [Lw]) of slot ``col`` (rows ``y``) against
+    position g, or its fitted column ``vj`` (slot ``f`` of the fit) where ``vj`` is given."""
+    kern, yv = kernels(), Rows(y)
+    out = np.zeros(lw, np.float32)
+    if lw == 0:
+        return out
+    rows, work, err = _one_position_work(lw)
+    fitted = vj is not None and gain is not None
+    g_arr = gain if fitted else np.zeros((1, 1, st.h), np.float32)
+    kern.max_abs(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
+                 yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, err)
+    st.check(err, g)
+    return out

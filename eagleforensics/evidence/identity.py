@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
-import torch
 
+from ..arrays import as_array, f32
 from ..positions import Position
 from .fidelity import Fidelity, judge_fidelity
+from .steps import lower_median
 
 MIN_VOTES = 0.5  # share of tokens that must vote for the best position
 PAIRED_ALPHA = 1e-3  # one-sided level of the bound on the median paired difference (docs/calibration.md)
@@ -207,7 +208,7 @@ def _neighbours(best: Position, columns: list[Position], real: set[Position], n:
     return s, q, missing
 
 
-def step_reader(read_rows: Callable[[Position, int, int], torch.Tensor], cs: int, lw: int,
+def step_reader(read_rows: Callable[[Position, int, int], Any], cs: int, lw: int,
                 chunk: int = 1024) -> Callable[[int, int], float]:
     """``step_of(p, q)``: median per-token cosine of raw positions p and q over the aligned rows.
 
@@ -221,12 +222,21 @@ def step_reader(read_rows: Callable[[Position, int, int], torch.Tensor], cs: int
             parts = []
             for a in range(cs, cs + lw, chunk):
                 b = min(a + chunk, cs + lw)
-                x = read_rows(Position(key[0]), a, b).float()
-                y = read_rows(Position(key[1]), a, b).float()
-                parts.append(torch.nn.functional.cosine_similarity(x, y, dim=-1, eps=1e-30))
-            c = torch.cat(parts) if parts else torch.empty(0)
-            c = c[torch.isfinite(c)]
-            cache[key] = float(c.median()) if c.numel() else float("nan")
+                x = f32(as_array(read_rows(Position(key[0]), a, b)))
+                y = f32(as_array(read_rows(Position(key[1]), a, b)))
+                parts.append(row_cosines(x, y))
+            c = np.concatenate(parts) if parts else np.empty(0, np.float32)
+            c = c[np.isfinite(c)]
+            cache[key] = lower_median(c)
         return cache[key]
 
     return step_of
+
+
+def row_cosines(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per-row cosine of two float32 [L, H] arrays (a zero row gives 0, as with a tiny eps)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        dot = np.einsum("lh,lh->l", x, y)
+        nx = np.sqrt(np.einsum("lh,lh->l", x, x))
+        ny = np.sqrt(np.einsum("lh,lh->l", y, y))
+        return dot / np.maximum(nx * ny, np.float32(1e-30))

@@ -7,58 +7,77 @@ widely from token to token, most of all the first token with its massive activat
 """
 from __future__ import annotations
 
-import torch
+from typing import Any
 
+import numpy as np
+
+from ..arrays import as_array, f32
 from .fused import row_stats
 
 POST_NORM_CV = 0.1  # per-token norm variation below this looks post-norm
 EPS = 1e-12
+ROW_BLOCK = 1 << 20  # values widened to float32 at once on the numpy path (bounded temporaries)
 
 
-def token_norms(x: torch.Tensor) -> torch.Tensor:
-    """Per-token L2 norms of a [T, H] tensor, in float32 (NaN rows stay NaN).
+def row_summary(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(per-token L2 norms float32, per-token NaN/Inf flags) of a [T, H] array in one pass.
 
-    Narrow dtypes are accumulated in float32 without a float32 copy of the tensor: for a
-    multi-GB bf16 record that copy alone page-faults for seconds.
+    Large inputs go through the compiled kernel (float64 totals, no float32 copy of the
+    array); small ones through numpy a block of rows at a time (float32, as before).
     """
-    stats = row_stats(x)  # the compiled kernel: one pass, float64 sums
-    if stats is not None:
-        return stats[0]
-    if x.is_floating_point() and x.element_size() < 4:
-        return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
-    return torch.linalg.vector_norm(x.float(), dim=-1)
-
-
-def nonfinite_rows(x: torch.Tensor) -> torch.Tensor:
-    """Which rows of a [T, H] tensor hold NaN or Inf (bool [T])."""
+    x = as_array(x)
     stats = row_stats(x)
     if stats is not None:
-        return stats[1]
-    return ~torch.isfinite(x.abs().amax(-1))  # amax is ~10x faster than isfinite().all() on bf16
+        return stats
+    t = int(x.shape[0])
+    norms = np.empty(t, np.float32)
+    bad = np.zeros(t, bool)
+    step = max(1, ROW_BLOCK // max(1, int(x.shape[-1])))
+    for a in range(0, t, step):
+        block = f32(x[a:a + step])
+        with np.errstate(over="ignore", invalid="ignore"):
+            sq = np.einsum("th,th->t", block, block, dtype=np.float32)
+        worst = np.abs(block).max(-1) if block.shape[-1] else np.zeros(block.shape[0], np.float32)
+        b = ~np.isfinite(worst)
+        norms[a:a + step] = np.sqrt(sq)
+        bad[a:a + step] = b
+    return norms, bad
 
 
-def norm_cv(norms: torch.Tensor) -> float:
+def token_norms(x: Any) -> np.ndarray:
+    """Per-token L2 norms of a [T, H] array, in float32 (NaN rows stay NaN)."""
+    return row_summary(x)[0]
+
+
+def nonfinite_rows(x: Any) -> np.ndarray:
+    """Which rows of a [T, H] array hold NaN or Inf (bool [T])."""
+    return row_summary(x)[1]
+
+
+def norm_cv(norms: Any) -> float:
     """Coefficient of variation of per-token norms over the finite entries (NaN if fewer than 2)."""
-    n = norms[torch.isfinite(norms)].double()
-    if n.numel() < 2 or float(n.mean()) <= 0:
+    n = np.asarray(as_array(norms), dtype=np.float64)
+    n = n[np.isfinite(n)]
+    if n.size < 2 or float(n.mean()) <= 0:
         return float("nan")
-    return float(n.std() / n.mean())
+    return float(n.std(ddof=1) / n.mean())
 
 
-def looks_post_norm(norms: torch.Tensor) -> bool:
+def looks_post_norm(norms: Any) -> bool:
     """True when per-token norms are nearly constant, the mark of a post-RMSNorm state."""
     cv = norm_cv(norms)
     return cv == cv and cv < POST_NORM_CV
 
 
-def unit_rms(x: torch.Tensor) -> torch.Tensor:
-    """``x / rms(x)`` per token: what RMSNorm computes before applying its gain."""
-    return x / x.pow(2).mean(-1, keepdim=True).add(EPS).sqrt()
+def unit_rms(x: Any) -> np.ndarray:
+    """``x / rms(x)`` per token (float32): what RMSNorm computes before applying its gain."""
+    x = f32(as_array(x))
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(EPS))
 
 
-def fit_gain(targets: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+def fit_gain(targets: Any, raw: Any) -> np.ndarray:
     """Least-squares per-dimension gain g so that targets ~ g * unit_rms(raw); shapes [K,L,H], [L,H] -> [K,H]."""
     u = unit_rms(raw)
-    num = torch.einsum("klh,lh->kh", targets, u)
-    den = u.pow(2).sum(0).clamp_min(EPS)
+    num = np.einsum("klh,lh->kh", f32(as_array(targets)), u)
+    den = np.maximum((u * u).sum(0), np.float32(EPS))
     return num / den

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..arrays import to_torch
 from ..errors import ForensicsError
 from ..io.drafter import Drafter, DrafterSpec
 from ..positions import Position
@@ -259,7 +260,7 @@ def _rows_of(aux: torch.Tensor | AuxRows) -> AuxRows:
     return aux
 
 
-def replay_drafts(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: torch.Tensor, steps: int,
+def replay_drafts(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: Any, steps: int,
                   chunk: int = ROW_CHUNK) -> torch.Tensor:
     """Drafted target-vocab token ids [steps, T] for every start row (rows near the end hold padding drafts).
 
@@ -267,6 +268,7 @@ def replay_drafts(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: torch.Ten
     only ever held one chunk at a time (T = ``len(ids)``); the fc outputs [T, H] are kept.
     """
     rows = _rows_of(aux)
+    ids = to_torch(ids)  # the capture's ids arrive as an array
     total = ids.shape[0]
     with torch.no_grad():
         h0 = torch.cat([fwd.project(rows(a, min(a + chunk, total))) for a in range(0, total, chunk)])

@@ -1,21 +1,20 @@
-"""Per-token sums behind every score, filled block by block on one device (CPU or CUDA).
+"""Per-token sums behind every score, kept in host memory (numpy) whatever device computed them.
 
-A block is capture rows ``[r0, r0+L)`` of positions ``g0..g0+G`` as a float32 tensor laid out
-``[L, G, H]``, so each token's G positions meet the same training rows ``[L, K, H]`` in one
-batched matrix product (``bmm``) and no K x L x H temporary is ever built. What is kept per
-token is tiny: squared norms, the dot products with each slot, and for post-norm slots the
-two sums the gain-fitted RMSNorm needs (see ``match`` for how they become scores).
+A block is capture rows ``[r0, r0+L)`` of one position as a float32 array ``[L, H]``; its
+aligned training rows are ``[L, K, H]``. What is kept per token is tiny: squared norms, the dot
+products with each slot, and for post-norm slots the two sums the gain-fitted RMSNorm needs
+(see ``match`` for how they become scores). The compiled kernels (``fused``) and the GPU path
+(``gpu``) fill the same arrays; ``results`` turns them into scores.
 
 The gain fit needs every aligned token before any token can be scored, so the fitted sums
 come in two steps: ``accumulate`` (or ``pass1(fit=True)``) sums the least-squares normal
-equations, ``pass2`` scores each token against the fitted gain. Callers that hold a whole
-position run both on it; the CPU path does so only for a few candidate positions.
+equations, ``pass2`` scores each token against the fitted gain.
 """
 from __future__ import annotations
 
-import threading
+import warnings
 
-import torch
+import numpy as np
 
 EPS = 1e-12  # as norms.unit_rms
 
@@ -23,163 +22,138 @@ EPS = 1e-12  # as norms.unit_rms
 class Sums:
     """Accumulators for K slots x P positions over T capture rows, Lw of them aligned from ``cs``."""
 
-    def __init__(self, k: int, p: int, t: int, lw: int, cs: int, h: int, fit_idx: list[int], virt: list[int],
-                 device: torch.device) -> None:
+    def __init__(self, k: int, p: int, t: int, lw: int, cs: int, h: int, fit_idx: list[int], virt: list[int]) -> None:
         self.k, self.p, self.t, self.lw, self.cs, self.h = k, p, t, lw, cs, h
         self.fit_idx, self.virt = fit_idx, virt  # slots fitted; position indices that get a fitted column
-        self.device = device
-        f32 = dict(dtype=torch.float32, device=device)
-        self.xx = torch.full((p, t), float("nan"), **f32)  # squared norm of every capture row
-        self.bad = torch.zeros((p, t), dtype=torch.bool, device=device)  # rows holding NaN/Inf
-        self.dot = torch.full((lw, p, k), float("nan"), **f32)
-        self.yy = torch.full((lw, k), float("nan"), **f32)
-        self.y_ok = torch.zeros((lw, k), dtype=torch.bool, device=device)
+        self.xx = np.full((p, t), np.nan, np.float32)  # squared norm of every capture row
+        self.bad = np.zeros((p, t), bool)  # rows holding NaN/Inf
+        self.dot = np.full((lw, p, k), np.nan, np.float32)
+        self.yy = np.full((lw, k), np.nan, np.float32)
+        self.y_ok = np.zeros((lw, k), bool)
         nf = len(fit_idx)
-        self.num = torch.zeros((p, nf, h), **f32) if nf else None
-        self.den = torch.zeros((p, h), **f32) if nf else None
-        self.gain = torch.zeros((len(virt), nf, h), **f32) if nf and virt else None  # fitted per virtual column
-        self.fdot = torch.full((lw, len(virt), nf), float("nan"), **f32)
-        self.fpp = torch.full((lw, len(virt), nf), float("nan"), **f32)
-        self._local = threading.local()
+        self.num = np.zeros((p, nf, h), np.float32) if nf else None
+        self.den = np.zeros((p, h), np.float32) if nf else None
+        self.gain = np.zeros((len(virt), nf, h), np.float32) if nf and virt else None  # per virtual column
+        self.fdot = np.full((lw, len(virt), nf), np.nan, np.float32)
+        self.fpp = np.full((lw, len(virt), nf), np.nan, np.float32)
+        self.adj: np.ndarray | None = None  # [P, T]: each row . the same token's row one position below (compiled path)
 
-    def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A reusable per-thread buffer: large temporaries allocated per block would page-fault afresh each time."""
-        n = 1
-        for d in shape:
-            n *= d
-        key = (name, dtype)
-        buf = getattr(self._local, "bufs", None)
-        if buf is None:
-            buf = self._local.bufs = {}
-        t = buf.get(key)
-        if t is None or t.numel() < n:
-            t = buf[key] = torch.empty(max(n, 1), dtype=dtype, device=self.device)
-        return t[:n].view(shape)
-
-    def prep_y(self, yb: torch.Tensor, w0: int) -> torch.Tensor:
+    def prep_y(self, yb: np.ndarray, w0: int) -> np.ndarray:
         """Record norms and finiteness of training rows [w0, w0+L) given as [L, K, H] float32; zero bad rows."""
-        yy = torch.linalg.vector_norm(yb, dim=-1).square_()
-        ok = torch.isfinite(yy)
-        if self.device.type != "cpu" or not bool(ok.all()):  # branch-free on a GPU: no host sync
-            ok = torch.isfinite(yb).all(-1)
-            yb.masked_fill_(~ok.unsqueeze(-1), 0.0)
-            yy = torch.where(ok, yy, torch.zeros((), device=yy.device))
+        with np.errstate(over="ignore", invalid="ignore"):
+            yy = np.einsum("lkh,lkh->lk", yb, yb)
+        ok = np.isfinite(yy)
+        if not ok.all():
+            ok = np.isfinite(yb).all(-1)  # exact: an overflowing square is not a bad row
+            yb[~ok] = 0.0
+            yy = np.where(ok, yy, np.float32(0.0))
         self.yy[w0:w0 + yb.shape[0]] = yy
         self.y_ok[w0:w0 + yb.shape[0]] = ok
         return yb
 
-    def _rows_xx(self, xb: torch.Tensor, g0: int, r0: int) -> torch.Tensor:
-        """Squared norms of a block; NaN/Inf rows are recorded and zeroed in place."""
-        xx = torch.linalg.vector_norm(xb, dim=-1).square_()  # [L, G]
-        bad = ~torch.isfinite(xx)
-        if self.device.type != "cpu" or bool(bad.any()):  # branch-free on a GPU: no host sync
-            bad = ~torch.isfinite(xb).all(-1)  # exact: an overflowing square is not a bad row
-            xb.masked_fill_(bad.unsqueeze(-1), 0.0)
-            self.bad[g0:g0 + xb.shape[1], r0:r0 + xb.shape[0]] = bad.T
-        self.xx[g0:g0 + xb.shape[1], r0:r0 + xb.shape[0]] = xx.T
+    def _rows_xx(self, x: np.ndarray, g: int, r0: int) -> np.ndarray:
+        """Squared norms of a block [L, H] of position g; NaN/Inf rows are recorded and zeroed in place."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            xx = np.einsum("lh,lh->l", x, x)
+        bad = ~np.isfinite(xx)
+        if bad.any():
+            bad = ~np.isfinite(x).all(-1)
+            x[bad] = 0.0
+            self.bad[g, r0:r0 + x.shape[0]] = bad
+        self.xx[g, r0:r0 + x.shape[0]] = xx
         return xx
 
-    def pass1(self, xb: torch.Tensor, g0: int, r0: int, yb: torch.Tensor | None, fit: bool = False) -> None:
-        """Norms of a block; with ``yb`` (its aligned training rows, prepped) also the slot dot products.
-
-        With ``fit`` the block is then turned into unit-RMS rows in place and the gain normal
-        equations are accumulated (``accumulate``).
-        """
-        xx = self._rows_xx(xb, g0, r0)
-        if yb is None:
+    def pass1(self, x: np.ndarray, g: int, r0: int, y: np.ndarray | None, fit: bool = False) -> None:
+        """Norms of a block [L, H] of position g; with ``y`` (its aligned training rows [L, K, H],
+        prepped) also the slot dot products. With ``fit`` the block is then turned into unit-RMS
+        rows in place and the gain normal equations are accumulated."""
+        self._rows_xx(x, g, r0)
+        if y is None:
             return
-        w0, n, g = r0 - self.cs, xb.shape[0], xb.shape[1]
-        self.dot[w0:w0 + n, g0:g0 + g] = torch.bmm(xb, yb.transpose(1, 2))
+        w0, n = r0 - self.cs, x.shape[0]
+        self.dot[w0:w0 + n, g] = np.einsum("lh,lkh->lk", x, y)
         if fit and self.num is not None:
-            bad = self.bad[g0:g0 + g, r0:r0 + n].T
-            xb.mul_(torch.rsqrt(torch.where(bad, 0.0, xx) / self.h + EPS).unsqueeze(-1))  # u = x / rms(x)
-            self.accumulate(xb, g0, yb[:, self.fit_idx])
+            self.accumulate(self.unit(x, g, r0), g, y[:, self.fit_idx])
 
-    def accumulate(self, u: torch.Tensor, g0: int, yf: torch.Tensor) -> None:
-        """Gain normal equations from unit-RMS rows u [L, G, H] and fitted slots' rows yf [L, F, H]."""
+    def accumulate(self, u: np.ndarray, g: int, yf: np.ndarray) -> None:
+        """Gain normal equations of position g from unit-RMS rows u [L, H] and fitted slots' rows yf [L, F, H]."""
         assert self.num is not None and self.den is not None
-        g = u.shape[1]
-        if self.device.type == "cpu" and u.shape[0] <= 16:
-            for f in range(yf.shape[1]):
-                for r in range(u.shape[0]):  # one fused multiply-add per token row, no [L, G, H] temporary
-                    self.num[g0:g0 + g, f].addcmul_(u[r], yf[r, f])
-            for r in range(u.shape[0]):
-                self.den[g0:g0 + g].addcmul_(u[r], u[r])
-            return
-        tmp = self.scratch("acc", tuple(u.shape))
-        for f in range(yf.shape[1]):
-            self.num[g0:g0 + g, f] += torch.mul(u, yf[:, f].unsqueeze(1), out=tmp).sum(0)
-        self.den[g0:g0 + g] += torch.mul(u, u, out=tmp).sum(0)
+        self.num[g] += np.einsum("lh,lfh->fh", u, yf)
+        self.den[g] += np.einsum("lh,lh->h", u, u)
 
     def fit(self, js: list[int] | None = None) -> None:
         """Least-squares gains of virtual columns ``js`` (all by default): g = sum(u*y) / sum(u*u) per dimension."""
-        if self.num is None or self.gain is None:
+        if self.num is None or self.den is None or self.gain is None:
             return
         js = list(range(len(self.virt))) if js is None else js
-        idx = torch.tensor([self.virt[j] for j in js], device=self.device)
-        self.gain[js] = self.num[idx] / self.den[idx].clamp_min(EPS).unsqueeze(1)
+        idx = [self.virt[j] for j in js]
+        self.gain[js] = self.num[idx] / np.maximum(self.den[idx], np.float32(EPS))[:, None, :]
 
-    def unit(self, xb: torch.Tensor, gidx: list[int], r0: int) -> torch.Tensor:
-        """Turn a re-read block of positions ``gidx`` into unit-RMS rows in place (bad rows zero)."""
-        idx = torch.tensor(gidx, device=self.device)
-        bad = self.bad[idx, r0:r0 + xb.shape[0]].T
-        xx = self.xx[idx, r0:r0 + xb.shape[0]].T
-        if self.device.type != "cpu" or bool(bad.any()):
-            xb.masked_fill_(bad.unsqueeze(-1), 0.0)
-        return xb.mul_(torch.rsqrt(torch.where(bad, 0.0, xx) / self.h + EPS).unsqueeze(-1))
+    def unit(self, x: np.ndarray, g: int, r0: int) -> np.ndarray:
+        """Turn a block [L, H] of position g into unit-RMS rows in place (bad rows zero)."""
+        n = x.shape[0]
+        bad = self.bad[g, r0:r0 + n]
+        if bad.any():
+            x[bad] = 0.0
+        xx = np.where(bad, np.float32(0.0), self.xx[g, r0:r0 + n])
+        x *= (np.float32(1.0) / np.sqrt(xx / np.float32(self.h) + np.float32(EPS)))[:, None]
+        return x
 
-    def pass2(self, u: torch.Tensor, j0: int, r0: int, yf: torch.Tensor) -> None:
-        """Score unit-RMS rows of virtual columns j0.. against the fitted gains: sum(y*g*u), sum((g*u)^2).
+    def pass2(self, u: np.ndarray, j: int, r0: int, yf: np.ndarray) -> None:
+        """Score unit-RMS rows u [L, H] of virtual column j against its fitted gains: sum(y*g*u), sum((g*u)^2).
 
         ``yf`` [L, F, H] holds the fitted slots' training rows only.
         """
         assert self.gain is not None
-        w0, n, g = r0 - self.cs, u.shape[0], u.shape[1]
+        w0, n = r0 - self.cs, u.shape[0]
         for f in range(yf.shape[1]):
-            pred = torch.mul(u, self.gain[j0:j0 + g, f].unsqueeze(0), out=self.scratch("pred", tuple(u.shape)))
-            self.fpp[w0:w0 + n, j0:j0 + g, f] = torch.linalg.vector_norm(pred, dim=-1).square_()
-            self.fdot[w0:w0 + n, j0:j0 + g, f] = torch.linalg.vecdot(pred, yf[:, f].unsqueeze(1))
+            pred = u * self.gain[j, f]
+            self.fpp[w0:w0 + n, j, f] = np.einsum("lh,lh->l", pred, pred)
+            self.fdot[w0:w0 + n, j, f] = np.einsum("lh,lh->l", pred, yf[:, f])
 
-    def results(self, direct_only: bool = False) -> dict[str, torch.Tensor]:
-        """Scores and side metrics (CPU float64, per_token float32): direct [K, P], fitted [F, len(virt)]."""
+    def results(self, direct_only: bool = False) -> dict[str, np.ndarray]:
+        """Scores and side metrics (float64, per_token float32): direct [K, P], fitted [F, len(virt)]."""
         cs, lw = self.cs, self.lw
         x_ok = ~self.bad[:, cs:cs + lw].T  # [Lw, P]
-        nx = self.xx[:, cs:cs + lw].T.clamp_min(0).sqrt()
-        ny = self.yy.clamp_min(0).sqrt()  # [Lw, K]
-        valid = self.y_ok.unsqueeze(1) & x_ok.unsqueeze(2)  # [Lw, P, K]
-        sim = self.dot / (ny.unsqueeze(1) * nx.unsqueeze(2)).clamp_min(1e-30)
-        direct = _cells(sim, valid, self.dot, nx.unsqueeze(2) ** 2, self.yy.unsqueeze(1), ny.unsqueeze(1), nx.unsqueeze(2))
+        nx = np.sqrt(np.maximum(self.xx[:, cs:cs + lw].T, 0))
+        ny = np.sqrt(np.maximum(self.yy, 0))  # [Lw, K]
+        valid = self.y_ok[:, None, :] & x_ok[:, :, None]  # [Lw, P, K]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            sim = self.dot / np.maximum(ny[:, None, :] * nx[:, :, None], np.float32(1e-30))
+        direct = _cells(sim, valid, self.dot, (nx ** 2)[:, :, None], self.yy[:, None, :], ny[:, None, :],
+                        nx[:, :, None])
         out = {f"direct_{k}": v for k, v in direct.items()}
         if direct_only:
             return out
         if self.fit_idx and self.virt:
-            yy = self.yy[:, self.fit_idx].unsqueeze(1)  # [Lw, 1, F]
-            valid = self.y_ok[:, self.fit_idx].unsqueeze(1) & x_ok[:, self.virt].unsqueeze(2)
+            yy = self.yy[:, self.fit_idx][:, None, :]  # [Lw, 1, F]
+            valid = self.y_ok[:, self.fit_idx][:, None, :] & x_ok[:, self.virt][:, :, None]
             # a fitted column must also reproduce each token's norm: 2xy / (|x|^2 + |y|^2), not the cosine
-            sim = 2 * self.fdot / (yy + self.fpp).clamp_min(1e-30)
-            fitted = _cells(sim, valid, self.fdot, self.fpp, yy, yy.clamp_min(0).sqrt(), self.fpp.clamp_min(0).sqrt())
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                sim = 2 * self.fdot / np.maximum(yy + self.fpp, np.float32(1e-30))
+            fitted = _cells(sim, valid, self.fdot, self.fpp, yy, np.sqrt(np.maximum(yy, 0)),
+                            np.sqrt(np.maximum(self.fpp, 0)))
             out.update({f"fitted_{k}": v for k, v in fitted.items()})
         return out
 
 
-def _cells(sim: torch.Tensor, valid: torch.Tensor, dot: torch.Tensor, xx: torch.Tensor, yy: torch.Tensor,
-           ny: torch.Tensor, nx: torch.Tensor) -> dict[str, torch.Tensor]:
+def _cells(sim: np.ndarray, valid: np.ndarray, dot: np.ndarray, xx: np.ndarray, yy: np.ndarray,
+           ny: np.ndarray, nx: np.ndarray) -> dict[str, np.ndarray]:
     """Reduce per-token [Lw, C, S] quantities to per-cell [S, C] metrics over the valid tokens."""
-    nan = torch.tensor(float("nan"), dtype=torch.float64)
-    per_token = torch.where(valid, sim, torch.full_like(sim, float("nan"))).cpu()
-    v = valid.cpu()
-    count = v.sum(0).double()
-    zero = torch.zeros((), dtype=torch.float64)
+    per_token = np.where(valid, sim, np.float32(np.nan)).astype(np.float32)
+    count = valid.sum(0).astype(np.float64)
 
-    def total(a: torch.Tensor) -> torch.Tensor:
-        return torch.where(v, a.expand_as(sim).cpu().double(), zero).sum(0)
+    def total(a: np.ndarray) -> np.ndarray:
+        return np.where(valid, np.broadcast_to(a, sim.shape).astype(np.float64), 0.0).sum(0)
 
     empty = count == 0
-    score = torch.nanmean(per_token.double(), dim=0)
-    rel = 1 - 2 * total(dot) / (total(xx) + total(yy)).clamp_min(1e-300)
-    ratio = total(ny / nx.clamp_min(1e-30)) / count.clamp_min(1)
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells: NaN, said by ``empty``
+        score = np.nanmean(per_token.astype(np.float64), axis=0)
+        rel = 1 - 2 * total(dot) / np.maximum(total(xx) + total(yy), 1e-300)
+        ratio = total(ny / np.maximum(nx, np.float32(1e-30))) / np.maximum(count, 1)
     return {
-        "score": torch.where(empty, nan, score).T, "rel_diff": torch.where(empty, nan, rel).T,
-        "norm_ratio": torch.where(empty, nan, ratio).T, "tokens": count.T,
-        "per_token": per_token.permute(2, 1, 0),  # [S, C, Lw]
+        "score": np.where(empty, np.nan, score).T, "rel_diff": np.where(empty, np.nan, rel).T,
+        "norm_ratio": np.where(empty, np.nan, ratio).T, "tokens": count.T,
+        "per_token": per_token.transpose(2, 1, 0),  # [S, C, Lw]
     }

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from typing import Any
+
+import numpy as np
+
+from ..arrays import as_array
 
 
 @dataclass(frozen=True)
@@ -31,11 +35,11 @@ class TokenAlignment:
         return dict(self.__dict__)
 
 
-def trailing_padding(input_ids: torch.Tensor | None, loss_mask: torch.Tensor | None) -> int:
-    """Number of trailing rows that are padding (id 0 and loss mask 0); 0 without both tensors."""
+def trailing_padding(input_ids: Any | None, loss_mask: Any | None) -> int:
+    """Number of trailing rows that are padding (id 0 and loss mask 0); 0 without both arrays."""
     if input_ids is None or loss_mask is None:
         return 0
-    pad = (input_ids == 0) & (loss_mask == 0)
+    pad = (as_array(input_ids) == 0) & (as_array(loss_mask) == 0)
     n = 0
     for flag in reversed(pad.tolist()):
         if not flag:
@@ -44,16 +48,17 @@ def trailing_padding(input_ids: torch.Tensor | None, loss_mask: torch.Tensor | N
     return n
 
 
-def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the longest common prefix of two 1-D id tensors."""
+def common_prefix(a: Any, b: Any) -> int:
+    """Length of the longest common prefix of two 1-D id arrays."""
+    a, b = as_array(a), as_array(b)
     n = min(int(a.shape[0]), int(b.shape[0]))
-    diff = (a[:n] != b[:n]).nonzero()
-    return n if diff.numel() == 0 else int(diff[0, 0])
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return n if diff.size == 0 else int(diff[0])
 
 
 def align_tokens(
-    train_ids: torch.Tensor | None, train_len: int, padding: int,
-    capture_ids: torch.Tensor | None, capture_len: int,
+    train_ids: Any | None, train_len: int, padding: int,
+    capture_ids: Any | None, capture_len: int,
 ) -> TokenAlignment:
     """Pair training rows with capture rows from ids when both sides have them, else by position."""
     usable = train_len - padding
@@ -74,11 +79,12 @@ def align_tokens(
                           f"no token ids in the {which}: rows paired from the first token, checked by content")
 
 
-def _log_profile(norms: torch.Tensor) -> torch.Tensor:
-    return torch.log(norms.double().clamp_min(1e-30))
+def _log_profile(norms: Any) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return np.log(np.maximum(np.asarray(as_array(norms), dtype=np.float64), 1e-30))
 
 
-def shift_correlations(train_norms: torch.Tensor, capture_norms: torch.Tensor, max_shift: int) -> dict[int, float]:
+def shift_correlations(train_norms: Any, capture_norms: Any, max_shift: int) -> dict[int, float]:
     """Pearson correlation of log per-token norms when training row t pairs with capture row t+d."""
     out: dict[int, float] = {}
     s, t = int(train_norms.shape[0]), int(capture_norms.shape[0])
@@ -88,15 +94,15 @@ def shift_correlations(train_norms: torch.Tensor, capture_norms: torch.Tensor, m
         if hi - lo < 4:
             continue
         a, b = a_all[lo:hi], b_all[lo + d:hi + d]
-        ok = torch.isfinite(a) & torch.isfinite(b)
+        ok = np.isfinite(a) & np.isfinite(b)
         a, b = a[ok], b[ok]
-        if a.numel() < 4 or float(a.std()) == 0 or float(b.std()) == 0:
+        if a.size < 4 or float(a.std()) == 0 or float(b.std()) == 0:
             continue
-        out[d] = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+        out[d] = float(np.corrcoef(a, b)[0, 1])
     return out
 
 
-def detect_shift(train_norms: torch.Tensor, column_norms: list[torch.Tensor], max_shift: int = 4) -> tuple[int, float, float]:
+def detect_shift(train_norms: Any, column_norms: list[Any], max_shift: int = 4) -> tuple[int, float, float]:
     """Best row shift by norm-profile correlation over all columns: (shift, its corr, corr at shift 0)."""
     best: dict[int, float] = {}
     for cn in column_norms:

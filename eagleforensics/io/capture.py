@@ -11,7 +11,8 @@ Accepted layouts (each integer is read through ``convention``, see ``CONVENTIONS
 * the capture helper's safetensors file (``eagleforensics capture``), self-describing.
 
 Positions are read one at a time through ``Capture.read`` so a large sweep never has to
-fit in memory at once.
+fit in memory at once. Every hidden state and id list handed out is a numpy array (bf16 as
+``arrays.BF16``); safetensors and numpy captures are read without importing torch.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+import numpy as np
 
+from ..arrays import dtype_name, is_float, numpy_dtype
 from ..errors import ForensicsError
 from ..positions import Position
 from .filerows import PositionSource, file_locator, safetensors_rows
@@ -49,15 +51,15 @@ class SweepHeader:
     num_layers_source: str
     hidden_size: int
     num_tokens: int
-    dtype: torch.dtype
-    input_ids: torch.Tensor | None
+    dtype: np.dtype  # the narrowest stored dtype (arrays.BF16 for bf16); arrays.dtype_name for people
+    input_ids: np.ndarray | None  # int64 [T]
 
 
 @dataclass
 class Capture(SweepHeader):
-    """A lazily read sweep: ``positions`` lists what exists, ``read(pos)`` returns a [T, H] tensor."""
+    """A lazily read sweep: ``positions`` lists what exists, ``read(pos)`` returns a [T, H] ndarray."""
 
-    readers: dict[Position, Callable[[], torch.Tensor]]
+    readers: dict[Position, Callable[[], np.ndarray]]
     metadata: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how the integers were read, when not as declared
 
@@ -65,12 +67,14 @@ class Capture(SweepHeader):
     def positions(self) -> list[Position]:
         return sorted(self.readers)
 
-    def read(self, pos: Position) -> torch.Tensor:
-        """The [T, H] tensor at ``pos`` (as stored; callers convert dtype in chunks)."""
+    def read(self, pos: Position) -> np.ndarray:
+        """The [T, H] array at ``pos`` (as stored; callers convert dtype in chunks, e.g. ``arrays.f32``)."""
         return self.readers[pos]()
 
-    def read_rows(self, pos: Position, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows [start, stop) of ``pos``, read from the file alone where the format allows (bounded memory)."""
+    def read_rows(self, pos: Position, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, stop) of ``pos``, read from the file alone where the format allows (bounded memory).
+
+        ``out`` is a buffer of the stored dtype the file reader may fill (a view may come back instead)."""
         src = self.readers[pos]
         if isinstance(src, PositionSource):
             return src.rows(start, stop, out=out)
@@ -82,26 +86,30 @@ class Capture(SweepHeader):
         return all(isinstance(s, PositionSource) and s.streams for s in self.readers.values())
 
 
-def _rows(t: Any, what: str, path: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
+def _rows(t: Any, what: str, path: str) -> np.ndarray:
+    if not isinstance(t, np.ndarray):
         raise ForensicsError(f"{what} is {type(t).__name__}, expected a tensor", path=path)
-    if not t.is_floating_point():
-        raise ForensicsError(f"{what} holds {t.dtype} values; hidden states must be floating point", path=path)
-    if t.dim() == 3 and t.shape[0] == 1:
+    if not is_float(t.dtype):
+        raise ForensicsError(f"{what} holds {dtype_name(t.dtype)} values; hidden states must be floating point", path=path)
+    if t.ndim == 3 and t.shape[0] == 1:
         t = t[0]
-    if t.dim() == 3:
+    if t.ndim == 3:
         raise ForensicsError(f"{what} has a batch of {t.shape[0]} sequences; capture one sequence", path=path)
-    if t.dim() != 2:
+    if t.ndim != 2:
         raise ForensicsError(f"{what} has shape {list(t.shape)}; expected [T, H] or [1, T, H]", path=path)
-    return t.detach()  # a file may carry requires_grad; the data is all we read
+    return t
 
 
-def _ids(t: Any, path: str) -> torch.Tensor | None:
+def _is_int(t: Any) -> bool:
+    return isinstance(t, np.ndarray) and t.dtype.kind in "biu"
+
+
+def _ids(t: Any, path: str) -> np.ndarray | None:
     if t is None:
         return None
-    if not isinstance(t, torch.Tensor) or t.is_floating_point():
+    if not _is_int(t):
         raise ForensicsError("input_ids must be an integer tensor", path=path)
-    return t.reshape(-1).to(torch.int64)
+    return t.reshape(-1).astype(np.int64, copy=False)
 
 
 def _position_of(num: int, convention: str, top: int | None) -> Position:
@@ -118,8 +126,8 @@ def _position_of(num: int, convention: str, top: int | None) -> Position:
 
 
 def _build(
-    path: str, convention: str, numbered: dict[int, Callable[[], torch.Tensor]],
-    shapes: dict[int, tuple[int, ...]], dtypes: dict[int, torch.dtype], input_ids: torch.Tensor | None,
+    path: str, convention: str, numbered: dict[int, Callable[[], np.ndarray]],
+    shapes: dict[int, tuple[int, ...]], dtypes: dict[int, np.dtype], input_ids: np.ndarray | None,
     num_layers: int | None, metadata: dict[str, Any],
 ) -> Capture:
     if not numbered:
@@ -131,7 +139,7 @@ def _build(
         notes.append(f"the capture's integers {_ints(sorted(numbered))} cannot be a full HF output_hidden_states "
                      f"tuple ({as_labelled}), so they are read as positions as labelled, all raw (before any norm); "
                      "pass --capture-convention if they mean something else")
-    readers: dict[Position, Callable[[], torch.Tensor]] = {}
+    readers: dict[Position, Callable[[], np.ndarray]] = {}
     for num, reader in numbered.items():
         pos = Position(num) if as_labelled else _position_of(num, convention, top)
         readers[pos] = reader
@@ -153,7 +161,7 @@ def _build(
         raise ForensicsError(f"capture positions are empty (shape [{t}, {h}])", path=path)
     if input_ids is not None and int(input_ids.shape[0]) != t:
         raise ForensicsError(f"input_ids has {int(input_ids.shape[0])} tokens but the hidden states have {t}", path=path)
-    lowest = min(dtypes.values(), key=lambda d: torch.finfo(d).bits)
+    lowest = min(dtypes.values(), key=lambda d: d.itemsize)
     return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata, notes)
 
 
@@ -195,7 +203,7 @@ def _from_sequence(seq: list[Any], path: str, convention: str, ids: Any, num_lay
                              "position after the gap would be mislabelled", path=path)
     tensors = {i: _rows(t, f"entry {i}", path) for i, t in enumerate(seq)}
     return _build(
-        path, convention, {i: PositionSource.of_tensor(t) for i, t in tensors.items()},
+        path, convention, {i: PositionSource.of_array(t) for i, t in tensors.items()},
         {i: tuple(t.shape) for i, t in tensors.items()}, {i: t.dtype for i, t in tensors.items()},
         _ids(ids, path), num_layers, meta,
     )
@@ -218,22 +226,23 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
     if isinstance(obj.get("hidden_states"), (list, tuple)):
         meta = {k: v for k, v in obj.items() if isinstance(v, (str, int, float, bool))}
         return _from_sequence(list(obj["hidden_states"]), path, convention, obj.get("input_ids"), num_layers, meta)
-    floats = [k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    _refuse_integer_states({k: v.dtype for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() >= 2
-                            and not v.is_floating_point()}, path)
+    floats = [k for k, v in obj.items() if isinstance(v, np.ndarray) and is_float(v.dtype)]
+    _refuse_integer_states({k: dtype_name(v.dtype) for k, v in obj.items() if isinstance(v, np.ndarray) and v.ndim >= 2
+                            and not is_float(v.dtype)}, path)
     numbered = _numbered_keys(floats, path)
     if not numbered:
         _refuse_training_record(list(obj), path)
     tensors = {n: _rows(obj[k], repr(k), path) for n, k in numbered.items()}
     meta = {str(k): v for k, v in (obj.get("__metadata__") or {}).items()}
     return _build(
-        path, convention, {n: PositionSource.of_tensor(t) for n, t in tensors.items()},
+        path, convention, {n: PositionSource.of_array(t) for n, t in tensors.items()},
         {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()},
         _ids(obj.get("input_ids"), path), num_layers, meta,
     )
 
 
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_ST_DTYPES = {"F64": numpy_dtype("float64"), "F32": numpy_dtype("float32"), "F16": numpy_dtype("float16"),
+              "BF16": numpy_dtype("bfloat16")}
 
 
 def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Capture:
@@ -267,6 +276,7 @@ def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Captu
     )
 
 
+_F32 = numpy_dtype("float32")
 TRAINING_KEYS = ("loss_mask", "aux_hidden_state", "aux_hidden_states", "hidden_state", "target", "attention_mask")
 
 
@@ -324,10 +334,10 @@ def _from_own_format(p: Path, handle: Any, header: dict[str, Any], meta: dict[st
     cap = _build(
         path, "vllm",
         {k: PositionSource(lambda key=key: _rows(read_tensor(handle, key, p), repr(key), path),
-                           safetensors_rows(p, header, key, _ST_DTYPES.get(header[key]["dtype"], torch.float32)).read)
+                           safetensors_rows(p, header, key, _ST_DTYPES.get(header[key]["dtype"], _F32)).read)
          for k, key in readers.items()},
         {k: _squeeze_shape(header[key]["shape"], key, path) for k, key in readers.items()},
-        {k: _ST_DTYPES.get(header[key]["dtype"], torch.float32) for k, key in readers.items()},
+        {k: _ST_DTYPES.get(header[key]["dtype"], _F32) for k, key in readers.items()},
         _ids(ids, path), num_layers if num_layers is not None else n, meta,
     )
     if "final_norm" in header:
@@ -351,10 +361,10 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
             numbered[int(m.group("num"))] = f
     if not numbered:
         raise ForensicsError("directory holds no files named with a position number (like layer_3.pt)", path=d)
-    cache: dict[int, torch.Tensor] = {}
+    cache: dict[int, np.ndarray] = {}
 
-    def reader(n: int) -> Callable[[], torch.Tensor]:
-        def read() -> torch.Tensor:
+    def reader(n: int) -> Callable[[], np.ndarray]:
+        def read() -> np.ndarray:
             return _rows(_single(load_object(numbered[n], allow_unsafe=allow_unsafe), numbered[n]), numbered[n].name, str(numbered[n]))
         return read
 
@@ -374,11 +384,11 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
 
 
 def _single(obj: Any, f: Path, want_float: bool = True) -> Any:
-    """The one tensor a per-position file holds (a bare tensor, or a dict/list with one)."""
-    if isinstance(obj, torch.Tensor):
+    """The one array a per-position file holds (a bare tensor, or a dict/list with one)."""
+    if isinstance(obj, np.ndarray):
         return obj
     values = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else []
-    tensors = [v for v in values if isinstance(v, torch.Tensor) and (v.is_floating_point() == want_float)]
+    tensors = [v for v in values if isinstance(v, np.ndarray) and (is_float(v.dtype) if want_float else _is_int(v))]
     if len(tensors) != 1:
         raise ForensicsError(f"expected exactly one {'float' if want_float else 'integer'} tensor, found {len(tensors)}", path=f)
     return tensors[0]

@@ -1,7 +1,8 @@
 """Read an EAGLE-3 drafter checkpoint (SpecForge or speculators layout) and the few target tensors replay needs.
 
-Only the tensors the forward pass uses are read, one at a time through ``safe_open`` (no pickle
-anywhere). Key names as the trainers write them (SpecForge 0.2.0
+Only the tensors the forward pass uses are read, one at a time through ``safeload``'s own
+safetensors reader (no pickle anywhere), then handed to torch over the same memory: replay runs
+the drafter in torch, so this module (not on the align path) imports it. Key names as the trainers write them (SpecForge 0.2.0
 ``specforge/modeling/draft/llama3_eagle.py`` ``LlamaForCausalLMEagle3``: ``fc``, ``midlayer.*``,
 ``norm``, ``lm_head``, ``embed_tokens``, buffers ``d2t``/``t2d``; speculators 0.9.0
 ``speculators/models/eagle3/core.py`` ``Eagle3DraftModel``: the same names with the decoder layer
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..arrays import to_torch
 from ..errors import ForensicsError
 from .guards import parse_json, read_regular
 from .safeload import open_safetensors, read_safetensors_header, read_tensor
@@ -235,7 +237,7 @@ class _Reader:
         f = self.files[name]
         if f not in self.handles:
             self.handles[f] = open_safetensors(f)
-        return read_tensor(self.handles[f], name, f)
+        return to_torch(read_tensor(self.handles[f], name, f))
 
 
 def _drafter_names(files: dict[str, Path], layout: str, path: Path) -> dict[str, str]:

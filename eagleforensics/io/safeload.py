@@ -1,9 +1,11 @@
 """Open user files safely: sniff the real format from the bytes, never unpickle arbitrary objects.
 
-Every reader here returns plain Python containers of tensors (and str/int metadata) or
-raises ``ForensicsError`` naming the file. ``.pt``/``.ckpt`` go through
-``torch.load(weights_only=True)``; the opt-in ``allow_unsafe`` exists for files from a
-trusted source whose pickles hold other objects, and it runs their code on load.
+Every reader here returns plain Python containers of numpy arrays (and str/int metadata) or
+raises ``ForensicsError`` naming the file. safetensors and numpy files are read without torch
+(bf16 as ``arrays.BF16``). ``.pt``/``.ckpt`` go through ``torch.load(weights_only=True)``, the
+only place torch is imported, and their tensors become arrays right there (``arrays.as_array``,
+zero-copy), so nothing above ``io`` sees a tensor. The opt-in ``allow_unsafe`` exists for files
+from a trusted source whose pickles hold other objects, and it runs their code on load.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
+from .filerows import FileRows
 from .guards import check_expansion, check_zip_members, expansion_limit, parse_json
 from .sizecheck import check_legacy_torch, check_npy, human_bytes
 
@@ -38,7 +41,15 @@ UNSAFE_HINT = (
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 # bytes per element of each safetensors dtype (safetensors format spec); others are left to the library
 _ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-                "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+                "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+                "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1, "C64": 8}
+# numpy dtype of each safetensors dtype read here (all little-endian, as the format stores them)
+_ST_NUMPY = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": BF16,
+             "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+             "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+             "BOOL": np.dtype("?")}
+# every dtype name the safetensors format defines (its reader refuses others)
+_ST_KNOWN = {*_ST_ITEMSIZE, "F4", "F6_E2M3", "F6_E3M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "C64"}
 _KIND_WORDS = {"torch-zip": "a torch zip archive", "pickle": "a pickle", "npy": "a numpy array",
                "npz": "an npz archive", "safetensors": "safetensors"}
 
@@ -89,6 +100,9 @@ def sniff(path: Path) -> str:
 
 
 def _torch_load(source: Any, path: Path, *, allow_unsafe: bool, mmap: bool) -> Any:
+    """``torch.load`` with its many failure types turned into one line, tensors left as torch loads them."""
+    import torch
+
     try:
         with warnings.catch_warnings():  # torch warns on stderr about pickle protocols; we say it in one line
             warnings.simplefilter("ignore")
@@ -155,11 +169,12 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise ForensicsError("corrupt safetensors header (not a JSON object)", path=path)
     data_len = size - 8 - hlen
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
         try:
-            start, end = info["data_offsets"]
+            start, end = (int(x) for x in info["data_offsets"])
             shape = [int(d) for d in info["shape"]]
         except (TypeError, KeyError, ValueError):
             raise ForensicsError(f"corrupt safetensors entry {name!r}", path=path) from None
@@ -168,6 +183,9 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
                 f"safetensors entry {name!r} points past the end of the file: truncated or corrupt",
                 path=path,
             )
+        if str(info.get("dtype")) not in _ST_KNOWN:
+            raise ForensicsError(f"safetensors entry {name!r} has unknown dtype {str(info.get('dtype'))[:40]!r}: "
+                                 "corrupt header", path=path)
         item = _ST_ITEMSIZE.get(str(info.get("dtype")))
         if item is not None and math.prod(shape) * item != end - start:
             raise ForensicsError(
@@ -175,25 +193,80 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
                 f"({human_bytes(math.prod(shape) * item)}) but holds {human_bytes(end - start)}: corrupt header",
                 path=path,
             )
+        spans.append((start, end, str(name)))
+    _check_tiling(spans, data_len, path)
     return header
 
 
-def open_safetensors(path: Path) -> Any:
-    """A lazy safetensors handle (tensors are read one at a time); header validated first."""
-    from safetensors import safe_open
+def _check_tiling(spans: list[tuple[int, int, str]], data_len: int, path: Path) -> None:
+    """The tensors must cover the data section end to end, no gap, no overlap (the safetensors library's rule)."""
+    at = 0
+    for start, end, name in sorted(spans):
+        if start != at:
+            raise ForensicsError(f"safetensors entry {name!r} starts at byte {start} of the data, expected {at} "
+                                 "(tensors overlap or leave a gap): corrupt header", path=path)
+        at = end
+    if at != data_len:
+        raise ForensicsError(f"safetensors data section holds {data_len} bytes but its tensors cover {at}: "
+                             "truncated or corrupt", path=path)
 
-    read_safetensors_header(path)
+
+def safetensors_data_start(path: Path) -> int:
+    """Byte offset of a safetensors file's data section (8 + the header length)."""
+    with path.open("rb") as fh:
+        (hlen,) = struct.unpack("<Q", fh.read(8))
+    return 8 + hlen
+
+
+class SafetensorsFile:
+    """A safetensors file read without torch: the header is validated once, each tensor is read on demand
+    into a fresh ndarray (bf16 as ``arrays.BF16``) with one positional read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header = read_safetensors_header(path)
+        self.data_start = safetensors_data_start(path)
+
+    def keys(self) -> list[str]:
+        return [k for k in self.header if k != "__metadata__"]
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.header.get("__metadata__") or {})
+
+    def dtype(self, name: str) -> np.dtype:
+        """The numpy dtype of tensor ``name``; a stored dtype numpy cannot hold here is one clear error."""
+        code = str(self.header[name].get("dtype"))
+        dtype = _ST_NUMPY.get(code)
+        if dtype is None:
+            raise ForensicsError(f"tensor {name!r} holds {code} values, which eagleforensics does not read "
+                                 "(store hidden states as BF16, F16, F32 or F64)", path=self.path)
+        return dtype
+
+    def rows(self, name: str) -> FileRows:
+        """Tensor ``name`` as [rows, last dim] file rows (a 0-d tensor is one row of one value)."""
+        info = self.header[name]
+        shape = [int(d) for d in info["shape"]] or [1]
+        return FileRows(self.path, self.data_start + int(info["data_offsets"][0]), math.prod(shape[:-1]),
+                        shape[-1], self.dtype(name))
+
+    def get(self, name: str) -> np.ndarray:
+        """Tensor ``name`` read whole into memory, in its stored shape and dtype."""
+        shape = [int(d) for d in self.header[name]["shape"]]
+        return self.rows(name).read().reshape(shape)
+
+
+def open_safetensors(path: Path) -> SafetensorsFile:
+    """A lazy safetensors handle (tensors are read one at a time); header validated first. No torch."""
+    return SafetensorsFile(path)
+
+
+def read_tensor(handle: SafetensorsFile, name: str, path: Path) -> np.ndarray:
+    """Read one tensor of a safetensors file as an ndarray; a failed read is one ForensicsError line."""
     try:
-        return safe_open(str(path), framework="pt", device="cpu")
-    except Exception as exc:
-        raise ForensicsError(f"cannot open safetensors file: {' '.join(str(exc).split())[:200]}", path=path) from None
-
-
-def read_tensor(handle: Any, name: str, path: Path) -> torch.Tensor:
-    """Read one tensor from a safetensors handle, turning library errors into ForensicsError."""
-    try:
-        return handle.get_tensor(name)
-    except Exception as exc:
+        return handle.get(name)
+    except ForensicsError:
+        raise
+    except (OSError, KeyError, ValueError) as exc:
         raise ForensicsError(f"cannot read tensor {name!r}: {' '.join(str(exc).split())[:200]}", path=path) from None
 
 
@@ -236,10 +309,11 @@ def _check_zip(source: Any, p: Path, where: str = "") -> None:
 
 
 def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = True) -> Any:
-    """Load a whole file into Python containers of tensors, whatever its container format.
+    """Load a whole file into Python containers of ndarrays, whatever its container format.
 
-    safetensors files come back as ``{"__metadata__": {...}, name: tensor, ...}``; npz as a
-    dict; npy as one tensor; gzip is unpacked in memory then sniffed again (torch only).
+    safetensors files come back as ``{"__metadata__": {...}, name: array, ...}``; npz as a
+    dict; npy as one array; gzip is unpacked in memory then sniffed again (torch only). Only the
+    torch formats (zip, legacy pickle, gzip) import torch; their tensors come back as arrays.
     """
     p = check_file(path)
     kind = sniff(p)
@@ -255,28 +329,28 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
             _check_zip(buf, p, "inside the gzip stream: ")
         if payload[:1] == b"\x80":
             check_legacy_torch(buf, len(payload), p)
-        return _torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False)
+        return to_arrays(_torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False), p)
     if kind == "pickle":
         with p.open("rb") as fh:
             check_legacy_torch(fh, p.stat().st_size, p)
     if kind in ("torch-zip", "npz"):
         _check_zip(p, p)
     if kind in ("torch-zip", "pickle"):
-        return _torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip")
+        return to_arrays(_torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip"), p)
     if kind == "safetensors":
         handle = open_safetensors(p)
-        out: dict[str, Any] = {"__metadata__": dict(handle.metadata() or {})}
+        out: dict[str, Any] = {"__metadata__": handle.metadata()}
         for name in handle.keys():
             out[name] = read_tensor(handle, name, p)
         return out
     if kind == "npy":
-        return _numpy_to_torch(_np_load(p), p)
+        return _plain_array(_np_load(p), p)
     # npz: members are read lazily, so a damaged one fails here, not in np.load
     with _np_load(p) as archive:
         out = {}
         for name in archive.files:
             try:
-                out[name] = _numpy_to_torch(archive[name], p)
+                out[name] = _plain_array(archive[name], p)
             except ForensicsError:
                 raise
             except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
@@ -329,8 +403,34 @@ class _Counted(io.RawIOBase):
         return self._n
 
 
-def _numpy_to_torch(arr: Any, p: Path) -> Any:
-    try:
-        return torch.from_numpy(np.ascontiguousarray(arr))
-    except (TypeError, ValueError, OSError) as exc:
-        raise ForensicsError(f"unsupported numpy array ({exc})", path=p) from None
+# what a numpy file's array may hold: bools, integers, IEEE floats of 2/4/8 bytes, complex of 8/16 bytes
+_ARRAY_SIZES = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8), "c": (8, 16)}
+
+
+def _plain_array(arr: Any, p: Path) -> np.ndarray:
+    """A numpy file's array as a contiguous, native-byte-order ndarray of a numeric dtype."""
+    arr = np.asarray(arr)
+    if arr.dtype.itemsize not in _ARRAY_SIZES.get(arr.dtype.kind, ()):
+        raise ForensicsError(f"unsupported numpy array (dtype {arr.dtype}; expected numbers)", path=p)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.ascontiguousarray(arr)
+
+
+def to_arrays(obj: Any, p: Path) -> Any:
+    """What torch loaded, with every tensor (in dicts, lists, tuples) turned into an ndarray, zero-copy
+    where it can be: the boundary past which no module sees a torch tensor."""
+    if is_torch(obj):
+        try:
+            return as_array(obj)
+        except (TypeError, RuntimeError, ValueError) as exc:
+            raise ForensicsError(f"holds a {str(getattr(obj, 'dtype', '?')).replace('torch.', '')} tensor that cannot "
+                                 f"be read as an array ({' '.join(str(exc).split())[:100]}); store hidden states as "
+                                 "bfloat16, float16 or float32", path=p) from None
+    if isinstance(obj, dict):
+        return {k: to_arrays(v, p) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_arrays(v, p) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(to_arrays(v, p) for v in obj)
+    return obj

@@ -5,21 +5,25 @@ It writes one safetensors file holding ``hidden.{p}`` for every position p = 0..
 not return), ``final_norm`` (the post-norm state the lm_head reads), ``input_ids``, and
 metadata (format, model type, N, H, dtype). It is the reference to compare training data
 against when the serving engine cannot dump its own states. Needs ``transformers``;
-loads only local files, never downloads.
+loads only local files, never downloads. torch is imported inside the functions that run a
+model or write tensors, so importing this module costs nothing.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from ..arrays import as_array, is_torch, to_torch
 from ..errors import ForensicsError
 from .atomic import atomic_path
 from .capture import CAPTURE_FORMAT, META_KEY
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
@@ -31,9 +35,20 @@ def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
     return norm
 
 
-@torch.no_grad()
-def sweep(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Run one forward pass; return ``hidden.{p}`` for p=0..N raw, ``final_norm`` and ``input_ids``."""
+def sweep(model: torch.nn.Module, input_ids: Any) -> dict[str, torch.Tensor]:
+    """Run one forward pass; return ``hidden.{p}`` for p=0..N raw, ``final_norm`` and ``input_ids``.
+
+    ``input_ids`` is a tensor or an integer ndarray; the result holds torch tensors (the model's own).
+    """
+    import torch
+
+    with torch.no_grad():
+        return _sweep(model, input_ids if is_torch(input_ids) else to_torch(as_array(input_ids)))
+
+
+def _sweep(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    import torch
+
     ids = input_ids.reshape(1, -1).to(torch.int64)
     grabbed: dict[str, torch.Tensor] = {}
 
@@ -55,15 +70,22 @@ def sweep(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Te
     return tensors
 
 
-def write_capture(path: str | Path, tensors: dict[str, torch.Tensor], model: torch.nn.Module, dtype: str = "float32") -> Path:
-    """Save a sweep in the capture helper's self-describing safetensors format."""
+def write_capture(path: str | Path, tensors: dict[str, torch.Tensor | np.ndarray], model: Any,
+                  dtype: str = "float32") -> Path:
+    """Save a sweep (torch tensors or ndarrays) in the capture helper's self-describing safetensors format.
+
+    Values are cast to ``dtype`` by torch (round to nearest even), so a given sweep always gives
+    the same bytes whichever array type it came in."""
+    import torch
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise ForensicsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     cfg = model.config
     cfg = getattr(cfg, "text_config", None) or cfg
-    out = {k: (v if k == "input_ids" else v.to(DTYPES[dtype])).contiguous() for k, v in tensors.items()}
+    want = getattr(torch, dtype)
+    tensors = {k: (v if is_torch(v) else to_torch(as_array(v))).detach().cpu() for k, v in tensors.items()}
+    out = {k: (v if k == "input_ids" else v.to(want)).contiguous() for k, v in tensors.items()}
     meta = {
         "format": CAPTURE_FORMAT,
         "model_type": str(getattr(cfg, "model_type", "unknown")),
@@ -81,6 +103,7 @@ def write_capture(path: str | Path, tensors: dict[str, torch.Tensor], model: tor
 
 def load_local_model(model_dir: str | Path) -> torch.nn.Module:
     """Load a causal LM from a local directory only (no hub access, no remote code)."""
+    import torch
     import transformers as tf
 
     d = Path(model_dir)
@@ -94,6 +117,7 @@ def load_local_model(model_dir: str | Path) -> torch.nn.Module:
 
 def tokenize(model_dir: str | Path, prompt: str) -> torch.Tensor:
     """Token ids of ``prompt`` with the model directory's own tokenizer."""
+    import torch
     import transformers as tf
 
     try:

@@ -13,17 +13,24 @@ Layouts (shared/reference/conventions.md, "What the training data holds"):
 * ``eagle``: EAGLE-1/2 ``input_ids``, ``hidden_state`` (post-norm final), ``loss_mask``.
 * ``list``: ``{"hidden_states": [aux_0, ..., final]}``, index = list position.
 * ``generic``: any dict/list/tuple/tensor; every float tensor is a slot.
+
+A safetensors file cannot hold a list, so the list layout stored there has keys
+``hidden_states.0`` .. ``hidden_states.<k-1>``; those are read back as the list (same slot names
+and roles as the ``.pt``). Slot data, ids and masks are numpy arrays (bf16 as ``arrays.BF16``);
+safetensors and numpy records are read without importing torch.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+import numpy as np
 
+from ..arrays import dtype_name, is_float
 from ..errors import ForensicsError, printable
-from .safeload import load_object
+from .safeload import load_object, to_arrays
 
 FORMATS = ("specforge", "speculators", "modelopt", "eagle", "list", "generic")
 ID_KEYS = ("input_ids", "token_ids")
@@ -36,7 +43,7 @@ class Slot:
 
     key: str
     index: int | None
-    data: torch.Tensor
+    data: np.ndarray  # [S, H], as stored (bf16 as arrays.BF16)
     role: str  # "aux", "final" or "unknown"
 
     @property
@@ -47,11 +54,11 @@ class Slot:
 
 @dataclass(frozen=True)
 class Entry:
-    """A float tensor as found in the file, [S, W]; W may be k*H until the hidden size is known."""
+    """A float array as found in the file, [S, W]; W may be k*H until the hidden size is known."""
 
     key: str
     index: int | None
-    data: torch.Tensor
+    data: np.ndarray
     role: str
     splittable: bool
 
@@ -63,8 +70,8 @@ class TrainingRecord:
     path: str
     format: str
     entries: list[Entry]
-    input_ids: torch.Tensor | None = None
-    loss_mask: torch.Tensor | None = None
+    input_ids: np.ndarray | None = None  # int64 [S]
+    loss_mask: np.ndarray | None = None  # int64 [S]
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -100,33 +107,37 @@ class TrainingRecord:
         return out
 
 
-def _as_rows(t: torch.Tensor, key: str, path: str) -> torch.Tensor:
-    """Bring a hidden-state tensor to [S, W]: drop a batch dim of 1; refuse anything else."""
-    t = t.detach()
-    if t.dim() == 3 and t.shape[0] == 1:
+def _as_rows(t: np.ndarray, key: str, path: str) -> np.ndarray:
+    """Bring a hidden-state array to [S, W]: drop a batch dim of 1; refuse anything else."""
+    if t.ndim == 3 and t.shape[0] == 1:
         t = t[0]
-    if t.dim() != 2:
+    if t.ndim != 2:
         raise ForensicsError(
             f"{key!r} has shape {list(t.shape)}; expected [S, W] or [1, S, W] (one sequence)", path=path
         )
     return t
 
 
-def _float_check(t: Any, key: str, path: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
+def _is_float_array(t: Any) -> bool:
+    return isinstance(t, np.ndarray) and is_float(t.dtype)
+
+
+def _float_check(t: Any, key: str, path: str) -> np.ndarray:
+    if not isinstance(t, np.ndarray):
         raise ForensicsError(f"{key!r} is {type(t).__name__}, expected a tensor", path=path)
-    if not t.is_floating_point():
-        raise ForensicsError(f"{key!r} holds {t.dtype} values; hidden states must be floating point", path=path)
-    return t.detach()  # a file may carry requires_grad; the data is all we read
+    if not is_float(t.dtype):
+        raise ForensicsError(f"{key!r} holds {dtype_name(t.dtype)} values; hidden states must be floating point",
+                             path=path)
+    return t
 
 
-def _ids(t: Any, key: str, path: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex():
+def _ids(t: Any, key: str, path: str) -> np.ndarray:
+    if not isinstance(t, np.ndarray) or t.dtype.kind not in "biu":
         raise ForensicsError(f"{key!r} must be an integer tensor", path=path)
-    t = t.reshape(-1) if t.dim() == 2 and t.shape[0] == 1 else t
-    if t.dim() != 1:
+    t = t.reshape(-1) if t.ndim == 2 and t.shape[0] == 1 else t
+    if t.ndim != 1:
         raise ForensicsError(f"{key!r} has shape {list(t.shape)}; expected [S]", path=path)
-    return t.to(torch.int64)
+    return t.astype(np.int64, copy=False)
 
 
 def _first(d: dict[str, Any], keys: tuple[str, ...]) -> str | None:
@@ -140,7 +151,7 @@ def detect_format(obj: Any) -> str:
     keys = set(obj)
     if "aux_hidden_state" in keys and "hidden_state" in keys:
         return "specforge"
-    if "token_ids" in keys and isinstance(obj.get("hidden_states"), torch.Tensor) and obj["hidden_states"].dim() == 3:
+    if "token_ids" in keys and isinstance(obj.get("hidden_states"), np.ndarray) and obj["hidden_states"].ndim == 3:
         return "speculators"
     if "aux_hidden_states" in keys and "hidden_states" in keys:
         return "modelopt"
@@ -159,8 +170,9 @@ def _metadata(obj: dict[str, Any], used: set[str]) -> dict[str, Any]:
             continue
         if k == "__metadata__" and isinstance(v, dict):
             meta.update({str(a): b for a, b in v.items()})
-        elif isinstance(v, torch.Tensor):
-            meta[str(k)] = v.item() if v.numel() == 1 and not v.is_floating_point() else f"tensor {v.dtype} {list(v.shape)}"
+        elif isinstance(v, np.ndarray):
+            meta[str(k)] = (v.reshape(-1)[0].item() if v.size == 1 and v.dtype.kind in "biu"
+                            else f"tensor {dtype_name(v.dtype)} {list(v.shape)}")
         elif isinstance(v, (str, int, float, bool)) or v is None:
             meta[str(k)] = v
         else:
@@ -168,7 +180,7 @@ def _metadata(obj: dict[str, Any], used: set[str]) -> dict[str, Any]:
     return meta
 
 
-def _common(obj: dict[str, Any], path: str) -> tuple[torch.Tensor | None, torch.Tensor | None, set[str]]:
+def _common(obj: dict[str, Any], path: str) -> tuple[np.ndarray | None, np.ndarray | None, set[str]]:
     used: set[str] = set()
     ids_key = _first(obj, ID_KEYS)
     mask_key = _first(obj, MASK_KEYS)
@@ -199,7 +211,7 @@ def _from_modelopt(obj: dict[str, Any], path: str) -> TrainingRecord:
 def _from_speculators(obj: dict[str, Any], path: str) -> TrainingRecord:
     ids, mask, used = _common(obj, path)
     hs = _float_check(obj["hidden_states"], "hidden_states", path)
-    if hs.dim() != 3:
+    if hs.ndim != 3:
         raise ForensicsError(f"'hidden_states' has shape {list(hs.shape)}; speculators writes [S, L, H]", path=path)
     n = hs.shape[1]
     entries = [Entry("hidden_states", i, hs[:, i, :], "final" if i == n - 1 else "aux", False) for i in range(n)]
@@ -231,22 +243,21 @@ def _from_generic(obj: Any, path: str) -> TrainingRecord:
     ids = mask = None
     meta: dict[str, Any] = {}
     entries: list[Entry] = []
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, np.ndarray):
         items: list[tuple[str, int | None, Any]] = [("tensor", None, obj)]
     elif isinstance(obj, (list, tuple)):
         items = [("[]", i, t) for i, t in enumerate(obj)]
     elif isinstance(obj, dict):
         ids, mask, used = _common(obj, path)
-        meta = _metadata({k: v for k, v in obj.items() if not (isinstance(v, torch.Tensor) and v.is_floating_point())}, used)
+        meta = _metadata({k: v for k, v in obj.items() if not _is_float_array(v)}, used)
         # a key name is shown in every table: control characters are escaped here, where it enters
-        items = [(printable(k), None, v) for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        items = [(printable(k), None, v) for k, v in obj.items() if _is_float_array(v)]
     else:
         raise ForensicsError(f"holds a {type(obj).__name__}, not tensors", path=path)
     for key, index, t in items:
-        if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+        if not _is_float_array(t):
             continue
-        t = t.detach()
-        if t.dim() == 3 and t.shape[0] != 1:  # [S, L, H]: one slot per L
+        if t.ndim == 3 and t.shape[0] != 1:  # [S, L, H]: one slot per L
             entries += [Entry(key, i, t[:, i, :], "unknown", False) for i in range(t.shape[1])]
         else:
             entries.append(Entry(key, index, _as_rows(t, key if index is None else f"[{index}]", path), "unknown", index is None))
@@ -264,9 +275,11 @@ LOADERS: dict[str, Callable[[Any, str], TrainingRecord]] = {
 
 
 def from_object(obj: Any, path: str, fmt: str | None = None) -> TrainingRecord:
-    """Build a TrainingRecord from an already-loaded object (``fmt`` forces a layout)."""
+    """Build a TrainingRecord from an already-loaded object (``fmt`` forces a layout); torch tensors in
+    it are taken as arrays, as ``load_object`` hands them out."""
     if fmt is not None and fmt not in LOADERS:
         raise ForensicsError(f"unknown training format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    obj = _fold_numbered_list(to_arrays(obj, Path(path)))
     chosen = fmt or detect_format(obj)
     try:
         record = LOADERS[chosen](obj, path)
@@ -290,6 +303,27 @@ def _validate(record: TrainingRecord) -> None:
     for name, t in (("input_ids", record.input_ids), ("loss_mask", record.loss_mask)):
         if t is not None and int(t.shape[0]) != s:
             raise ForensicsError(f"{name} has {int(t.shape[0])} tokens but the hidden states have {s}", path=record.path)
+
+
+_LIST_ITEM = re.compile(r"hidden_states\.(0|[1-9]\d*)")
+
+
+def _fold_numbered_list(obj: Any) -> Any:
+    """``hidden_states.0`` .. ``hidden_states.<k-1>`` (the list layout as a safetensors file must store it)
+    folded back into the list ``hidden_states``; anything else is returned unchanged.
+
+    Only when every float array of the file is such an entry, numbered 0..k-1 without gaps, and no
+    ``hidden_states`` key sits beside them; then the slots are named and given roles exactly as the
+    same record saved as a ``.pt`` list. Anything else stays generic (every float array a slot)."""
+    if not isinstance(obj, dict) or "hidden_states" in obj:
+        return obj
+    floats = [k for k, v in obj.items() if _is_float_array(v)]
+    items = {int(m.group(1)): k for k in floats if isinstance(k, str) and (m := _LIST_ITEM.fullmatch(k))}
+    if not items or len(items) != len(floats) or sorted(items) != list(range(len(items))):
+        return obj
+    folded = {k: v for k, v in obj.items() if k not in items.values()}
+    folded["hidden_states"] = [obj[items[i]] for i in range(len(items))]
+    return folded
 
 
 def load_training(path: str | Path, *, fmt: str | None = None, allow_unsafe: bool = False) -> TrainingRecord:

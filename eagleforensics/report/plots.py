@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ..arrays import as_array, f32
 from ..errors import ForensicsError
 from ..positions import Position
 
@@ -296,12 +297,12 @@ def first_values_table(result: AlignmentResult, record: TrainingRecord | None = 
         if source is not None and source not in capture.readers:
             source = None
         if source is not None and source not in cache:
-            cache[source] = capture.read(source)
+            cache[source] = as_array(capture.read(source))
         where = "-" if pos is None else pos.label + ("" if source == pos else f" (raw p{pos.p}; fitted norm not applied)")
         for tok in picks:
             tr, cr = t.train_start + tok, t.capture_start + tok
-            ours = s.data[tr, :k].double().numpy()
-            theirs = cache[source][cr, :k].double().numpy() if source is not None else np.full(k, np.nan)
+            ours = f32(as_array(s.data)[tr, :k]).astype(np.float64)
+            theirs = f32(cache[source][cr, :k]).astype(np.float64) if source is not None else np.full(k, np.nan)
             base = {"slot": m.name, "matched": where, "confident": m.confident, "token": tok}
             rows.append({**base, "side": f"training row {tr}", **dict(zip(cols, ours)), "max |diff|": np.nan})
             rows.append({**base, "side": f"capture row {cr}", **dict(zip(cols, theirs)),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..arrays import to_torch
 from ..errors import ForensicsError
 from ..positions import Position, default_aux_positions
 from ..results import Finding
@@ -177,7 +178,7 @@ def _aux(cap: Capture, positions: tuple[Position, ...]) -> Callable[[int, int], 
     if missing:
         raise ForensicsError(f"capture has no {', '.join(missing)} (it holds {', '.join(p.label for p in cap.positions)})",
                              path=cap.path)
-    return lambda a, b: torch.cat([cap.read_rows(p, a, b).float() for p in positions], -1)
+    return lambda a, b: torch.cat([to_torch(cap.read_rows(p, a, b)).float() for p in positions], -1)
 
 
 def target_next_tokens(cap: Capture, rows: int, target: Any | None, device: str) -> tuple[torch.Tensor, str, float | None,
@@ -185,16 +186,16 @@ def target_next_tokens(cap: Capture, rows: int, target: Any | None, device: str)
     """y[t] = the target's greedy token after row t; how it was obtained; share of rows whose next id equals it."""
     from ..evidence.replay import rms_norm, target_tokens
 
-    ids = cap.input_ids[:rows].long()
+    ids = to_torch(cap.input_ids[:rows]).long()
     n = cap.num_layers
     findings: list[Finding] = []
     if target is not None and target.lm_head is not None:
         post = Position(n, True)
         if post in cap.readers:
-            final = cap.read_rows(post, 0, rows).float()
+            final = to_torch(cap.read_rows(post, 0, rows)).float()
             how = f"argmax of the target lm_head ({target.path}) on the capture's post-norm final state"
         elif Position(n) in cap.readers and target.norm is not None:
-            final = rms_norm(cap.read_rows(Position(n), 0, rows), target.norm.float(), target.rms_norm_eps)
+            final = rms_norm(to_torch(cap.read_rows(Position(n), 0, rows)), target.norm.float(), target.rms_norm_eps)
             how = f"argmax of the target lm_head on the capture's p{n} passed through the target's final norm"
         else:
             raise ForensicsError(f"capture has neither the post-norm final state nor p{n}: the target's next tokens "
@@ -290,7 +291,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     y, how, share, more = target_next_tokens(cap, rows, head, device)
     findings += more
     fwd = DraftForward.of(drafter, device)
-    ids = cap.input_ids[:rows]
+    ids = to_torch(cap.input_ids[:rows])
     start = time.perf_counter()
     results = []
     for w in plan:

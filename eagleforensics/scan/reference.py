@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
+from ..arrays import BF16, as_array, f32
 from ..errors import ForensicsError
 from ..positions import Position
 from .signature import slot_signature
@@ -56,8 +57,8 @@ class Reference:
     num_layers: int | None
     labels: list[str]
     signatures: dict[str, dict[str, Any]]
-    input_ids: torch.Tensor | None
-    prefix: dict[str, torch.Tensor] = field(default_factory=dict)  # label -> [K, H] bfloat16
+    input_ids: np.ndarray | None  # int64, the first PREFIX_ROWS
+    prefix: dict[str, np.ndarray] = field(default_factory=dict)  # label -> [K, H] bfloat16
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "hidden_size": self.hidden_size, "num_layers": self.num_layers,
@@ -78,37 +79,38 @@ class Reference:
                     best = (label, d)
         return best[0], (None if best[0] is None else round(best[1], 4))
 
-    def shared_prefix(self, input_ids: torch.Tensor | None, usable: int) -> int:
-        """How many leading ids the record shares with the reference (at most PREFIX_ROWS)."""
+    def shared_prefix(self, input_ids: Any, usable: int) -> int:
+        """How many leading ids (a tensor or ndarray) the record shares with the reference (at most PREFIX_ROWS)."""
         if input_ids is None or self.input_ids is None or not self.prefix:
             return 0
         n = min(usable, int(self.input_ids.shape[0]), PREFIX_ROWS)
-        diff = (input_ids[:n] != self.input_ids[:n]).nonzero()
-        return n if diff.numel() == 0 else int(diff[0, 0])
+        diff = np.argwhere(as_array(input_ids)[:n] != as_array(self.input_ids)[:n])
+        return n if diff.size == 0 else int(diff[0, 0])
 
-    def _stack(self) -> torch.Tensor:
-        """All prefix rows as one float32 [P, K, H] tensor, built once per process."""
+    def _stack(self) -> np.ndarray:
+        """All prefix rows as one float32 [P, K, H] array, built once per process."""
         cached = self.__dict__.get("_stacked")
         if cached is None:
-            cached = torch.stack([self.prefix[label].float() for label in self.prefix])
+            cached = np.stack([f32(as_array(self.prefix[label])) for label in self.prefix])
             self.__dict__["_stacked"] = cached
         return cached
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_stacked"}
 
-    def place(self, rows: torch.Tensor) -> dict[str, Any]:
+    def place(self, rows: Any) -> dict[str, Any]:
         """Place slot rows [K, H] (the shared opening tokens, first one included) among the reference positions."""
-        y = rows[1:].float()
+        y = f32(as_array(rows)[1:])
         k = int(y.shape[0])
-        ok = torch.isfinite(y).all(-1) & (y.abs().sum(-1) > 0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ok = np.isfinite(y).all(-1) & (np.abs(y).sum(-1) > 0)
         if int(ok.sum()) < MIN_PREFIX:
             return {"position": None, "score": None, "margin": None, "confident": False, "tokens": int(ok.sum())}
         x = self._stack()[:, 1:k + 1]
-        cos = torch.nn.functional.cosine_similarity(y[ok][None], x[:, ok], dim=-1)  # [P, tokens]
-        mean = cos.double().mean(-1)
+        cos = _cosine(y[ok][None], x[:, ok])  # [P, tokens]
+        mean = cos.astype(np.float64).mean(-1)
         labels = list(self.prefix)
-        order = torch.argsort(mean, descending=True).tolist()
+        order = sorted(range(len(mean)), key=lambda j: (not math.isnan(mean[j]), -mean[j]))  # NaN first, as torch sorts
         best = order[0]
         score = float(mean[best])
         margin = score - float(mean[order[1]]) if len(order) > 1 else 1.0
@@ -118,7 +120,7 @@ class Reference:
         return {"position": labels[best], "score": round(score, 6), "margin": round(margin, 6),
                 "confident": bool(confident), "tokens": int(ok.sum())}
 
-    def annotate(self, line: dict[str, Any], slots: list[Any], record: Any, real: torch.Tensor) -> None:
+    def annotate(self, line: dict[str, Any], slots: list[Any], record: Any, real: Any) -> None:
         """Add, per slot of a results line, the nearest position by norms and the prefix placement."""
         usable = int(record.num_tokens) - int(line["padding"] or 0)
         shared = self.shared_prefix(record.input_ids, usable)
@@ -126,6 +128,14 @@ class Reference:
         for entry, slot in zip(line["slots"], slots):
             entry["resembles"], entry["resembles_distance"] = self.nearest(entry)
             entry["prefix"] = self.place(slot.data[:shared]) if shared - 1 >= MIN_PREFIX else None
+
+
+def _cosine(a: np.ndarray, b: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """Cosine along the last axis of float32 arrays, each side divided by its norm first (as torch computes it)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        na = np.maximum(np.sqrt(np.einsum("...h,...h->...", a, a)), np.float32(eps))[..., None]
+        nb = np.maximum(np.sqrt(np.einsum("...h,...h->...", b, b)), np.float32(eps))[..., None]
+        return ((a / na) * (b / nb)).sum(-1)
 
 
 def _label(pos: Position) -> str:
@@ -136,16 +146,16 @@ def reference_from_capture(cap: Any) -> Reference:
     """Build the scan reference from a loaded ``capture.Capture`` (reads each position once)."""
     labels: list[str] = []
     sigs: dict[str, dict[str, Any]] = {}
-    prefix: dict[str, torch.Tensor] = {}
+    prefix: dict[str, np.ndarray] = {}
     for pos in cap.positions:
-        x = cap.read(pos)
+        x = as_array(cap.read(pos))
         label = _label(pos)
         labels.append(label)
-        real = torch.isfinite(x).all(-1) & (x != 0).any(-1)
+        real = np.isfinite(x).all(-1) & (x != 0).any(-1)
         sigs[label] = slot_signature(x, real)
-        prefix[label] = x[:PREFIX_ROWS].to(torch.bfloat16).clone()
-    return Reference(cap.path, cap.hidden_size, cap.num_layers, labels, sigs,
-                     None if cap.input_ids is None else cap.input_ids[:PREFIX_ROWS].clone(), prefix)
+        prefix[label] = x[:PREFIX_ROWS].astype(BF16)  # a copy: the reference outlives the capture's memory
+    ids = None if cap.input_ids is None else as_array(cap.input_ids)[:PREFIX_ROWS].astype(np.int64)
+    return Reference(cap.path, cap.hidden_size, cap.num_layers, labels, sigs, ids, prefix)
 
 
 def load_reference(path: str | Path, *, convention: str = "hf", num_layers: int | None = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -102,13 +103,19 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="eagleforensics-parent-watch", daemon=True).start()
 
 
-def _init_worker(reference: "Reference | None", parent: int | None = None) -> None:
-    import torch
+ONE_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # read by torch when it starts
 
+
+def _init_worker(reference: "Reference | None", parent: int | None = None) -> None:
     global _WORKER_REFERENCE
     if parent is not None:
         _die_with_parent(parent)
-    torch.set_num_threads(1)
+    # one thread per worker, without importing torch here: a worker that reads .ckpt/.pt records
+    # imports it later (to load them), and it starts with the thread count these say
+    for var in ONE_THREAD_ENV:
+        os.environ[var] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
     _WORKER_REFERENCE = reference
 
 
@@ -154,6 +161,24 @@ def stop_pool(pool: Any, finished: bool) -> None:
     pool.shutdown(wait=finished, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def _torch_one_thread(rels: list[str]) -> Iterator[None]:
+    """One torch thread while records are read in this process (per-record tensors are tiny, and a thread
+    pool on a busy machine makes them 5x slower); torch is not imported for a dataset of safetensors alone."""
+    torch = sys.modules.get("torch")
+    if torch is None and any(not r.endswith(".safetensors") for r in rels):
+        import torch  # the records are torch files: reading them imports it anyway
+    if torch is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _worker_batch(root: str, rels: list[str], allow_unsafe: bool) -> list[dict[str, Any]]:
     return inspect_batch(root, rels, _WORKER_REFERENCE, allow_unsafe)
 
@@ -166,16 +191,9 @@ def _batches(rels: list[str], workers: int) -> list[list[str]]:
 def _run_local(root: str, rels: list[str], reference: "Reference | None", workers: int,
                allow_unsafe: bool) -> Iterator[list[dict[str, Any]] | BaseException]:
     if workers <= 1 or len(rels) < IN_PROCESS_BELOW:
-        import torch
-
-        # one thread: per-record tensors are tiny, and a thread pool on a busy machine makes them 5x slower
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with _torch_one_thread(rels):
             for batch in _batches(rels, 1):
                 yield inspect_batch(root, batch, reference, allow_unsafe)
-        finally:
-            torch.set_num_threads(threads)
         return
     from concurrent.futures import as_completed
 

@@ -27,10 +27,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
+from ..arrays import as_array, dtype_name, is_torch
 from ..errors import ForensicsError
-from ..evidence.norms import looks_post_norm, token_norms
+from ..evidence.norms import looks_post_norm, norm_cv, token_norms
 from ..io.safeload import load_object
 from ..io.training import TrainingRecord, from_object
 
@@ -53,29 +54,34 @@ def _ranges(rows: list[int], limit: int = 4) -> str:
     return ", ".join(text[:limit]) + (", ..." if len(text) > limit else "")
 
 
-def trailing_id_padding(input_ids: torch.Tensor) -> int:
-    """Number of trailing rows whose input id is 0 (SpecForge's right padding)."""
-    nz = (input_ids != 0).nonzero()
-    return int(input_ids.shape[0]) if nz.numel() == 0 else int(input_ids.shape[0]) - 1 - int(nz[-1, 0])
+def trailing_id_padding(input_ids: Any) -> int:
+    """Number of trailing rows whose input id is 0 (SpecForge's right padding); ids as a tensor or ndarray."""
+    ids = as_array(input_ids)
+    nz = np.argwhere(ids != 0)
+    return int(ids.shape[0]) if nz.size == 0 else int(ids.shape[0]) - 1 - int(nz[-1, 0])
 
 
-def slot_signature(data: torch.Tensor, real: torch.Tensor) -> dict[str, Any]:
+def slot_signature(data: Any, real: Any) -> dict[str, Any]:
     """Norm signature of one slot [S, H] over the rows flagged ``real`` (first real row left out of the means)."""
     return norm_signature(token_norms(data), real)
 
 
-def norm_signature(norms: torch.Tensor, real: torch.Tensor) -> dict[str, Any]:
-    """The signature from per-token norms alone (so a fingerprint's stored norms are enough)."""
-    ok = real & torch.isfinite(norms) & (norms > 0)
-    idx = ok.nonzero().flatten()
-    sig: dict[str, Any] = {"rows": int(idx.numel())}
-    if idx.numel() < 3:
+def norm_signature(norms: Any, real: Any) -> dict[str, Any]:
+    """The signature from per-token norms alone (so a fingerprint's stored norms are enough).
+
+    ``post_norm`` is ``norms.looks_post_norm`` on the real rows (all finite and positive here,
+    so it is their coefficient of variation against ``norms.POST_NORM_CV``).
+    """
+    norms, real = as_array(norms), as_array(real)
+    ok = real & np.isfinite(norms) & (norms > 0)
+    idx = np.flatnonzero(ok)
+    sig: dict[str, Any] = {"rows": int(idx.size)}
+    if idx.size < 3:
         return {**sig, "log_norm": None, "norm_cv": None, "first_excess": None, "post_norm": None}
-    first, rest = norms[idx[0]].double(), norms[idx[1:]].double()
-    log_norm = float(rest.log().mean())
-    cv = float(rest.std() / rest.mean())
-    return {**sig, "log_norm": _num(log_norm), "norm_cv": _num(cv),
-            "first_excess": _num(float(first.log()) - log_norm), "post_norm": looks_post_norm(norms[idx])}
+    first, rest = float(norms[idx[0]]), norms[idx[1:]].astype(np.float64)
+    log_norm = float(np.log(rest).mean())
+    return {**sig, "log_norm": _num(log_norm), "norm_cv": _num(norm_cv(rest)),
+            "first_excess": _num(np.log(first) - log_norm), "post_norm": looks_post_norm(norms[idx])}
 
 
 def _layout(obj: Any) -> tuple[list[str], dict[str, list[int]], dict[str, str]]:
@@ -83,8 +89,8 @@ def _layout(obj: Any) -> tuple[list[str], dict[str, list[int]], dict[str, str]]:
     if not isinstance(obj, dict):
         return [], {}, {}
     keys = [str(k) for k in obj if k != "__metadata__"]
-    tensors = {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    return keys, {k: list(v.shape) for k, v in tensors.items()}, {k: str(v.dtype).replace("torch.", "") for k, v in tensors.items()}
+    tensors = {str(k): v for k, v in obj.items() if is_torch(v) or isinstance(v, np.ndarray)}
+    return keys, {k: list(v.shape) for k, v in tensors.items()}, {k: dtype_name(v.dtype) for k, v in tensors.items()}
 
 
 def hidden_size_of(record: TrainingRecord) -> int:
@@ -93,29 +99,30 @@ def hidden_size_of(record: TrainingRecord) -> int:
     return finals[0] if finals else min(record.widths())
 
 
-def padding_issues(record: TrainingRecord, zero: torch.Tensor, names: list[str]) -> tuple[int, list[str]]:
+def padding_issues(record: TrainingRecord, zero: Any, names: list[str]) -> tuple[int, list[str]]:
     """Trailing id padding and what is inconsistent about it; ``zero`` [slots, S] marks all-zero rows per slot."""
     issues: list[str] = []
     s = record.num_tokens
+    zero = as_array(zero)
     pad = trailing_id_padding(record.input_ids) if record.input_ids is not None else 0
-    is_pad = torch.zeros(s, dtype=torch.bool)
+    is_pad = np.zeros(s, dtype=bool)
     is_pad[s - pad:] = True
     if record.loss_mask is not None and pad:
-        masked = (record.loss_mask[s - pad:] != 0).nonzero().flatten() + (s - pad)
-        if masked.numel():
-            issues.append(f"loss_mask is 1 on {masked.numel()} padding rows (input_ids 0): rows {_ranges(masked.tolist())}")
+        masked = np.argwhere(as_array(record.loss_mask)[s - pad:] != 0).reshape(-1) + (s - pad)
+        if masked.size:
+            issues.append(f"loss_mask is 1 on {masked.size} padding rows (input_ids 0): rows {_ranges(masked.tolist())}")
     if record.format in ZERO_PADDED_FORMATS:
-        live = (is_pad & ~zero.all(0)).nonzero().flatten().tolist()
+        live = np.flatnonzero(is_pad & ~zero.all(0)).tolist()
         if live:
             issues.append(f"{len(live)} padding rows (input_ids 0) hold non-zero hidden states: rows {_ranges(live)}; "
                           "the zero padding is shifted against the ids")
     where = "padding not at the end, or shifted against the ids" if record.input_ids is not None else "zero rows"
     dead_all = ~is_pad & zero.all(0)
     if dead_all.any():
-        rows = dead_all.nonzero().flatten().tolist()
+        rows = np.flatnonzero(dead_all).tolist()
         issues.append(f"{len(rows)} real token rows have all-zero hidden states: rows {_ranges(rows)} ({where})")
     for name, z in zip(names, zero):  # a slot zero where the others are not: that slot lost its rows
-        rows = (~is_pad & z & ~dead_all).nonzero().flatten().tolist()
+        rows = np.flatnonzero(~is_pad & z & ~dead_all).tolist()
         if rows:
             issues.append(f"{len(rows)} real token rows are all-zero in {name} only: rows {_ranges(rows)}")
     if pad == s:
@@ -132,21 +139,22 @@ def inspect_object(obj: Any, rel: str, path: str, reference: Any = None) -> dict
         raise ForensicsError(f"hidden size {h} differs from the reference capture's {reference.hidden_size}: "
                              "the record and the reference come from different models", path=path)
     slots = record.slots(h)
-    finite = torch.stack([torch.isfinite(s.data).all(-1) for s in slots])
-    zero = torch.stack([(s.data == 0).all(-1) for s in slots])
+    data = [as_array(s.data) for s in slots]  # tensors from .ckpt/.pt, ndarrays from safetensors: numpy from here
+    finite = np.stack([np.isfinite(d).all(-1) for d in data])
+    zero = np.stack([(d == 0).all(-1) for d in data])
     pad, issues = padding_issues(record, zero, [s.name for s in slots])
     real = ~zero.all(0)
     real[record.num_tokens - pad:] = False
     out_slots = []
-    for s, fin in zip(slots, finite):
-        bad = (~fin).nonzero().flatten().tolist()
+    for s, d, fin in zip(slots, data, finite):
+        bad = np.flatnonzero(~fin).tolist()
         if bad:
             issues.append(f"NaN/Inf in {s.name}: {len(bad)} rows ({_ranges(bad)})")
-        entry = {"name": s.name, "role": s.role, "dtype": str(s.data.dtype).replace("torch.", ""),
-                 "nonfinite_rows": len(bad), **slot_signature(s.data, real)}
+        entry = {"name": s.name, "role": s.role, "dtype": dtype_name(d.dtype),
+                 "nonfinite_rows": len(bad), **slot_signature(d, real)}
         out_slots.append(entry)
     if not dtypes:
-        dtypes = {e.key: str(e.data.dtype).replace("torch.", "") for e in record.entries}
+        dtypes = {e.key: dtype_name(e.data.dtype) for e in record.entries}
     line: dict[str, Any] = {
         "path": rel, "error": None, "format": record.format, "keys": keys, "shapes": shapes, "dtypes": dtypes,
         "tokens": record.num_tokens, "padding": pad, "hidden_size": h, "issues": issues, "slots": out_slots,
