@@ -8,6 +8,7 @@ import torch
 from eagleforensics.alignment import align
 from eagleforensics.io.capture import load_capture
 from eagleforensics.evidence.fingerprint import make_fingerprint
+from eagleforensics.evidence.identity import step_reader
 from eagleforensics.evidence.match import resolve_device, score_slots
 from eagleforensics.io.sweep import write_capture
 
@@ -42,10 +43,12 @@ def test_gpu_scores_equal_cpu_scores(tmp_path, family):
         assert np.nanmax(np.abs(cpu.per_token - gpu.per_token)) < 1e-4
         for p in cap.positions:
             assert np.allclose(cpu.column_norms[p], gpu.column_norms[p], rtol=1e-5)
+        read = step_reader(cap.read_rows, 2, 28)  # the layer steps the GPU pass kept, as a re-read gives them
+        assert gpu.steps and all(abs(v - read(*k)) < 1e-5 for k, v in gpu.steps.items())
 
 
 def test_gpu_and_auto_give_the_cpu_verdict_on_every_sample():
-    assert resolve_device("auto").type == "cuda"
+    assert resolve_device("auto") == "cuda"
     for record in ("record_layer_outputs.pt", "record_wrong_fix.pt", "data_0.ckpt"):
         for capture in ("capture.pt", "capture_sweep.safetensors"):
             cpu = align(SAMPLES / record, SAMPLES / capture)

@@ -227,7 +227,11 @@ def _device(device: str) -> Any:
     from .match import resolve_device
 
     dev = resolve_device(device)
-    return None if dev.type == "cpu" else dev
+    if dev == "cpu":
+        return None
+    import torch
+
+    return torch.device(dev)
 
 
 def make_fingerprint(cap: Any, *, k: int = SKETCH_DIM, seed: int = 0, probes: int = PROBES, device: str = "cpu",

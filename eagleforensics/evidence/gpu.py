@@ -1,8 +1,9 @@
 """The scorer's GPU path: one capture position at a time on a CUDA device, torch only here.
 
 Reader threads fill pinned host buffers (``io.prefetch``), a side stream copies each to the
-GPU while the GPU reduces the previous position, and every per-token sum stays on the device
-until the sweep ends; then they are copied once into the host ``Sums`` that the CPU paths fill
+GPU while the GPU reduces the previous position, and every per-token sum (the product of each
+row with the position below too, for the capture's layer step) stays on the device until the
+sweep ends; then they are copied once into the host ``Sums`` that the CPU paths fill
 too, so scores are computed by the same code (``Sums.results``) whatever the device.
 The arithmetic is ``Sums``' (norms, slot products, the fitted gain and its scores), in float32.
 """
@@ -17,6 +18,7 @@ import torch
 from ..arrays import as_array, f32, to_torch
 from ..io.prefetch import Prefetch
 from ..positions import Position
+from .steps import lower_neighbours
 from .sums import EPS, Sums
 
 GPU_READERS = 4  # reader threads filling pinned buffers; env EAGLEFORENSICS_READERS overrides
@@ -50,6 +52,9 @@ def gpu_sweep(src: Any, positions: list[Position], sums: Sums, slots: list[np.nd
     gain = torch.zeros((len(sums.virt), nf, h), **f32d)
     fdot = torch.full((lw, len(sums.virt), nf), float("nan"), **f32d)
     fpp = torch.full((lw, len(sums.virt), nf), float("nan"), **f32d)
+    adj = torch.full((p, t), float("nan"), **f32d)  # each row . the same token's row one position below
+    below = lower_neighbours(positions)
+    prev: torch.Tensor | None = None
     stage = _torch_dtype(src.dtype)
     wanted = int(os.environ.get("EAGLEFORENSICS_READERS", "0") or 0) or GPU_READERS
     readers = max(1, min(wanted, (os.cpu_count() or 2) // 2))
@@ -80,6 +85,9 @@ def gpu_sweep(src: Any, positions: list[Position], sums: Sums, slots: list[np.nd
         row_bad = ~torch.isfinite(x).all(-1)
         x.masked_fill_(row_bad.unsqueeze(-1), 0.0)
         bad[g] = row_bad
+        if below[g] and prev is not None:
+            adj[g] = torch.linalg.vecdot(x, prev)
+        prev = x
         if lw:
             xw = x[cs:cs + lw]
             dot[:, g] = torch.bmm(y, xw.unsqueeze(-1)).squeeze(-1)
@@ -103,6 +111,7 @@ def gpu_sweep(src: Any, positions: list[Position], sums: Sums, slots: list[np.nd
     sums.dot[:] = dot.cpu().numpy()
     sums.yy[:] = yy.cpu().numpy()
     sums.y_ok[:] = y_ok.cpu().numpy()
+    sums.adj = adj.cpu().numpy()
     if sums.gain is not None:
         sums.gain[:] = gain.cpu().numpy()
         sums.fdot[:] = fdot.cpu().numpy()
