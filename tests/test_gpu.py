@@ -66,3 +66,4 @@ def test_fingerprint_on_gpu_matches_cpu(tmp_path):
     for ea, eb in zip(a["positions"], b["positions"]):
         sa, sb = _decode(ea["sketch"], "cpu").astype(np.float32), _decode(eb["sketch"], "gpu").astype(np.float32)
         assert np.allclose(sa, sb, atol=2e-3, equal_nan=True)
+

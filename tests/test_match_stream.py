@@ -177,3 +177,29 @@ def test_samples_keep_their_verdicts():
     assert [(m.position.p, m.position.normed) for m in r.matches] == [(3, False), (7, False), (10, False), (12, True)]
     assert all(m.confident for m in r.matches) and r.level == "ACTION"  # placed; ids must be written
     assert all(np.isfinite(m.max_abs_err) for m in r.matches)
+
+
+def test_neighbour_products_do_not_depend_on_the_order_positions_arrive():
+    """GPU readers finish out of order: each row's product with the position below is still its own."""
+    import random
+
+    from eagleforensics.evidence.gpu import _neighbour_products
+    from eagleforensics.evidence.steps import lower_neighbours
+
+    run = forward("qwen3")
+    positions = [Position(p) for p in (0, 1, 2, 4, 5, 6)] + [Position(N, True)]  # a gap at 3, a normed last
+    xs = [run.p(p.p).float() if not p.normed else run.hs[N].float() for p in positions]
+    below = lower_neighbours(positions)
+    want = torch.full((len(xs), xs[0].shape[0]), float("nan"))
+    for g in range(1, len(xs)):
+        if below[g]:
+            want[g] = (xs[g] * xs[g - 1]).sum(-1)
+    for seed in range(5):
+        order = list(range(len(xs)))
+        random.Random(seed).shuffle(order)
+        adj = torch.full_like(want, float("nan"))
+        held: dict = {}
+        seen: set = set()
+        for g in order:
+            _neighbour_products(g, xs[g], below, held, seen, adj)
+        assert not held and torch.allclose(adj, want, equal_nan=True, rtol=1e-5), order

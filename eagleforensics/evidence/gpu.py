@@ -31,6 +31,21 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
             "float64": torch.float64}.get(name, torch.float32)
 
 
+def _neighbour_products(g: int, x: torch.Tensor, below: np.ndarray, held: dict[int, torch.Tensor], seen: set[int],
+                        adj: torch.Tensor) -> None:
+    """adj[g] = x_g . x_(g-1) per row, and adj[g+1], as soon as both positions have been seen; a
+    position is held only while a neighbour it pairs with is still to come."""
+    if below[g] and g - 1 in held:
+        adj[g] = torch.linalg.vecdot(x, held[g - 1])
+    if g + 1 < len(below) and below[g + 1] and g + 1 in held:
+        adj[g + 1] = torch.linalg.vecdot(held[g + 1], x)
+    seen.add(g)
+    held[g] = x
+    for k in [k for k in held if (not below[k] or k - 1 in seen) and (k + 1 >= len(below) or not below[k + 1]
+                                                                     or k + 1 in seen)]:
+        del held[k]
+
+
 def gpu_sweep(src: Any, positions: list[Position], sums: Sums, slots: list[np.ndarray], ts: int,
               progress: Callable[[Position], None] | None, device: str) -> None:
     """Fill ``sums`` for every position on ``device`` (a ``match._Source`` gives the rows)."""
@@ -54,7 +69,8 @@ def gpu_sweep(src: Any, positions: list[Position], sums: Sums, slots: list[np.nd
     fpp = torch.full((lw, len(sums.virt), nf), float("nan"), **f32d)
     adj = torch.full((p, t), float("nan"), **f32d)  # each row . the same token's row one position below
     below = lower_neighbours(positions)
-    prev: torch.Tensor | None = None
+    held: dict[int, torch.Tensor] = {}  # positions whose neighbour's product is still to come (readers finish
+    seen: set[int] = set()              # out of order, so g - 1 need not have come just before g)
     stage = _torch_dtype(src.dtype)
     wanted = int(os.environ.get("EAGLEFORENSICS_READERS", "0") or 0) or GPU_READERS
     readers = max(1, min(wanted, (os.cpu_count() or 2) // 2))
@@ -85,9 +101,7 @@ def gpu_sweep(src: Any, positions: list[Position], sums: Sums, slots: list[np.nd
         row_bad = ~torch.isfinite(x).all(-1)
         x.masked_fill_(row_bad.unsqueeze(-1), 0.0)
         bad[g] = row_bad
-        if below[g] and prev is not None:
-            adj[g] = torch.linalg.vecdot(x, prev)
-        prev = x
+        _neighbour_products(g, x, below, held, seen, adj)
         if lw:
             xw = x[cs:cs + lw]
             dot[:, g] = torch.bmm(y, xw.unsqueeze(-1)).squeeze(-1)
