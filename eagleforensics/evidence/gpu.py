@@ -96,7 +96,7 @@ def gpu_sweep(src: Any, positions: list[Position], sums: Sums, slots: list[np.nd
         torch.cuda.current_stream(dev).wait_event(copied)
         copied.synchronize()
         feed.release(buf)
-        x = staged.float()
+        x = staged.to(torch.float32, copy=True)  # a copy even for fp32: the staging buffer is reused
         xx[g] = torch.linalg.vector_norm(x, dim=-1).square_()  # NaN/Inf rows keep theirs (as Sums does)
         row_bad = ~torch.isfinite(x).all(-1)
         x.masked_fill_(row_bad.unsqueeze(-1), 0.0)
