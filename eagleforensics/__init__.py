@@ -9,7 +9,8 @@ Heavy modules load on first use, so ``import eagleforensics`` stays cheap.
 
 The package is grouped in rooms by role; imports point down only (tests/test_layout.py):
 ``cli``, ``report`` > ``alignment`` (the pipeline) > ``engines``, ``evidence``, ``scan`` > ``io``
-> ``results``, ``positions``, ``errors``. ``testing`` holds tiny models for tests, not the product.
+> ``results``, ``positions``, ``errors``, ``arrays`` (numpy everywhere; torch only at the edges).
+``testing`` holds tiny models for tests, not the product.
 """
 from __future__ import annotations
 
