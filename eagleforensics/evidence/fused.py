@@ -33,7 +33,6 @@ writable (a read-only install) it is compiled in memory at each start instead.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import threading
@@ -328,23 +327,23 @@ def _ld(rw: Any, rwf: Any, q: int, kind: int) -> Any:
 
 def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
                    yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, work: int,
-                   acc_n: Any, acc_d: Any, err: Any) -> None:
+                   acc_n: Any, acc_d: Any, bufs: Any, zs: Any, err: Any) -> None:
     """Gain normal equations of position g (rows from byte ``off`` of file ``fd``) and one slot (aligned
     row j from unit ``yoff + j*yrow`` of ``yb``, or of ``ybf`` as float32 for fp32; validity
     ``y_ok[:, col]``) over the window, with u = x / rms(x) and bad rows counting as zero: work item w
     sums its range of tokens into acc_n[w] = sum u*y and acc_d[w] = sum u*u (float64; the caller adds
     the items up). Four tokens (one read) at a time meet the float64 sums once: per token they
-    were a load and a store of 16 bytes per value, more than the rest of the work."""
+    were a load and a store of 16 bytes per value, more than the rest of the work. ``bufs[w]`` is
+    work item w's read buffer (4 rows), ``zs`` a zero training row (uint16, H values of ``ykind``)."""
     xu_ = _units(kind)
     yu_ = _units(ykind)
     rowb = h * xu_ * 2
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = np.empty(4 * h * xu_, np.uint16)
+        rw = bufs[w, :4 * h * xu_]
         rwf = rw.view(np.float32)
-        zs = np.zeros(h * yu_, np.uint16)  # a zero training row, for tokens that add nothing
-        zf = zs.view(np.float32)
+        zf = zs.view(np.float32)  # a zero training row, for tokens that add nothing
         sc = np.zeros(4, np.float32)
         yo = np.zeros(4, np.int64)
         yz = np.zeros(4, np.bool_)
@@ -388,7 +387,7 @@ def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: A
 
 def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
                 yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
-                fdot: Any, fpp: Any, rows: int, work: int, err: Any) -> None:
+                fdot: Any, fpp: Any, rows: int, work: int, bufs: Any, err: Any) -> None:
     """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
     fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``; summed as
     ``_sq64``, in one pass over the row)."""
@@ -399,7 +398,7 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = np.empty(rows * h * xu_, np.uint16)
+        rw = bufs[w, :rows * h * xu_]
         rwf = rw.view(np.float32)
         for b0 in range(j0, j1, rows):
             n = min(rows, j1 - b0)
@@ -438,7 +437,7 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
 
 def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
              yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
-             fitted: bool, out: Any, rows: int, work: int, err: Any) -> None:
+             fitted: bool, out: Any, rows: int, work: int, bufs: Any, err: Any) -> None:
     """out[j] = max |y - pred| of aligned token j (0 where either row is bad); pred = x, or with
     ``fitted`` gain[vj, f] * x / rms(x) (arguments as ``fit_equations``)."""
     xu_ = _units(kind)
@@ -448,7 +447,7 @@ def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, ba
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = np.empty(rows * h * xu_, np.uint16)
+        rw = bufs[w, :rows * h * xu_]
         rwf = rw.view(np.float32)
         y = np.empty(1, np.float32)
         yu = y.view(np.uint32)
@@ -509,27 +508,6 @@ def _row_stats(yb: Any, yoff: int, yrow: int, t: int, h: int, ykind: int, norms:
 _KERNELS: types.SimpleNamespace | None = None
 
 
-MMAP_THRESHOLD = 64 << 20  # glibc: blocks below this come from the heap (reused), not fresh mappings
-TRIM_THRESHOLD = 256 << 20  # glibc: free heap memory kept, up to this much, instead of handed back
-
-
-def _keep_freed_memory() -> None:
-    """Let glibc reuse freed blocks instead of mapping fresh pages for every kernel call.
-
-    The kernels and their wrappers allocate per-call buffers of 0.1-4 MB (read buffers, float64
-    accumulators). By default glibc maps each afresh and unmaps it on free, so every call
-    page-faults its buffers in again; on a microVM a fault costs tens of microseconds, and the
-    four fitted columns of a Kimi-K2 sweep took 0.12 s instead of 0.015 s in a fresh process.
-    A no-op where the C library has no ``mallopt`` (not glibc)."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        return
-    mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
-    mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
-
-
 def kernels() -> types.SimpleNamespace:
     """The compiled kernels (``direct``, ``fit_equations``, ``fit_scores``, ``max_abs``, ``row_stats``):
     numba imported, each loaded from its cache (or compiled) on first call."""
@@ -544,7 +522,6 @@ def kernels() -> types.SimpleNamespace:
                 # join, and with another process on a core a 2-thread kernel ran 5-10x slower.
                 numba.config.THREADING_LAYER = "workqueue"
             prange = numba.prange
-            _keep_freed_memory()
             nt = numba.types
             # a named C symbol (resolved when the code is loaded), not a ctypes address: the code stays cacheable
             _pread = nt.ExternalFunction("pread", nt.intp(nt.intc, nt.uintp, nt.uintp, nt.int64))
@@ -641,6 +618,7 @@ class Stored:
         self.kind, self.h, self.t = kind, h, t
         self.itemsize = 4 if kind == F32 else 2
         self.gfd = np.array([fds[f] for f in fidx], np.int64)  # each position's file descriptor
+        self._bufs: dict[tuple[Any, ...], np.ndarray] = {}
 
     @classmethod
     def of(cls, rows: list[Any], h: int) -> "Stored | None":
@@ -672,6 +650,20 @@ class Stored:
                 os.close(fd)
             return None
         return cls(list(files), fds, np.array(fidx, np.int64), np.array(offs, np.int64), kind, h, rows[0].rows)
+
+    def buffers(self, work: int, units: int, zero: bool = False, dtype: Any = np.uint16, name: str = "") -> np.ndarray:
+        """[work, units] of ``dtype``, zero-filled, kept for this sweep's later kernel calls (``name`` tells
+        apart two of one shape; ``zero``: one the kernels only read, so it stays zero).
+
+        Allocated inside every call, such buffers were mapped and faulted in afresh each time (glibc
+        maps blocks over 128 KB anew and unmaps them on free), from both kernel threads at once: in a
+        fresh process the fitted columns of a Kimi-K2 sweep took 0.12 s instead of 0.02 s."""
+        key = (work, units, zero, np.dtype(dtype).str, name)
+        buf = self._bufs.get(key)
+        if buf is None:
+            buf = self._bufs[key] = np.empty((work, units), dtype)
+            buf.fill(0)  # its pages faulted in here, by one thread
+        return buf
 
     def check(self, err: np.ndarray, g: int | None = None) -> None:
         """Raise the one-line error for a kernel's short read (``err``: nonzero where one happened;
@@ -720,6 +712,11 @@ def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.nd
     del ys
 
 
+def _row_buffers(st: Stored, rows: int, work: int) -> np.ndarray:
+    """Each work item's read buffer for the one-position kernels (``rows`` rows of the capture)."""
+    return st.buffers(work, rows * st.h * (2 if st.kind == F32 else 1))
+
+
 def _one_position_work(lw: int) -> tuple[int, int, np.ndarray]:
     """(rows per read, work items, error flags) for the one-position kernels."""
     work = max(1, min(4 * kernels().threads, -(-lw // READ_ROWS)))
@@ -731,10 +728,11 @@ def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np
     """(sum u*y, sum u*u) per dimension over the aligned tokens (float64 [H] each): position g
     against training rows ``y`` [Lw, H] of slot ``col`` (see ``_fit_equations``)."""
     kern, yv = kernels(), Rows(y)
-    _, work, err = _one_position_work(lw)
-    acc_n, acc_d = np.empty((work, st.h)), np.empty((work, st.h))
+    rows, work, err = _one_position_work(lw)
+    acc_n, acc_d = (st.buffers(work, st.h, dtype=np.float64, name=n) for n in ("num", "den"))
+    zs = st.buffers(1, st.h * (2 if yv.kind == F32 else 1), zero=True)[0]
     kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef,
-                       yv.off, yv.row, yv.kind, y_ok, col, work, acc_n, acc_d, err)
+                       yv.off, yv.row, yv.kind, y_ok, col, work, acc_n, acc_d, _row_buffers(st, rows, work), zs, err)
     st.check(err, g)
     return acc_n.sum(0), acc_d.sum(0)
 
@@ -745,7 +743,7 @@ def fit_scores(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.nd
     kern, yv = kernels(), Rows(y)
     rows, work, err = _one_position_work(lw)
     kern.fit_scores(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
-                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, err)
+                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, _row_buffers(st, rows, work), err)
     st.check(err, g)
 
 
@@ -761,6 +759,6 @@ def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarr
     fitted = vj is not None and gain is not None
     g_arr = gain if fitted else np.zeros((1, 1, st.h), np.float32)
     kern.max_abs(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
-                 yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, err)
+                 yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, _row_buffers(st, rows, work), err)
     st.check(err, g)
     return out
