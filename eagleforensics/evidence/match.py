@@ -158,7 +158,7 @@ def score_slots(
     return _assemble(sums, positions, columns, src, slots, train_start, fit_idx, virt, mapped, dev)
 
 
-def fill_y(yb: np.ndarray, slots: list[np.ndarray], row0: int) -> np.ndarray:
+def _fill_y(yb: np.ndarray, slots: list[np.ndarray], row0: int) -> np.ndarray:
     """Training rows [row0, row0+L) of every slot into ``yb`` [L, K, H] (converted to its dtype)."""
     for i, s in enumerate(slots):
         part = s[row0:row0 + yb.shape[0]]
@@ -166,7 +166,7 @@ def fill_y(yb: np.ndarray, slots: list[np.ndarray], row0: int) -> np.ndarray:
     return yb
 
 
-def segments(t: int, cs: int, lw: int, step: int) -> list[tuple[int, int, bool]]:
+def _segments(t: int, cs: int, lw: int, step: int) -> list[tuple[int, int, bool]]:
     """Row ranges of at most ``step`` rows covering [0, t), none straddling the aligned window's edges."""
     out: list[tuple[int, int, bool]] = []
     for a, b, win in ((0, cs, False), (cs, cs + lw, True), (cs + lw, t, False)):
@@ -188,13 +188,13 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
     yb = np.empty((lc, sums.k, h), np.float32)
     virt_of = {g: j for j, g in enumerate(sums.virt)}
     every = fit_candidates is None
-    segs = segments(t, cs, lw, lc)
+    segs = _segments(t, cs, lw, lc)
 
     def block(pos: Position, a: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         x = f32(src.rows(pos, a, a + n), copy=True)
         if not (cs <= a < cs + lw):
             return x, None
-        return x, sums.prep_y(fill_y(yb[:n], slots, ts + a - cs), a - cs)
+        return x, sums.prep_y(_fill_y(yb[:n], slots, ts + a - cs), a - cs)
 
     def score_fitted(g: int) -> None:
         sums.fit([virt_of[g]])  # the normal equations of this position are complete
@@ -297,14 +297,11 @@ def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position
             x = f32(src.rows(positions[g], cs + a, cs + a + n), copy=True)
             ok_x = ~sums.bad[g, cs + a:cs + a + n]
             x[~ok_x] = 0.0
+            u = sums.unit(x.copy(), g, cs + a) if sums.gain is not None else None  # x / rms(x), for fitted cells
             for c, (i, _j, vj) in enumerate(cells):
                 y = f32(slots[i][ts + a:ts + a + n], copy=True)
                 ok = ok_x & sums.y_ok[a:a + n, i]
-                pred = x
-                if vj is not None and sums.gain is not None:
-                    xx = np.where(ok_x, sums.xx[g, cs + a:cs + a + n], np.float32(0.0))[:, None]
-                    pred = x * (np.float32(1.0) / np.sqrt(xx / np.float32(h) + np.float32(1e-12))) \
-                        * sums.gain[vj, fit_idx.index(i)]
+                pred = x if vj is None or u is None else u * sums.gain[vj, fit_idx.index(i)]
                 with np.errstate(invalid="ignore", over="ignore"):
                     d = np.abs(y - pred)
                 d[~ok] = 0.0
