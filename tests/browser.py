@@ -27,18 +27,22 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          '--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=http://127.0.0.1:9",
          "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=15000"]
 # Reads where the verdict and its snippets sit once the page has laid out (window 1280 x 900), and
-# clicks the first copy button (its label turns to "copied" once the snippet is on the clipboard).
+# clicks the first copy button (its label turns to "copied" once the snippet is on the clipboard, and
+# back to "copy" 1.5 s later: it is read as soon as it changes).
 _PROBE = """<script>window.addEventListener('load', function () {
   var v = document.querySelector('.ef-verdict'), b = v && v.querySelector('b');
   var out = {verdict: b ? b.textContent : null, verdict_bottom: b ? b.getBoundingClientRect().bottom : null,
              snippets: [].map.call(document.querySelectorAll('.ef-snippet'), function (p) {
                return [p.textContent, p.getBoundingClientRect().bottom]; })};
-  var btn = document.querySelector('.ef-copy');
+  var btn = document.querySelector('.ef-copy'), tries = 0;
   if (btn) { btn.click(); }
-  setTimeout(function () {
+  // the label changes when the clipboard's promise settles, which a busy machine can delay past a
+  // fixed wait: look every 100 ms, for up to 5 s, then report what the label says
+  (function report() {
+    if (btn && btn.textContent !== 'copied' && ++tries < 50) { setTimeout(report, 100); return; }
     out.copy_button = btn ? btn.textContent : null;
     var d = document.createElement('pre'); d.id = 'ef-probe'; d.textContent = JSON.stringify(out);
-    document.body.appendChild(d); }, 300); });</script>"""
+    document.body.appendChild(d); })(); });</script>"""
 
 
 def run(page: Path, *extra: str, netlog: Path | None = None) -> str:
