@@ -26,18 +26,29 @@ if TYPE_CHECKING:  # pragma: no cover  (annotations only: results sit below ever
     from .verdict import EngineAdvice, Verdict
 
 SEVERITIES = ("error", "warning", "info")
+# How much acceptance a cause is likely to cost, most first: ``collapse`` (acceptance near zero or
+# structural: nothing can be accepted), ``high`` (a large share lost), ``medium``, ``low``; "" = not rated.
+IMPACTS = ("collapse", "high", "medium", "low", "")
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One statement about the alignment: ``code`` is stable, ``message`` is for people."""
+    """One statement with a stable ``code``; ``message`` is for people.
+
+    ``fix`` (what to do), ``source`` (the thread, release or file the rule rests on) and ``impact``
+    (one of ``IMPACTS``) are filled by the doctor's checks; align's findings leave them empty, and
+    empty ones are left out of ``to_dict`` so align's JSON keeps its shape.
+    """
 
     code: str
     severity: str
     message: str
+    fix: str = ""
+    source: str = ""
+    impact: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v or k in ("code", "severity", "message")}
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,11 @@ ALLOWED: dict[str, set[str]] = {
     "engines": BOTTOM | {"io"},
     "scan": BOTTOM | {"io", "evidence"},
     "testing": BOTTOM | {"io"},
+    "checks": BOTTOM | {"io", "evidence", "engines", "scan"},
     "alignment": BOTTOM | {"io", "evidence", "engines"},
-    "report": BOTTOM | {"io", "evidence", "engines", "scan", "alignment"},
-    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "alignment", "report"},
+    "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment"},
+    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor"},
+    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor", "report"},
     "__init__": BOTTOM,
     "__main__": {"cli"},
 }

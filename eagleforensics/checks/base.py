@@ -1,0 +1,181 @@
+"""What a doctor check is, what it returns, and the user's artifacts it reads (each loaded once, on first use).
+
+A check names the inputs it needs (``needs``: each an input name, or ``a|b`` for either), the
+finding codes it may emit, and a function from ``Artifacts`` to a ``CheckResult``. The doctor
+runs every check whose inputs are there and lists the others with the option that would enable
+them. Loading is lazy and shared: ten checks that read the drafter's config parse it once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import ForensicsError
+from ..io.modeldir import ModelDir, read_config
+from ..results import Finding
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..io.capture import Capture
+    from ..io.training import TrainingRecord
+
+# input name -> the option that provides it and what it is, for the "not run: needs ..." lines
+INPUTS: dict[str, str] = {
+    "drafter": "--drafter DIR (the drafter's config.json and safetensors)",
+    "target": "--target DIR (the target's config.json and safetensors shards)",
+    "train": "--train RECORD_OR_DIR (training records)",
+    "capture": "--capture FILE (hidden states captured from the served target)",
+    "draft_config": "--draft-config CFG or --drafter DIR (the draft config the engine reads)",
+    "engine": "--engine E (or --log SERVER_LOG, whose arguments line names it)",
+    "log": "--log SERVER_LOG (the server's log, with its arguments line)",
+    "served_len": "--served-len N (or --log SERVER_LOG with the served context length)",
+}
+FOUND, CLEAN, NOT_RUN = "found", "clean", "not-run"
+FLAGGED = ("error", "warning")  # severities that make a check "found"; info findings are context
+DEFAULT_MAX_RECORDS = 64
+
+
+@dataclass(frozen=True)
+class DoctorInputs:
+    """Everything the user handed the doctor; None = not given."""
+
+    drafter: str | None = None
+    target: str | None = None
+    train: str | None = None
+    capture: str | None = None
+    draft_config: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    vllm_runner: str | None = None
+    model_type: str | None = None
+    log: str | None = None
+    served_len: int | None = None
+    capture_convention: str = "hf"
+    max_records: int = DEFAULT_MAX_RECORDS
+    allow_unsafe: bool = False
+
+    def given(self) -> dict[str, Any]:
+        """The inputs that were given, for the JSON."""
+        return {k: v for k, v in self.__dict__.items() if v is not None and k not in (
+            "capture_convention", "max_records", "allow_unsafe")}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a check found: findings (codes from the check's ``codes``), a note on what was checked, numbers."""
+
+    findings: tuple[Finding, ...] = ()
+    note: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One cause of low acceptance: which inputs it needs, which codes it may emit, how to look for it."""
+
+    name: str
+    title: str
+    codes: tuple[str, ...]
+    needs: tuple[str, ...]
+    run: Callable[[Artifacts], CheckResult]
+    order: int = 100  # where it sits among clean and not-run rows (found rows sort by severity and impact)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One row of the doctor's table: a check found something, was clean, or was not run (and why)."""
+
+    name: str
+    title: str
+    status: str
+    findings: tuple[Finding, ...] = ()
+    note: str = ""
+    reason: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "status": self.status,
+                "codes": sorted({f.code for f in self.findings}), "note": self.note, "reason": self.reason,
+                "data": self.data}
+
+
+class Artifacts:
+    """The user's artifacts behind ``DoctorInputs``, each read once on first use (bad input raises one line)."""
+
+    def __init__(self, inputs: DoctorInputs) -> None:
+        self.inputs = inputs
+
+    # ------------------------------------------------------------------ which inputs are there
+    def available(self, name: str) -> bool:
+        """True when input ``name`` was given or can be derived from what was given."""
+        i = self.inputs
+        if name == "draft_config":
+            return i.draft_config is not None or i.drafter is not None
+        if name == "engine":
+            return self.engine is not None
+        if name == "served_len":
+            return self.served_len is not None
+        if name not in INPUTS:
+            raise KeyError(name)
+        return getattr(i, name) is not None
+
+    def missing(self, needs: tuple[str, ...]) -> list[str]:
+        """The needs not met; ``a|b`` is met by either."""
+        return [need for need in needs if not any(self.available(alt) for alt in need.split("|"))]
+
+    # ------------------------------------------------------------------ the artifacts
+    @cached_property
+    def drafter(self) -> ModelDir:
+        if self.inputs.drafter is None:
+            raise ForensicsError("no --drafter given")
+        return ModelDir(self.inputs.drafter, "drafter directory")
+
+    @cached_property
+    def target(self) -> ModelDir:
+        if self.inputs.target is None:
+            raise ForensicsError("no --target given")
+        return ModelDir(self.inputs.target, "target directory")
+
+    @cached_property
+    def draft_config(self) -> dict[str, Any]:
+        """The draft config an engine reads: ``--draft-config`` when given, else the drafter's config.json."""
+        if self.inputs.draft_config is not None:
+            return read_config(self.inputs.draft_config, "draft config")
+        return self.drafter.config
+
+    @cached_property
+    def record_paths(self) -> list[str]:
+        """The training record files: ``--train`` itself, or up to ``max_records`` found under the directory."""
+        train = self.inputs.train
+        if train is None:
+            raise ForensicsError("no --train given")
+        p = Path(train)
+        if not p.is_dir():
+            return [train]
+        from ..scan.runner import find_records
+
+        return [str(p / rel) for rel in find_records(p)[: self.inputs.max_records]]
+
+    @cached_property
+    def records(self) -> list[TrainingRecord]:
+        from ..io.training import load_training
+
+        return [load_training(path, allow_unsafe=self.inputs.allow_unsafe) for path in self.record_paths]
+
+    @cached_property
+    def capture(self) -> Capture:
+        from ..io.capture import load_capture
+
+        if self.inputs.capture is None:
+            raise ForensicsError("no --capture given")
+        return load_capture(self.inputs.capture, convention=self.inputs.capture_convention,
+                            allow_unsafe=self.inputs.allow_unsafe)
+
+    @property
+    def engine(self) -> str | None:
+        return self.inputs.engine
+
+    @property
+    def served_len(self) -> int | None:
+        return self.inputs.served_len

@@ -1,0 +1,58 @@
+"""``eagleforensics doctor``: why does the drafter accept less than it should? Every check the inputs allow."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import echo_text, run_guarded
+
+ENGINES = ("sglang", "vllm", "trtllm")
+
+
+@click.command()
+@click.option("--drafter", type=click.Path(), default=None, help="Drafter directory (config.json + safetensors).")
+@click.option("--target", type=click.Path(), default=None,
+              help="Target model directory (config.json + safetensors shards; only the tensors a check needs are read).")
+@click.option("--train", type=click.Path(), default=None, help="A training record, or a directory of them.")
+@click.option("--capture", type=click.Path(), default=None, help="Hidden states captured from the served target.")
+@click.option("--draft-config", type=click.Path(), default=None,
+              help="The draft config the engine reads (default: the drafter's config.json).")
+@click.option("--engine", type=click.Choice(ENGINES), default=None, help="The serving engine.")
+@click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12.post1 (default: the newest known).")
+@click.option("--vllm-runner", type=click.Choice(("v1", "v2")), default=None, help="vLLM model runner.")
+@click.option("--model-type", default=None, help="Target model_type for the engine rules (default: the target's).")
+@click.option("--log", type=click.Path(), default=None, help="The server's log (its arguments line and statistics).")
+@click.option("--served-len", type=click.IntRange(min=1), default=None,
+              help="The longest context the server serves, in tokens (max_model_len / context_length).")
+@click.option("--capture-convention", type=click.Choice(("hf", "vllm", "sglang", "trtllm")), default="hf",
+              show_default=True, help="What the integers in the capture mean.")
+@click.option("--max-records", type=click.IntRange(min=1), default=64, show_default=True,
+              help="With --train DIR: read at most this many records.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--allow-unsafe-pickle", is_flag=True,
+              help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
+def doctor(drafter: str | None, target: str | None, train: str | None, capture: str | None,
+           draft_config: str | None, engine: str | None, engine_version: str | None, vllm_runner: str | None,
+           model_type: str | None, log: str | None, served_len: int | None, capture_convention: str,
+           max_records: int, as_json: bool, allow_unsafe_pickle: bool) -> None:
+    """Why is acceptance low? Run every check the given artifacts allow, most costly finding first.
+
+    Each check looks for one common cause (vocabulary map, embedding, sizes, flags an engine ignores,
+    RoPE and context length, launch arguments, training data, the aux-layer wiring) and says what to
+    do and the source it rests on; checks whose inputs are missing are listed with the option that
+    would enable them.
+
+    Exit 0: nothing found (OK). 1: something to change (ACTION) or broken (PROBLEM). 2: bad input.
+    """
+    from ..checks.base import DoctorInputs
+    from ..doctor import diagnose
+
+    inputs = DoctorInputs(drafter=drafter, target=target, train=train, capture=capture, draft_config=draft_config,
+                          engine=engine, engine_version=engine_version, vllm_runner=vllm_runner,
+                          model_type=model_type, log=log, served_len=served_len,
+                          capture_convention=capture_convention, max_records=max_records,
+                          allow_unsafe=allow_unsafe_pickle)
+    report = run_guarded(lambda: diagnose(inputs))
+    echo_text(report.to_json() if as_json else report.to_text())
+    sys.exit(report.exit_code)

@@ -1,0 +1,174 @@
+"""A model directory (a drafter's or a target's): its config.json and its safetensors tensors, without torch.
+
+Tensors are listed from the safetensors headers (or the shard index) without reading any data;
+one tensor, or a few rows of one, is read on demand with one positional read. The doctor's checks
+read drafters and targets through here, so a check that needs only shapes never reads a weight
+and one that compares embeddings reads only the rows it samples.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ForensicsError
+from .guards import parse_json, read_regular
+from .safeload import SafetensorsFile, open_safetensors, read_safetensors_header
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+INDEX_NAME = "model.safetensors.index.json"
+# The HF names of the tensors checks ask for by role; a stored name that ends with the tail counts
+# when exactly one does (drafters and some converters add a prefix). MTP heads and layers never count.
+_ROLE_NAMES = {"embed": ("model.embed_tokens.weight", "embed_tokens.weight"),
+               "lm_head": ("lm_head.weight", "lm_head.weight"),
+               "norm": ("model.norm.weight", "model.norm.weight")}
+
+
+def read_config(path: str | Path, what: str = "config.json") -> dict[str, Any]:
+    """The JSON object in ``path`` (a config file, or a directory's ``config.json``); bad input is one line."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise ForensicsError(f"no {what} here", path=p)
+    raw = read_regular(p, MAX_CONFIG_BYTES, what)
+    try:
+        obj = parse_json(raw, p, what)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ForensicsError(f"{what} is not valid JSON ({' '.join(str(exc).split())[:120]})", path=p) from None
+    if not isinstance(obj, dict):
+        raise ForensicsError(f"{what} is not a JSON object", path=p)
+    return obj
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config: ``text_config`` for multimodal targets, else the config itself."""
+    inner = cfg.get("text_config")
+    return inner if isinstance(inner, dict) else cfg
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one stored tensor lives and what it claims to be (from its file's header, no data read)."""
+
+    name: str
+    file: Path
+    dtype: str  # the safetensors code: BF16, F32, I64, ...
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class ModelDir:
+    """A drafter or target directory: ``config`` and the tensors of its safetensors files, read lazily."""
+
+    def __init__(self, path: str | Path, what: str = "model directory") -> None:
+        self.path = Path(path)
+        self.what = what
+        if not self.path.is_dir():
+            raise ForensicsError(f"expected a {what} (config.json + safetensors weights)", path=self.path)
+        self._handles: dict[Path, SafetensorsFile] = {}
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """Its ``config.json`` as a dict."""
+        return read_config(self.path, f"{self.what}'s config.json")
+
+    @property
+    def text(self) -> dict[str, Any]:
+        """The language model's config (``text_config`` when nested)."""
+        return text_config(self.config)
+
+    @cached_property
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Every stored tensor by name, from the headers of ``model.safetensors``, the shard index or ``*.safetensors``."""
+        out: dict[str, TensorInfo] = {}
+        for f in self._files():
+            header = read_safetensors_header(f)
+            for name, info in header.items():
+                if name != "__metadata__":
+                    out[str(name)] = TensorInfo(str(name), f, str(info["dtype"]), tuple(int(d) for d in info["shape"]))
+        return out
+
+    def _files(self) -> list[Path]:
+        index = self.path / INDEX_NAME
+        if index.is_file():
+            obj = parse_json(read_regular(index, MAX_CONFIG_BYTES, "safetensors shard index"), index,
+                             "safetensors shard index")
+            wmap = obj.get("weight_map") if isinstance(obj, dict) else None
+            if not isinstance(wmap, dict) or not wmap:
+                raise ForensicsError("shard index has no weight_map object", path=index)
+            shards = []
+            for name, shard in wmap.items():
+                if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
+                    raise ForensicsError(f"weight_map entry {str(name)[:80]!r} names {str(shard)[:80]!r}; expected a "
+                                         ".safetensors file in the same directory", path=index)
+                if not (self.path / shard).exists():
+                    raise ForensicsError(f"weight_map names shard {shard!r}, which is missing", path=index)
+                if shard not in shards:
+                    shards.append(shard)
+            return [self.path / s for s in shards]
+        single = self.path / "model.safetensors"
+        if single.exists():
+            return [single]
+        files = sorted(self.path.glob("*.safetensors"))
+        if not files:
+            raise ForensicsError("no model.safetensors, shard index or *.safetensors here (only safetensors weights "
+                                 "are read; convert .bin/.pt checkpoints first)", path=self.path)
+        return files
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ForensicsError(f"no tensor {name!r} in the safetensors weights", path=self.path) from None
+
+    def _handle(self, f: Path) -> SafetensorsFile:
+        if f not in self._handles:
+            self._handles[f] = open_safetensors(f)
+        return self._handles[f]
+
+    def read(self, name: str) -> np.ndarray:
+        """Tensor ``name`` whole, in its stored shape and dtype (bf16 as ``arrays.BF16``)."""
+        t = self.info(name)
+        try:
+            return self._handle(t.file).get(name)
+        except ForensicsError:
+            raise
+        except (OSError, KeyError, ValueError) as exc:
+            raise ForensicsError(f"cannot read tensor {name!r}: {' '.join(str(exc).split())[:200]}",
+                                 path=t.file) from None
+
+    def rows(self, name: str, index: Any) -> np.ndarray:
+        """Rows ``index`` (ascending or not) of a 2-D tensor, each read on its own: a sample of a large
+        embedding costs only the rows asked for."""
+        t = self.info(name)
+        if len(t.shape) != 2:
+            raise ForensicsError(f"tensor {name!r} has shape {list(t.shape)}; expected 2 dimensions", path=t.file)
+        idx = np.asarray(index, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= t.shape[0]):
+            raise ForensicsError(f"row index out of range for {name!r} {list(t.shape)}", path=t.file)
+        reader = self._handle(t.file).rows(name)
+        out = np.empty((idx.size, t.shape[1]), dtype=reader.dtype)
+        for i, r in enumerate(idx.tolist()):
+            reader.read(r, r + 1, out=out[i:i + 1])
+        return out
+
+    def find(self, role: str) -> str | None:
+        """The stored name of the ``embed``, ``lm_head`` or final ``norm`` tensor, or None when absent or ambiguous."""
+        exact, tail = _ROLE_NAMES[role]
+        if exact in self.tensors:
+            return exact
+        hits = [k for k in self.tensors if k.endswith(tail) and "mtp" not in k and ".layers." not in k
+                and "midlayer" not in k]
+        return hits[0] if len(hits) == 1 else None
