@@ -105,6 +105,13 @@ class Artifacts:
 
     def __init__(self, inputs: DoctorInputs) -> None:
         self.inputs = inputs
+        self._memo: dict[str, Any] = {}
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()`` computed once per doctor run and shared between checks (a map diagnosis, next tokens)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     # ------------------------------------------------------------------ which inputs are there
     def available(self, name: str) -> bool:

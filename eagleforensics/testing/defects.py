@@ -1,0 +1,206 @@
+"""Plant one defect at a time into copies of a drafter and its target, for the doctor's tests and the README.
+
+Each ``Defect`` copies the clean drafter and target (``data_samples/drafter`` and ``data_samples/target``
+by default) into its own directory, changes exactly one thing the way the public threads describe
+it, and says which finding code the doctor must raise for it and which extra doctor inputs (an
+engine, a server log, a served length) make it visible. ``scripts/plant_defects.py`` writes them all.
+Nothing here decides anything: the doctor has to find each defect on its own.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+SAMPLES = Path(__file__).resolve().parents[2] / "data_samples"
+
+
+@dataclass(frozen=True)
+class Planted:
+    """Where a planted case lives and the doctor inputs that show it (besides --drafter and --target)."""
+
+    name: str
+    code: str
+    drafter: Path
+    target: Path
+    inputs: dict[str, Any] = field(default_factory=dict)  # DoctorInputs keyword arguments (engine, log, ...)
+
+
+@dataclass(frozen=True)
+class Defect:
+    """One defect: the code the doctor must find, what is changed, how, and whether replay can price it."""
+
+    name: str
+    code: str
+    what: str
+    plant: Callable[[Path, Path, Path], dict[str, Any]]  # (drafter copy, target copy, case dir) -> extra inputs
+    priced: bool = False  # replay on the sample capture can put a number on its cost
+
+
+# ---------------------------------------------------------------- file edits
+def edit_config(d: Path, drop: tuple[str, ...] = (), **changes: Any) -> None:
+    """Change keys of ``d/config.json`` (and drop ``drop``), keeping the rest as written."""
+    cfg = json.loads((d / "config.json").read_text())
+    for key in drop:
+        cfg.pop(key, None)
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def edit_weights(d: Path, fn: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> None:
+    """Rewrite ``d/model.safetensors`` with ``fn(tensors)``."""
+    path = d / "model.safetensors"
+    tensors = fn(load_file(str(path)))
+    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path), metadata={"format": "pt"})
+
+
+def _target_embedding(target: Path) -> torch.Tensor:
+    index = json.loads((target / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.embed_tokens.weight"
+    return load_file(str(target / index[name]))[name]
+
+
+def _target_tensor(target: Path, name: str) -> torch.Tensor:
+    index = json.loads((target / "model.safetensors.index.json").read_text())["weight_map"]
+    return load_file(str(target / index[name]))[name]
+
+
+# ---------------------------------------------------------------- the defects
+def _d2t_absolute(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # target ids written where offsets belong: d2t = arange + offsets
+    edit_weights(d, lambda w: {**w, "d2t": torch.arange(w["d2t"].shape[0]) + w["d2t"]})
+    return {}
+
+
+def _d2t_missing(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # the map kept in a side file, not the checkpoint (vllm-project/vllm#18909)
+    def drop(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        torch.save(w["d2t"].clone(), d / "d2t.pt")
+        return {k: v for k, v in w.items() if k != "d2t"}
+    edit_weights(d, drop)
+    return {}
+
+
+def _d2t_duplicate(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # draft id 1 sent to draft id 0's target id
+    def dup(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        d2t = w["d2t"].clone()
+        d2t[1] = d2t[0] - 1
+        return {**w, "d2t": d2t}
+    edit_weights(d, dup)
+    return {}
+
+
+def _d2t_short(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # one offset fewer than draft_vocab_size (SafeAILab/EAGLE#248)
+    edit_weights(d, lambda w: {**w, "d2t": w["d2t"][:-1].clone()})
+    return {}
+
+
+def _embedding_random(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a fresh nn.Embedding exported after a strict=False load: N(0, 0.02), transformers' initializer_range
+    ref = _target_embedding(t)
+    gen = torch.Generator().manual_seed(1234)
+    fresh = (torch.randn(ref.shape, generator=gen) * 0.02).to(torch.bfloat16)
+    edit_weights(d, lambda w: {**w, "embed_tokens.weight": fresh})
+    return {}
+
+
+def _embedding_other_model(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # the embedding of another model of the same shape (a tiny Llama of another seed)
+    from .tinymodels import build_model
+
+    ref = _target_embedding(t)
+    other = build_model("llama", num_layers=2, hidden=ref.shape[1], vocab=ref.shape[0], seed=11)
+    emb = other.get_input_embeddings().weight.detach().to(torch.bfloat16).clone()
+    edit_weights(d, lambda w: {**w, "embed_tokens.weight": emb})
+    return {}
+
+
+def _rope_mismatch(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    edit_config(d, rope_theta=500000.0)
+    return {}
+
+
+def _max_positions_short(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    edit_config(d, max_position_embeddings=16)
+    return {}
+
+
+def _size_mismatch(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    edit_config(d, target_hidden_size=256)
+    return {}
+
+
+def _dtype_fp16(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a float16 export of a drafter whose target serves in bfloat16 (the target's config declares it)
+    edit_weights(d, lambda w: {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in w.items()})
+    edit_config(d, torch_dtype="float16")
+    edit_config(t, torch_dtype="bfloat16")
+    return {}
+
+
+def to_speculators_layout(d: Path, verifier: str = "target") -> None:
+    """Rewrite a SpecForge-layout drafter in speculators' layout (config nesting and ``layers.0.`` names)."""
+    cfg = json.loads((d / "config.json").read_text())
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    layer = {k: v for k, v in cfg.items() if k not in ("architectures", "eagle_config", "draft_vocab_size",
+                                                       "torch_dtype")}
+    new = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
+           "draft_vocab_size": cfg["draft_vocab_size"], "norm_before_residual": False, "norm_output": False,
+           "transformer_layer_config": layer, "eagle_aux_hidden_state_layer_ids": ids, "torch_dtype": "bfloat16",
+           "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": verifier}}}
+    (d / "config.json").write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
+    edit_weights(d, lambda w: {k.replace("midlayer.", "layers.0.", 1): v for k, v in w.items()})
+
+
+def _lm_head_not_target(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a speculators drafter (whose trainer copies and freezes the target's head rows) with another head
+    to_speculators_layout(d)
+    return {}
+
+
+DEFECTS: tuple[Defect, ...] = (
+    Defect("d2t-absolute", "d2t-absolute", "d2t holds target ids (arange + offsets) instead of offsets",
+           _d2t_absolute, priced=True),
+    Defect("d2t-missing", "d2t-missing", "d2t dropped from the checkpoint (kept in a side file d2t.pt)",
+           _d2t_missing, priced=True),
+    Defect("d2t-duplicate", "d2t-invalid", "d2t sends draft id 1 to draft id 0's target id", _d2t_duplicate,
+           priced=True),
+    Defect("d2t-short", "d2t-invalid", "d2t one entry shorter than draft_vocab_size", _d2t_short),
+    Defect("embedding-random", "embedding-random", "an embed_tokens of N(0, 0.02) added to the drafter",
+           _embedding_random, priced=True),
+    Defect("embedding-other-model", "embedding-not-target", "another tiny Llama's embed_tokens added to the drafter",
+           _embedding_other_model, priced=True),
+    Defect("rope-mismatch", "rope-mismatch", "draft rope_theta 500000 (target 10000)", _rope_mismatch, priced=True),
+    Defect("max-positions-short", "max-positions-short", "draft max_position_embeddings 16 (served 512)",
+           _max_positions_short),
+    Defect("size-mismatch", "size-mismatch", "draft target_hidden_size 256 (target 128)", _size_mismatch),
+    Defect("dtype-fp16", "dtype-mismatch", "drafter exported in float16 beside a bfloat16 target", _dtype_fp16),
+    Defect("lm-head-not-target", "lm-head-not-target", "a speculators drafter whose lm_head is not the target's rows",
+           _lm_head_not_target),
+)
+
+
+def plant(defect: Defect, out: Path, *, drafter: Path = SAMPLES / "drafter", target: Path = SAMPLES / "target"
+          ) -> Planted:
+    """Copy ``drafter`` and ``target`` into ``out/<name>/`` and plant ``defect`` there."""
+    case = out / defect.name
+    if case.exists():
+        shutil.rmtree(case)
+    d, t = case / "drafter", case / "target"
+    shutil.copytree(drafter, d)
+    shutil.copytree(target, t)
+    inputs = defect.plant(d, t, case)
+    return Planted(defect.name, defect.code, d, t, inputs)
+
+
+def plant_all(out: Path, **where: Path) -> list[Planted]:
+    """Every defect, each in its own copy under ``out``."""
+    return [plant(defect, out, **where) for defect in DEFECTS]
