@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .checks.base import CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs
 from .checks.registry import all_checks
 from .errors import ForensicsError, printable
 from .results import IMPACTS, Finding
 from .verdict import ACTION, EXIT_CODES, OK, PROBLEM, SEVERITY_ORDER
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .results import AlignmentResult
 
 SCHEMA = "eagleforensics-doctor-v1"
 _LEVEL_RANK = {OK: 0, ACTION: 1, PROBLEM: 2}
@@ -67,6 +70,15 @@ class DoctorReport:
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.level]
+
+    def rows(self) -> list[CheckOutcome]:
+        """One row per check, most severe first: found (by worst severity, then cost), clean, not run."""
+        def key(o: CheckOutcome) -> tuple[int, int, int]:
+            worst = min((SEVERITY_ORDER.get(f.severity, 9) for f in o.findings if f.severity in FLAGGED), default=9)
+            cost = min((IMPACTS.index(f.impact) if f.impact in IMPACTS else 9 for f in o.findings
+                        if f.severity in FLAGGED), default=9)
+            return ({FOUND: 0, CLEAN: 1, NOT_RUN: 2}.get(o.status, 3), worst, cost)
+        return sorted(self.outcomes, key=key)  # stable: registry order within a tier
 
     def by_status(self, status: str) -> list[CheckOutcome]:
         return [o for o in self.outcomes if o.status == status]
@@ -130,7 +142,7 @@ def render_text(report: DoctorReport) -> str:
                 lines.append(f"     source: {printable(f.source)}")
     head = ("check", "status", "what")
     rows = [(o.name, o.status, ", ".join(sorted({f.code for f in o.findings if f.severity in FLAGGED}))
-             or printable(o.note or o.reason)) for o in report.outcomes]
+             or printable(o.note or o.reason)) for o in report.rows()]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head[:2])]
     lines += ["", "checks:", "  " + "  ".join(h.ljust(w) for h, w in zip(head, widths + [0])).rstrip(),
               "  " + "  ".join("-" * w for w in widths) + "  " + "-" * 4]
@@ -156,8 +168,11 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     return CheckOutcome(check.name, check.title, status, tuple(result.findings), result.note, data=dict(result.data))
 
 
-def _check_paths(inputs: DoctorInputs) -> None:
-    """Bad paths are one line before any check runs."""
+def check_inputs(inputs: DoctorInputs) -> None:
+    """Bad inputs are one line before any check runs (and before a report's kernel starts)."""
+    if not any(v is not None for v in (inputs.drafter, inputs.target, inputs.train, inputs.capture,
+                                       inputs.draft_config, inputs.log)):
+        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log")
     for name, want_dir in (("drafter", True), ("target", True), ("train", None), ("capture", None),
                            ("draft_config", None), ("log", False)):
         value = getattr(inputs, name)
@@ -188,9 +203,13 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     i = art.inputs
     engine = art.engine
     draft = (i.draft_config or i.drafter) if engine is not None else None
-    result = align(art.record_paths[0], art.capture, engine=engine, draft_config=draft,
-                   engine_version=i.engine_version if engine else None, model_type=i.model_type if engine else None,
-                   vllm_runner=i.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
+
+    def run_align() -> AlignmentResult:
+        return align(art.record_paths[0], art.capture, engine=engine, draft_config=draft,
+                     engine_version=art.engine_version if engine else None,
+                     model_type=i.model_type if engine else None,
+                     vllm_runner=art.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
+    result = art.memo("aligned", run_align)
     verdict = result.judge()
     fix = "; ".join(verdict.todo) if verdict.level == PROBLEM else "write the aux ids explicitly: " + "; ".join(
         f"{a.engine} {a.ids} in {a.key}" for a in verdict.actions if a.snippet) + " (align prints each snippet)"
@@ -207,16 +226,18 @@ DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row,)
 
 
 def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
-             pipelines: tuple[Pipeline, ...] = DEFAULT_PIPELINES) -> DoctorReport:
+             pipelines: tuple[Pipeline, ...] = DEFAULT_PIPELINES, aligned: AlignmentResult | None = None
+             ) -> DoctorReport:
     """Run every check ``inputs`` allow (all registered ones unless ``checks`` is given) and rank the findings.
 
     ``pipelines`` are the rows that run a whole pipeline on the same artifacts (align's wiring verdict).
+    ``aligned``: align's result on the same record and capture, already computed (the align notebook's),
+    which the wiring row then reuses instead of aligning again.
     """
-    if not any(v is not None for v in (inputs.drafter, inputs.target, inputs.train, inputs.capture,
-                                       inputs.draft_config, inputs.log)):
-        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log")
-    _check_paths(inputs)
+    check_inputs(inputs)
     art = Artifacts(inputs)
+    if aligned is not None:
+        art.memo("aligned", lambda: aligned)
     outcomes = [run_check(c, art) for c in (all_checks() if checks is None else checks)]
     summaries: dict[str, dict[str, Any] | None] = {}
     extra = OK

@@ -184,5 +184,13 @@ class Artifacts:
         return self.inputs.engine
 
     @property
+    def engine_version(self) -> str | None:
+        return self.inputs.engine_version
+
+    @property
+    def vllm_runner(self) -> str | None:
+        return self.inputs.vllm_runner
+
+    @property
     def served_len(self) -> int | None:
         return self.inputs.served_len
