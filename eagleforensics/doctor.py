@@ -62,8 +62,15 @@ class DoctorReport:
         object.__setattr__(self, "findings", rank(self.outcomes))
 
     @property
+    def flagged(self) -> list[RankedFinding]:
+        """The errors and warnings of rows that found something (a pipeline row's own verdict decides whether its
+        warnings count: align can warn about a capture and still judge the wiring OK)."""
+        found = {o.name for o in self.outcomes if o.status == FOUND}
+        return [r for r in self.findings if r.finding.severity in FLAGGED and r.check in found]
+
+    @property
     def level(self) -> str:
-        severities = {r.finding.severity for r in self.findings}
+        severities = {r.finding.severity for r in self.flagged}
         level = PROBLEM if "error" in severities else ACTION if "warning" in severities else OK
         return max(level, self.extra_level, key=_LEVEL_RANK.__getitem__)
 
@@ -85,7 +92,7 @@ class DoctorReport:
 
     @property
     def summary(self) -> str:
-        flagged = [r for r in self.findings if r.finding.severity in FLAGGED]
+        flagged = self.flagged
         ran = len(self.outcomes) - len(self.by_status(NOT_RUN))
         if not ran:
             return "no check could run with these inputs (see 'not run' for what each needs)"
@@ -105,8 +112,7 @@ class DoctorReport:
     @property
     def todo(self) -> list[str]:
         """What to do, most costly first, one line per distinct fix."""
-        return list(dict.fromkeys(r.finding.fix for r in self.findings
-                                  if r.finding.fix and r.finding.severity in FLAGGED))
+        return list(dict.fromkeys(r.finding.fix for r in self.flagged if r.finding.fix))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: ``schema``, ``verdict``, ``level``, ``exit_code``, ``todo``, ``findings`` (ranked; each
@@ -141,7 +147,8 @@ def render_text(report: DoctorReport) -> str:
             if f.source:
                 lines.append(f"     source: {printable(f.source)}")
     head = ("check", "status", "what")
-    rows = [(o.name, o.status, ", ".join(sorted({f.code for f in o.findings if f.severity in FLAGGED}))
+    rows = [(o.name, o.status, (o.status == FOUND and ", ".join(sorted({f.code for f in o.findings
+                                                                        if f.severity in FLAGGED})))
              or printable(o.note or o.reason)) for o in report.rows()]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head[:2])]
     lines += ["", "checks:", "  " + "  ".join(h.ljust(w) for h, w in zip(head, widths + [0])).rstrip(),
@@ -211,12 +218,14 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                      vllm_runner=art.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
     result = art.memo("aligned", run_align)
     verdict = result.judge()
-    fix = "; ".join(verdict.todo) if verdict.level == PROBLEM else "write the aux ids explicitly: " + "; ".join(
-        f"{a.engine} {a.ids} in {a.key}" for a in verdict.actions if a.snippet) + " (align prints each snippet)"
-    findings = tuple(Finding(f.code, f.severity, f.message, fix=fix if f.severity in FLAGGED else "",
+    snippets = [f"{a.engine} {a.ids} in {a.key}" for a in verdict.actions if a.snippet]
+    fix = ("; ".join(verdict.todo) if verdict.level == PROBLEM else
+           "write the aux ids explicitly: " + "; ".join(snippets) + " (align prints each snippet)" if snippets else "")
+    first = next((i for i, f in enumerate(result.findings) if f.severity in FLAGGED), None)
+    findings = tuple(Finding(f.code, f.severity, f.message, fix=fix if i == first else "",  # one fix for the verdict
                              source="align (content of the record against the capture)",
                              impact={"error": "collapse", "warning": "high"}.get(f.severity, ""))
-                     for f in result.findings)
+                     for i, f in enumerate(result.findings))
     status = FOUND if verdict.level != OK else CLEAN
     note = f"{verdict.level}: {verdict.summary}"
     return CheckOutcome("wiring", WIRING_TITLE, status, findings, note), result.to_dict(), verdict.level

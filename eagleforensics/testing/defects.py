@@ -103,6 +103,16 @@ def _d2t_short(d: Path, t: Path, case: Path) -> dict[str, Any]:
     return {}
 
 
+def _vocab_narrow(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a draft vocabulary pruned on other text: here the 256 ids the clean one left out (a valid map, a poor vocabulary)
+    def narrow(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        t2d = ~w["t2d"]
+        keep = torch.nonzero(t2d).flatten()
+        return {**w, "t2d": t2d, "d2t": keep - torch.arange(keep.shape[0])}
+    edit_weights(d, narrow)
+    return {"capture": str(SAMPLES / "capture_sweep.safetensors")}
+
+
 def _embedding_random(d: Path, t: Path, case: Path) -> dict[str, Any]:
     # a fresh nn.Embedding exported after a strict=False load: N(0, 0.02), transformers' initializer_range
     ref = _target_embedding(t)
@@ -174,6 +184,8 @@ DEFECTS: tuple[Defect, ...] = (
     Defect("d2t-duplicate", "d2t-invalid", "d2t sends draft id 1 to draft id 0's target id", _d2t_duplicate,
            priced=True),
     Defect("d2t-short", "d2t-invalid", "d2t one entry shorter than draft_vocab_size", _d2t_short),
+    Defect("vocab-narrow", "vocab-coverage", "the draft vocabulary is the 256 ids the clean one left out (capture given)",
+           _vocab_narrow, priced=True),
     Defect("embedding-random", "embedding-random", "an embed_tokens of N(0, 0.02) added to the drafter",
            _embedding_random, priced=True),
     Defect("embedding-other-model", "embedding-not-target", "another tiny Llama's embed_tokens added to the drafter",
