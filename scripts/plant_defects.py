@@ -1,0 +1,54 @@
+"""Plant each doctor defect, one at a time, into copies of data_samples/drafter and data_samples/target.
+
+Writes OUT_DIR/<defect>/drafter and OUT_DIR/<defect>/target (plus a server log where the defect is
+a launch argument), then runs the doctor on each and prints the matrix: the code it must find,
+what it flagged (errors and warnings), and the doctor command that shows it. Exit 1 when a defect is
+missed or something else is flagged. The defects are ``eagleforensics.testing.defects.DEFECTS``.
+
+    python scripts/plant_defects.py [OUT_DIR] [--show NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from eagleforensics.checks.base import DoctorInputs
+from eagleforensics.doctor import diagnose
+from eagleforensics.testing.defects import DEFECTS, plant
+
+
+def command(case) -> str:  # noqa: ANN001
+    """The doctor command line for a planted case."""
+    args = ["eagleforensics", "doctor", "--drafter", str(case.drafter), "--target", str(case.target)]
+    for key, value in case.inputs.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return shlex.join(args)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", nargs="?", default="planted", help="where to write the cases (default ./planted)")
+    ap.add_argument("--show", action="append", default=[], help="print the doctor's full output for this defect")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bad = 0
+    print(f"{'defect':24} {'must find':22} {'level':8} flagged")
+    for defect in DEFECTS:
+        case = plant(defect, out)
+        report = diagnose(DoctorInputs(drafter=str(case.drafter), target=str(case.target), **case.inputs))
+        flagged = [r.finding.code for r in report.flagged]
+        ok = flagged == [defect.code]
+        bad += not ok
+        print(f"{defect.name:24} {defect.code:22} {report.level:8} {', '.join(flagged) or '-'}{'' if ok else '  <-- WRONG'}")
+        if defect.name in args.show:
+            print("  $ " + command(case))
+            print("\n".join("  " + line for line in report.to_text().splitlines()))
+    print(f"\n{len(DEFECTS) - bad} of {len(DEFECTS)} defects found with their code and nothing else flagged")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
