@@ -197,9 +197,16 @@ def test_layout_not_given_assumes_flat_and_says_so():
     assert "assumed" not in same.consequence
 
 
+def test_vllm_runner_not_given_takes_the_default_and_says_so():
+    (r,) = flagrules.ignored_features("vllm", "0.30.0", None, ["aux_hidden_state_off"])
+    assert r.status == "ignored" and "v2, the one a plain `vllm serve`" in r.consequence
+    (v1,) = flagrules.ignored_features("vllm", "0.30.0", "v1", ["aux_hidden_state_off"])
+    assert v1.status == "honoured" and "assumed" not in v1.consequence
+
+
 def test_qwen3_before_its_file_is_built_as_llama():
     (r,) = flagrules.ignored_features("vllm", "0.22.0", None, ["qk_norm"], "qwen3", "flat")
-    assert r.status == "refused" and "built as Llama" in r.consequence
+    assert r.status == "refused" and "as Llama" in r.consequence
 
 
 @pytest.mark.parametrize("args,match", [
@@ -216,7 +223,7 @@ def test_bad_queries_are_refused(args, match):
 
 def test_rows_cite_a_released_version_and_a_file():
     cite = re.compile(r"\b(sglang|vllm|specforge|speculators|nvidia-modelopt|transformers) "
-                      r"\d+\.\d+[\w.]*.*\.py|SafeAILab/EAGLE .*\.py at commit [0-9a-f]{7}")
+                      r"\d+\.\d+[\w.]*.*\.py|SafeAILab/EAGLE .*\.py.* at commit [0-9a-f]{7}")
     rows = [*flagtable.FLAG_RULES, *embedrules.EMBED_RULES, *embedrules.D2T_RULES,
             *embedrules.TRAINER_RULES, *roperules.ROPE_RULES]
     missing = [r.label for r in rows if not cite.search(r.source)]

@@ -1,10 +1,10 @@
-"""Which drafter features each engine version honours, ignores or refuses, as sourced data.
+"""Which drafter features each engine version honours, ignores or refuses, and the queries on them.
 
 A drafter can carry features beyond the plain EAGLE-3 layer (a norm before ``fc``, per-state
 ``fc_norm``, post-norm feedback, its own embedding or head, more layers, a sliding window, a
 Qwen3 attention with q/k norms, ...). An engine release that does not implement one either
 *ignores* it (loads, runs, silently serves another function than the one trained), *refuses*
-it (an error at load) or *honours* it. ``FLAG_RULES`` holds one row per (engine, feature,
+it (an error at load) or *honours* it. ``FLAG_RULES`` (in ``flagtable``) holds one row per (engine, feature,
 version range, drafter model file, config layout), each citing the wheel version and file it
 was read from (``pip download --no-deps``; every SGLang release 0.4.10 - 0.5.23 and every vLLM
 release 0.10.1.1 - 0.33.0 was unpacked and the boundary releases read).
@@ -30,7 +30,16 @@ from typing import Any
 from ..errors import ForensicsError
 from .embedrules import embed_rule
 from .flagtable import ARCHS, FLAG_RULES, LAYOUTS, STATUSES, FlagRow
-from .rules import ENGINE_NAMES, ENGINES, KEY_RULES, NEWEST, RUNNERS, TRT_MAIN, parse_version
+from .rules import (
+    ENGINE_NAMES,
+    ENGINES,
+    KEY_RULES,
+    NEWEST,
+    RUNNERS,
+    TRT_MAIN,
+    default_runner,
+    parse_version,
+)
 
 __all__ = ["ARCHS", "FEATURES", "FLAG_RULES", "LAYOUTS", "STATUSES", "FlagRow", "FlagRuling",
            "NormOutputMeaning", "describe_flag_rules", "drafter_arch", "drafter_features",
@@ -296,7 +305,7 @@ def ignored_features(engine: str, version: str, runner: str | None, features: It
     """One ``FlagRuling`` per feature (sorted by name) for ``engine`` at ``version``.
 
     ``runner``: vLLM 'v1'/'v2' (used for aux_hidden_state_off and whose head/embedding; None
-    takes v1); ``model_type``: the drafter's file (llama, qwen3, deepseek or an HF model_type;
+    takes the runner a plain ``vllm serve`` of a Llama target picks, and says so); ``model_type``: the drafter's file (llama, qwen3, deepseek or an HF model_type;
     None: llama); ``layout``: 'flat' or 'speculators' (``drafter_layout``; None: the flat
     layout is assumed where the two differ, and the consequence says so and gives the other).
     """
@@ -312,12 +321,14 @@ def ignored_features(engine: str, version: str, runner: str | None, features: It
     if layout is not None and layout not in LAYOUTS:
         raise ForensicsError(f"unknown config layout {layout!r}; choose flat or speculators")
     ver = TRT_MAIN if eng == "trtllm" else str(parse_version(version or NEWEST[eng]))
-    run = (runner or "v1") if eng == "vllm" else None
+    run, assumed = (runner, False) if eng == "vllm" else (None, False)
+    if eng == "vllm" and runner is None:
+        run, assumed = default_runner(ver, None)[0], True
     arch = _arch_of(model_type)
     out: list[FlagRuling] = []
     for f in feats:
         if layout is not None:
-            out.append(_one(eng, ver, run, f, arch, layout))
+            out.append(_note_runner(_one(eng, ver, run, f, arch, layout), assumed, run))
             continue
         a, b = (_one(eng, ver, run, f, arch, lay) for lay in LAYOUTS)
         if (a.status, a.source) == (b.status, b.source):
@@ -326,4 +337,17 @@ def ignored_features(engine: str, version: str, runner: str | None, features: It
             out.append(FlagRuling(f, a.status, f"{a.consequence} [flat config layout assumed; "
                                   f"a speculators config: {b.status}, {b.consequence}]",
                                   a.source, a.rule))
+        out[-1] = _note_runner(out[-1], assumed, run)
     return out
+
+
+_RUNNER_FEATURES = ("own_embedding", "own_lm_head", "aux_hidden_state_off")
+
+
+def _note_runner(ruling: FlagRuling, assumed: bool, runner: str | None) -> FlagRuling:
+    """Say when the vLLM runner was assumed for a feature whose answer depends on it."""
+    if not assumed or ruling.feature not in _RUNNER_FEATURES:
+        return ruling
+    return FlagRuling(ruling.feature, ruling.status, f"{ruling.consequence} [vLLM runner not "
+                      f"given: {runner}, the one a plain `vllm serve` of a Llama target picks, "
+                      "was assumed]", ruling.source, ruling.rule)

@@ -53,8 +53,8 @@ FLAG_RULES: tuple[FlagRow, ...] = (
     # ---- SGLang, Llama-arch drafter (srt/models/llama_eagle3.py) ----
     R("sglang", "*", "0.4.10", None, "refused", "SGLang has no loader for the speculators layout "
       "(architectures Eagle3Speculator, nested transformer_layer_config): start-up fails",
-      "sglang 0.4.10 - 0.5.23 srt/: no 'speculators' or 'Eagle3Speculator' anywhere in the "
-      "package", layout="speculators"),
+      "sglang 0.4.10 - 0.5.23 srt/models/registry.py: no Eagle3Speculator model class, and "
+      "no 'speculators' anywhere in the package", layout="speculators"),
     R("sglang", "norm_before_fc", "0.4.10", "0.5.16", "ignored", "input_norm.weight is skipped "
       "by load_weights (no such parameter): fc reads the un-normed concatenated states",
       _S.format(v="0.5.16", f="llama_eagle3.py") + " LlamaForCausalLMEagle3.load_weights",
