@@ -139,9 +139,9 @@ FAMILY_ROPE = {
 }
 
 
-@pytest.mark.parametrize("family, layout", [("llama", "specforge"), ("qwen3", "speculators"),
-                                            ("deepseek_v3", "specforge")])
-def test_clean_drafters_of_other_families_raise_nothing(tmp_path: Path, family: str, layout: str) -> None:
+@pytest.mark.parametrize("family, layout, engine", [("llama", "specforge", "sglang"), ("qwen3", "speculators", "vllm"),
+                                                    ("deepseek_v3", "specforge", "vllm")])
+def test_clean_drafters_of_other_families_raise_nothing(tmp_path: Path, family: str, layout: str, engine: str) -> None:
     from eagleforensics.testing.drafterbuild import export_drafter, export_target, write_capture, write_record
     from eagleforensics.testing.tinymodels import build_model
 
@@ -151,7 +151,8 @@ def test_clean_drafters_of_other_families_raise_nothing(tmp_path: Path, family: 
     write_record(model, tmp_path / "data_0.ckpt", length=48, prompt=40)
     write_capture(model, tmp_path / "capture.safetensors")
     report = diagnose(DoctorInputs(drafter=str(tmp_path / "drafter"), target=str(tmp_path / "target"),
-                                   train=str(tmp_path / "data_0.ckpt"), capture=str(tmp_path / "capture.safetensors")))
+                                   train=str(tmp_path / "data_0.ckpt"), capture=str(tmp_path / "capture.safetensors"),
+                                   engine=engine))
     assert report.level == "OK", report.to_text()
     rows = {o.name: o.status for o in report.outcomes}
     assert all(status == "clean" for status in rows.values()), rows
@@ -173,3 +174,57 @@ def test_a_planted_defect_on_another_family_is_still_found(tmp_path: Path) -> No
                      target=tmp_path / "clean" / "target")
     report = diagnose(DoctorInputs(drafter=str(case.drafter), target=str(case.target)))
     assert flagged(report) == ["embedding-random"], report.to_text()
+
+
+# ---------------------------------------------------------------- engine rules decide severities
+@pytest.mark.parametrize("engine, version, runner, severity", [
+    ("vllm", "0.33.0", "v1", "error"),  # keeps the drafter's own embedding (vllm-project/vllm#28549)
+    ("vllm", "0.11.0", "v1", "info"),  # shared the target's whenever the shapes agreed
+    ("sglang", "0.5.23", None, "info"),  # set_embed always replaces it
+    (None, None, None, "warning"),  # engine unknown: said, not guessed
+])
+def test_a_random_embedding_is_an_error_only_where_the_engine_uses_it(planted: dict, engine: str | None,
+                                                                      version: str | None, runner: str | None,
+                                                                      severity: str) -> None:
+    case = planted["embedding-random"]
+    report = diagnose(DoctorInputs(drafter=str(case.drafter), target=str(case.target), engine=engine,
+                                   engine_version=version, vllm_runner=runner))
+    found = [r.finding for r in report.findings if r.finding.code == "embedding-random"]
+    assert [f.severity for f in found] == [severity]
+    if engine is not None:
+        assert "embedrules" not in found[0].source and ("vllm" in found[0].source or "sglang" in found[0].source)
+
+
+@pytest.mark.parametrize("engine, version, runner, severity", [
+    ("vllm", "0.33.0", "v1", "warning"),  # no drafts past the drafter's max length
+    ("vllm", "0.33.0", "v2", "info"),  # raised to the target's max_model_len (default rope)
+    ("sglang", "0.5.23", None, "warning"),  # refuses to start
+])
+def test_short_max_positions_follow_the_engine_rule(planted: dict, engine: str, version: str, runner: str | None,
+                                                    severity: str) -> None:
+    case = planted["max-positions-short"]
+    report = diagnose(DoctorInputs(drafter=str(case.drafter), target=str(case.target), engine=engine,
+                                   engine_version=version, vllm_runner=runner))
+    found = [r.finding for r in report.findings if r.finding.code == "max-positions-short"]
+    assert [f.severity for f in found] == [severity], report.to_text()
+
+
+@pytest.mark.parametrize("version, flagged_codes", [("0.5.12", ["flag-ignored"]), ("0.5.17", [])])
+def test_an_ignored_flag_is_found_only_on_the_versions_that_ignore_it(planted: dict, version: str,
+                                                                      flagged_codes: list[str]) -> None:
+    case = planted["flag-ignored"]
+    report = diagnose(DoctorInputs(drafter=str(case.drafter), target=str(case.target), engine="sglang",
+                                   engine_version=version))
+    assert flagged(report) == flagged_codes, report.to_text()
+
+
+def test_a_speculators_drafter_is_refused_by_sglang(tmp_path: Path) -> None:
+    from eagleforensics.testing.defects import to_speculators_layout
+    import shutil
+
+    d = tmp_path / "drafter"
+    shutil.copytree(SAMPLES / "drafter", d)
+    to_speculators_layout(d)
+    report = diagnose(DoctorInputs(draft_config=str(d / "config.json"), engine="sglang"))
+    found = [r.finding for r in report.findings if r.finding.code == "flag-ignored"]
+    assert [f.severity for f in found] == ["error"] and "speculators" in found[0].message

@@ -19,6 +19,7 @@ from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .draftvocab import MapDiagnosis
 from .drafterfacts import draft_facts, drafter_tensor
+from .engineembed import trainer_copies_head, uses_own_embedding
 from .registry import register
 from .rowcompare import FRESH_COS, compare_rows, init_signature, sample_rows
 from .vocabmap import diagnosis
@@ -29,11 +30,8 @@ HEAD_SOURCE = ("speculators 0.9.0 speculators/model.py _load_verifier_weights (l
                "frozen); failure catalogue row 11")
 
 
-def embedding_user(art: Artifacts) -> tuple[bool | None, str]:
-    """Whether the served engine embeds with the drafter's own matrix (None: engine unknown), and the rule's source."""
-    from .engineembed import uses_own_embedding
-
-    return uses_own_embedding(art)
+def _with(source: str, rule_source: str) -> str:
+    return f"{source}; {rule_source}" if rule_source else source
 
 
 def _cos(x: float, digits: int = 2) -> str:
@@ -72,7 +70,7 @@ def check_embedding(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]
     data = {"embedding": cmp.to_dict(), "init": sig.to_dict()}
     if cmp.copy:
         return [], f"the drafter's embed_tokens is the target's (median row cosine {_cos(cmp.median_cos, 3)})", data
-    uses_own, rule = embedding_user(art)
+    uses_own, rule, rule_source = uses_own_embedding(art)
     data["engine_uses_own_embedding"] = uses_own
     clause = _engine_clause(uses_own, rule)
     if sig.fresh and abs(cmp.median_cos) < FRESH_COS:
@@ -83,12 +81,23 @@ def check_embedding(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]
         return [Finding("embedding-random", _severity(uses_own), msg,
                         fix="Re-export the drafter with the target's embedding (copy model.embed_tokens.weight from the "
                             "target), or drop embed_tokens from the checkpoint so the engine uses the target's.",
-                        source=RANDOM_SOURCE, impact="collapse" if uses_own is not False else "low")], "", data
+                        source=_with(RANDOM_SOURCE, rule_source),
+                        impact="collapse" if uses_own is not False else "low")], "", data
     if draft_facts(art.drafter.config).raw.get("embed_requires_grad") is True:
+        # trained on purpose: a cost only where the engine swaps in the target's
+        if uses_own is False:
+            return [Finding("embedding-not-target", "warning",
+                            f"the drafter trained its own {own} (embed_requires_grad; median row cosine "
+                            f"{_cos(cmp.median_cos)} with the target's), but {rule}: it is served with an embedding "
+                            "it did not learn.", fix="Serve it on an engine that keeps the drafter's own embedding "
+                            "(vLLM >= 0.11.1), or retrain with the embedding frozen.",
+                            source=_with(NOT_TARGET_SOURCE, rule_source), impact="medium")], "", data
         return [Finding("embedding-not-target", "info",
                         f"the drafter's {own} has drifted from the target's (median row cosine {_cos(cmp.median_cos)}); "
-                        "its config says the embedding was trained (embed_requires_grad), so this is expected.",
-                        source=NOT_TARGET_SOURCE, impact="low")], "", data
+                        "its config says the embedding was trained (embed_requires_grad), so this is expected"
+                        + (f" ({rule})" if rule else "; an engine that swaps in the target's would serve it with an "
+                           "embedding it did not learn (pass --engine)") + ".",
+                        source=_with(NOT_TARGET_SOURCE, rule_source), impact="low")], "", data
     kind = ("another model's embedding" if abs(cmp.median_cos) < FRESH_COS else
             "a related but different embedding (another revision or fine-tune of the target?)")
     msg = (f"the drafter's {own} is not the target's: median row cosine {_cos(cmp.median_cos)} over {cmp.rows} sampled "
@@ -96,7 +105,8 @@ def check_embedding(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]
     return [Finding("embedding-not-target", _severity(uses_own), msg,
                     fix="Use the drafter trained for this target, or re-export it with this target's embedding "
                         "(and retrain if the drafter learned on another model's).",
-                    source=NOT_TARGET_SOURCE, impact="collapse" if uses_own else "high" if uses_own is None else "low")
+                    source=_with(NOT_TARGET_SOURCE, rule_source),
+                    impact="collapse" if uses_own else "high" if uses_own is None else "low")
             ], "", data
 
 
@@ -111,9 +121,7 @@ def head_rows(dx: MapDiagnosis, n: int) -> np.ndarray | None:
 
 def check_head(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]:
     """For a trainer that copies the target's head: the drafter's lm_head rows against the target's at the draft ids."""
-    from .engineembed import trainer_copies_head
-
-    copies, trainer = trainer_copies_head(art)
+    copies, trainer, trainer_source = trainer_copies_head(art)
     if not copies:
         return [], f"lm_head not compared: {trainer} trains its head from scratch", {}
     names = art.drafter.tensors
@@ -135,7 +143,7 @@ def check_head(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]:
            "layer learned against the target's head and is served with another, so its logits rank the wrong tokens.")
     return [Finding("lm-head-not-target", "error", msg,
                     fix="Re-export the drafter with lm_head = target lm_head[t2d] (what the trainer trained against).",
-                    source=HEAD_SOURCE, impact="collapse")], "", data
+                    source=trainer_source or HEAD_SOURCE, impact="collapse")], "", data
 
 
 def run(art: Artifacts) -> CheckResult:

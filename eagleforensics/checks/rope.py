@@ -148,16 +148,21 @@ def check_max_positions(art: Artifacts) -> tuple[list[Finding], str, dict[str, A
     data["engine_rule"] = effect
     head = f"the draft config's max_position_embeddings is {mine}, the {how} is {served}" + _DEFAULT_HINT.get(how, "")
     fix = f"Set max_position_embeddings in the draft config to the target's ({served} or more)."
+    src = f"{source}; {MAXPOS_SOURCE}" if source else MAXPOS_SOURCE
     if effect == "raises":
         return [Finding("max-positions-short", "info", f"{head}; {rule}, so it costs nothing there.",
-                        fix=fix, source=f"{source}; {MAXPOS_SOURCE}" if source else MAXPOS_SOURCE, impact="low")], \
+                        fix=fix, source=src, impact="low")], "", data
+    if effect == "refuses":
+        return [Finding("max-positions-short", "warning", f"{head}; {rule}.", fix=fix, source=src, impact="high")], \
             "", data
-    tail = (f"; {rule}: past position {mine} the drafter's positions are wrong and acceptance falls with context"
-            if effect == "applies" else
-            f"; engines that apply the draft's value (pass --engine and --engine-version to know yours) clamp the "
-            f"drafter's positions past {mine}, and acceptance falls with context")
-    return [Finding("max-positions-short", "warning", head + tail + ".", fix=fix,
-                    source=f"{source}; {MAXPOS_SOURCE}" if source else MAXPOS_SOURCE, impact="high")], "", data
+    if effect == "caps":
+        return [Finding("max-positions-short", "warning", f"{head}; {rule}: requests past {mine} tokens are refused "
+                        "or cut.", fix=fix, source=src, impact="medium")], "", data
+    tail = (f"; {rule}: past position {mine} acceptance falls with context" if effect == "applies" else
+            (f"; {rule}" if rule else "") + f"; engines that apply the draft's value (pass --engine and "
+            f"--engine-version to know yours) get the drafter's positions wrong past {mine}, and acceptance falls "
+            "with context")
+    return [Finding("max-positions-short", "warning", head + tail + ".", fix=fix, source=src, impact="high")], "", data
 
 
 def run_rope(art: Artifacts) -> CheckResult:

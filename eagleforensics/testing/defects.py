@@ -133,6 +133,26 @@ def _embedding_other_model(d: Path, t: Path, case: Path) -> dict[str, Any]:
     return {}
 
 
+def _flag_ignored(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a drafter trained with norm_before_fc (one RMSNorm over the concatenated aux states, gain g), served on
+    # SGLang 0.5.12, which skips input_norm (honoured from 0.5.17). Made from the sample drafter so that, as
+    # trained, it computes nearly what the sample does: fc' = fc * c / g with c the median RMS of the aux
+    # states the sample was trained on, so fc'(g * x / rms(x)) = fc(c * x / rms(x)) ~ fc(x); served without
+    # the norm, fc'(x) = fc(x / r) with r = g / c a per-feature spread, the loss a real ignored norm causes.
+    record = torch.load(SAMPLES / "record_layer_outputs.pt", weights_only=True)
+    aux = torch.cat([h.float()[0] if h.dim() == 3 else h.float() for h in record["hidden_states"][:3]], -1)
+    c = float(aux.pow(2).mean(-1).sqrt().median())
+    gen = torch.Generator().manual_seed(77)
+    r = torch.exp(0.5 * torch.randn(aux.shape[-1], generator=gen))
+
+    def add_norm(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        fc = w["fc.weight"].float() / r  # fc * c / g, g = c * r
+        return {**w, "fc.weight": fc.to(w["fc.weight"].dtype), "input_norm.weight": (c * r).to(torch.bfloat16)}
+    edit_weights(d, add_norm)
+    edit_config(d, norm_before_fc=True)
+    return {"engine": "sglang", "engine_version": "0.5.12"}
+
+
 def _rope_mismatch(d: Path, t: Path, case: Path) -> dict[str, Any]:
     edit_config(d, rope_theta=500000.0)
     return {}
@@ -190,6 +210,8 @@ DEFECTS: tuple[Defect, ...] = (
            _embedding_random, priced=True),
     Defect("embedding-other-model", "embedding-not-target", "another tiny Llama's embed_tokens added to the drafter",
            _embedding_other_model, priced=True),
+    Defect("flag-ignored", "flag-ignored", "a drafter trained with norm_before_fc served on SGLang 0.5.12 (which skips "
+           "input_norm)", _flag_ignored, priced=True),
     Defect("rope-mismatch", "rope-mismatch", "draft rope_theta 500000 (target 10000)", _rope_mismatch, priced=True),
     Defect("max-positions-short", "max-positions-short", "draft max_position_embeddings 16 (served 512)",
            _max_positions_short),
