@@ -251,7 +251,8 @@ def test_cli_table_and_json():
 
 @pytest.mark.parametrize("args, needle", [
     (["fixed=/no/such/file.log"], "/no/such/file.log"),
-    (["justapath.log"], "expected LABEL=PATH"),
+    (["justapath.log"], "no such file or directory (parameter logs['justapath'])"),  # a bare PATH: label = name
+    (["=b.log"], "expected LABEL=PATH or PATH"),
     ([f"a={FIXED}", f"a={BROKEN}"], "given twice"),
     ([f"a={FIXED}", "--baseline", "b"], "--baseline 'b'"),
 ])
