@@ -438,7 +438,7 @@ def summarize_runs(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFram
     out["speedup"] = out["median_tok_s"] / base if base > 0 else math.nan
     out["n_lines"] = out["n_lines"].astype("int64")
     by_run = _server_args_by_run(df, runs)
-    out["engine"] = [e if e is not None or by_run.get(r) is None else by_run[r].engine
+    out["engine"] = [by_run[r].engine if by_run.get(r) is not None and not isinstance(e, str) else e
                      for r, e in zip(out["run"], out["engine"])]
     for col in ARGS_COLUMNS:
         out[col] = pd.Series([summary_of(by_run.get(r))[col] for r in out["run"]], index=out.index, dtype="object")

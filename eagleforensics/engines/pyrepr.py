@@ -244,7 +244,7 @@ def split_assignments(text: str, limit: int = MAX_VALUES) -> list[tuple[str, str
 
     For lines built with f-strings whose values are not all reprs (vLLM's engine config line:
     ``served_model_name=meta-llama/Llama-3.1-8B``): splits at ``, name=`` outside brackets and
-    quotes. Unbalanced closing brackets raise ReprError.
+    quotes. Unbalanced brackets raise ReprError.
     """
     out: list[tuple[str, str]] = []
     level, i, n = 0, 0, len(text)
@@ -269,6 +269,8 @@ def split_assignments(text: str, limit: int = MAX_VALUES) -> list[tuple[str, str
             if _CUT.match(text, i):
                 cuts.append(i)
         i += 1
+    if level:
+        raise ReprError(f"{level} unclosed bracket(s)")
     cuts.append(n)
     for a, b in zip(cuts, cuts[1:]):
         part = text[a:b].lstrip(",").strip()
