@@ -36,6 +36,9 @@ _LAZY = {
     "write_capture": "eagleforensics.io.sweep",
     "load_drafter": "eagleforensics.io.drafter",
     "run_replay": "eagleforensics.report.replay",
+    "find_server_args": "eagleforensics.engines.serverargs",
+    "parse_server_args_line": "eagleforensics.engines.serverargs",
+    "ServerArgs": "eagleforensics.engines.serverargs",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]
