@@ -196,7 +196,7 @@ def test_vllm_log_merges_version_args_and_engine_config(tmp_path):
 def test_vllm_0100_auto_detected_method_from_the_engine_config():
     """0.10.0 without 'method' runs a draft named eagle3-... as 'eagle' (launchrules method-omitted)."""
     lines = [vllm_prefix("api_server.py:1755", False) + "vLLM API server version 0.10.0",
-             vllm_prefix("cli_args.py:261", False) + f"non-default args: {{'speculative_config': "
+             vllm_prefix("cli_args.py:261", False) + "non-default args: {'speculative_config': "
              "{'model': 'yuhuili/EAGLE3-LLaMA3.1-Instruct-8B', 'num_speculative_tokens': 3}}",
              "INFO 11-29 12:58:09 [core.py:71] Initializing a V1 LLM engine (v0.10.0) with config: "
              + _engine_config_0100(method="eagle")]

@@ -97,6 +97,15 @@ _VLLM_NAMESPACE = re.compile(_LEAD + r"args: (?=Namespace\()")
 _VLLM_CONFIG = re.compile(_LEAD + r"Initializing a V[01] LLM engine \(v([0-9][\w.+-]{0,40})\) with config: ")
 _VLLM_VERSION = re.compile(_LEAD + r"vLLM (?:API )?server version ([0-9][\w.+-]{0,40})")
 _VLLM_LOGO = re.compile(r"\u2588\s+version\s+([0-9][\w.+-]{0,40})\s*$")
+# (kind, a substring every such line holds, the anchored pattern)
+_PROBES = (
+    ("sglang", "server_args=", _SGL_ARGS),
+    ("vllm-non-default", "non-default args: ", _VLLM_NON_DEFAULT),
+    ("vllm-namespace", "args: Namespace(", _VLLM_NAMESPACE),
+    ("vllm-engine-config", " LLM engine (v", _VLLM_CONFIG),
+    ("vllm-version", " server version ", _VLLM_VERSION),
+    ("vllm-logo", "version", _VLLM_LOGO),
+)
 _ENUM = re.compile(r"<\s*[\w.]*?\.?(\w+)\s*:.*>\s*$", re.S)
 _SGLANG_REPR_UNTIL = "0.5.18"
 _SGLANG_DICT_SINCE = "0.5.19"
@@ -255,17 +264,11 @@ def _not(value: bool | None) -> bool | None:
 
 def _kind(text: str, engine: str | None) -> tuple[str, re.Match] | None:
     """Which arguments-line kind ``text`` is (and its marker match), None for any other line."""
-    probes = []
-    if engine in (None, "sglang"):
-        probes.append(("sglang", _SGL_ARGS))
-    if engine in (None, "vllm"):
-        probes += [("vllm-non-default", _VLLM_NON_DEFAULT), ("vllm-namespace", _VLLM_NAMESPACE),
-                   ("vllm-engine-config", _VLLM_CONFIG), ("vllm-version", _VLLM_VERSION),
-                   ("vllm-logo", _VLLM_LOGO)]
-    for kind, rx in probes:
-        m = rx.search(text)
-        if m:
-            return kind, m
+    for kind, needle, rx in _PROBES:
+        if needle in text and (engine is None or kind.startswith(engine)):  # substring first: cheap on data lines
+            m = rx.search(text)
+            if m:
+                return ("vllm-version" if kind == "vllm-logo" else kind), m
     return None
 
 
