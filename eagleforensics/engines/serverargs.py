@@ -16,7 +16,8 @@ SGLang 0.4.0            ``server_args=ServerArgs(model_path='...', tp_size=1, ..
                         ``logger.info(f"{server_args=}")``. No speculative fields yet.
 SGLang 0.4.3 - 0.5.18   the same repr from python/sglang/srt/entrypoints/engine.py
                         (``_launch_subprocesses`` and ``Engine.__init__``; read 0.4.3, 0.4.6 - 0.4.8,
-                        0.4.10.post2, 0.5.1 - 0.5.18). Fields: ``speculative_algorithm``,
+                        0.4.10, 0.4.10.post2 and every 0.5.x release to 0.5.18, some .postN too;
+                        0.4.1, 0.4.2, 0.4.4, 0.4.5, 0.4.9 not read). Fields: ``speculative_algorithm``,
                         ``speculative_draft_model_path``, ``speculative_num_steps``,
                         ``speculative_eagle_topk``, ``speculative_num_draft_tokens`` (0.4.3 on),
                         ``pp_size`` (0.4.7 on), ``tp_size``, ``dp_size``, ``context_length``,
@@ -30,12 +31,13 @@ SGLang 0.5.22 - 0.5.23  the same dict through ``_server_args_for_logging`` (wate
 vLLM 0.10.0             ``non-default args: {'model_tag': '...', 'speculative_config': {...}}``
                         (dict repr of the arguments unlike the parser's defaults):
                         vllm/entrypoints/openai/cli_args.py ``log_non_default_args``.
-vLLM 0.10.1.1 - 0.22.0  the same line from vllm/entrypoints/utils.py (also for ``LLM(...)``).
-vLLM 0.26.0 - 0.28.0    vllm/entrypoints/serve/utils/api_utils.py.
-vLLM 0.29.0 - 0.30.0    api_utils.py, sensitive values printed as ``'***'``.
+vLLM 0.10.1.1 - 0.22.1  the same line from vllm/entrypoints/utils.py (also for ``LLM(...)``).
+vLLM 0.23.0 - 0.28.0    vllm/entrypoints/serve/utils/api_utils.py.
+vLLM 0.29.0 - 0.32.0    api_utils.py, sensitive values printed as ``'***'``.
 vLLM 0.33.0             vllm/entrypoints/common/startup.py (``redact_sensitive_args``).
-vLLM, every release     ``args: Namespace(...)`` from the demo server vllm/entrypoints/api_server.py
-                        and run_batch (every argument, ``<function ...>`` values included).
+vLLM, every release     ``args: Namespace(...)`` (every argument, ``<function ...>`` values included)
+                        from run_batch (entrypoints/cli/run_batch.py, openai/run_batch.py) and,
+                        0.10.0 - 0.24.0, the demo server vllm/entrypoints/api_server.py.
 vLLM, every release     ``Initializing a V1 LLM engine (v0.10.0) with config: model='...',
                         speculative_config=SpeculativeConfig(method='eagle3', model='...',
                         num_spec_tokens=3), ..., max_seq_len=..., tensor_parallel_size=...,
@@ -43,9 +45,9 @@ vLLM, every release     ``Initializing a V1 LLM engine (v0.10.0) with config: mo
                         (``VllmConfig.__str__``, vllm/config.py 0.10.x, vllm/config/vllm.py later;
                         the line the engine core prints, from vllm/v1/engine/core.py): the resolved
                         values and the exact version.
-vLLM 0.10.0 - 0.22.0    ``vLLM API server version X`` before the arguments (0.15.0 on: also
-                        ``vLLM server version X, serving model M``, or a logo with ``version X``
-                        when colour is on; 0.26.0 on only those).
+vLLM 0.10.0 - 0.24.0    ``vLLM API server version X`` before the arguments; 0.15.0 on
+                        ``vLLM server version X, serving model M`` (or a logo with ``version X``
+                        when colour is on), from 0.25.0 only those.
 ======================  ==========================================================================
 
 vLLM fields: ``speculative_config`` (a dict: ``--speculative-config`` is parsed with
@@ -82,9 +84,9 @@ FORMATS: tuple[tuple[str, str, str | None, str, str], ...] = (
      "server_args={...}: python/sglang/srt/entrypoints/engine.py resolved_dict() 0.5.19 - 0.5.23"),
     ("vllm", "0.10.0", None, "vllm-non-default",
      "non-default args: {...}: vllm/entrypoints/openai/cli_args.py 0.10.0, entrypoints/utils.py "
-     "0.10.1.1 - 0.22.0, serve/utils/api_utils.py 0.26.0 - 0.30.0, common/startup.py 0.33.0"),
+     "0.10.1.1 - 0.22.1, serve/utils/api_utils.py 0.23.0 - 0.32.0, common/startup.py 0.33.0"),
     ("vllm", "0.10.0", None, "vllm-namespace",
-     "args: Namespace(...): vllm/entrypoints/api_server.py and run_batch, 0.10.0 - 0.33.0"),
+     "args: Namespace(...): vllm/entrypoints/cli/run_batch.py 0.10.0 - 0.33.0, api_server.py 0.10.0 - 0.24.0"),
     ("vllm", "0.10.0", None, "vllm-engine-config",
      "Initializing a V1 LLM engine (vX) with config: ...: vllm/v1/engine/core.py, VllmConfig.__str__"),
 )
