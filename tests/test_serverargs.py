@@ -66,6 +66,8 @@ def test_sglang_release_formats(release):
     assert (rec.draft, rec.num_steps, rec.topk, rec.num_draft_tokens) == (DRAFT, 5, 4, 8)
     assert rec.describe() == f"{algo} (draft {DRAFT}, 5 steps, topk 4, 8 draft tokens)"
     assert rec.version is None and rec.version_hint.startswith("sglang")
+    since = {"0.4.0": "0.4.0", "0.4.3": "0.4.3"}.get(release, "0.4.7" if source == "sglang-repr" else "0.5.19")
+    assert rec.version_range == (since, "0.5.18" if source == "sglang-repr" else None)
     json.dumps(rec.to_dict())  # JSON-ready
 
 
@@ -114,6 +116,8 @@ def test_vllm_non_default_args_formats(release):
     else:
         assert rec.cuda_graph is True and "cuda_graph" in rec.inferred and rec.prefix_cache is None
     assert rec.describe() == f"eagle3 (draft {DRAFT}, 3 speculative tokens)"
+    since = "0.29.0" if "api_key" in args else "0.22.0" if "spec_method" in args else "0.10.0"
+    assert rec.version_range == (since, None) and rec.version is None
 
 
 def test_vllm_namespace_line_with_function_values():

@@ -153,12 +153,15 @@ class ServerArgs:
     ``num_steps``/``topk``/``num_draft_tokens``: SGLang's ``speculative_*`` values
     (``num_draft_tokens`` counts the tokens one verify pass checks, steps + 1 for a chain); vLLM's
     ``num_speculative_tokens`` k gives steps k, topk 1 and k + 1 draft tokens (a chain unless a
-    ``speculative_token_tree`` is given; listed in ``inferred`` with every value the line did not print). ``cuda_graph`` is ``not
+    ``speculative_token_tree`` is given). ``inferred`` lists every field the line did not print
+    (taken from the engine's default or vLLM's engine config line). ``cuda_graph`` is ``not
     disable_cuda_graph`` / ``not enforce_eager``; ``prefix_cache`` is ``not disable_radix_cache`` /
-    ``enable_prefix_caching`` (None when vLLM's default decides and no config line says). ``version``
-    is exact where the log prints it (vLLM); ``version_hint`` is that, or the release range whose
-    format the line has. ``starts`` counts the arguments lines (a restarted server prints one per
-    start; the record is the last one).
+    ``enable_prefix_caching`` (None when vLLM's default decides and no config line says).
+    ``version`` is exact where the log prints it (vLLM); ``version_range`` is (first, last or
+    None) of the releases that print a line like this one, narrowed by the fields it has (SGLang
+    ``pp_size`` from 0.4.7, vLLM ``spec_method`` from 0.22.0, ``'***'`` from 0.29.0);
+    ``version_hint`` says either in words. ``starts`` counts the arguments lines (a restarted
+    server prints one per start; the record is the last one).
     """
 
     engine: str
@@ -185,6 +188,7 @@ class ServerArgs:
     log_stats: bool | None = None
     inferred: tuple[str, ...] = ()
     starts: int = 1
+    version_range: tuple[str, str | None] | None = None
 
     @property
     def speculative(self) -> bool:
@@ -301,13 +305,18 @@ def _sglang_record(raw: dict, source: str, line_no: int | None) -> ServerArgs:
     if "pp_size" not in raw:  # releases before 0.4.7 have no pipeline parallelism
         values["pp"] = 1
         inferred.append("pp")
-    hint = f"sglang 0.4.0 - {_SGLANG_REPR_UNTIL}" if source == "sglang-repr" else f"sglang >= {_SGLANG_DICT_SINCE}"
+    if source == "sglang-repr":
+        since = "0.4.7" if "pp_size" in raw else "0.4.3" if "speculative_algorithm" in raw else "0.4.0"
+        span: tuple[str, str | None] = (since, _SGLANG_REPR_UNTIL)
+        hint = f"sglang {since} - {_SGLANG_REPR_UNTIL}"
+    else:
+        span, hint = (_SGLANG_DICT_SINCE, None), f"sglang >= {_SGLANG_DICT_SINCE}"
     return ServerArgs(
         engine="sglang", source=source, line_no=line_no, raw=raw, version_hint=hint,
         algorithm=normalise_algorithm(algo), algorithm_raw=None if algo is None else str(algo),
         cuda_graph=_not(_bool(raw.get("disable_cuda_graph"))),
         prefix_cache=_not(_bool(raw.get("disable_radix_cache"))),
-        log_stats=True, inferred=tuple(inferred), **values)
+        log_stats=True, inferred=tuple(inferred), version_range=span, **values)
 
 
 def _spec_dict(value: Any) -> dict:
@@ -368,9 +377,15 @@ def _vllm_record(raw: dict | None, source: str, line_no: int | None, config: dic
         values["topk"] = 1  # vLLM drafts a chain unless a token tree is given
         values["num_draft_tokens"] = values["num_steps"] + 1  # tokens per verify pass, SGLang's meaning
         inferred += ["topk", "num_draft_tokens"]
-    hint = f"vllm {version}" if version else "vllm >= 0.10.0"
+    if version:
+        span: tuple[str, str | None] = (version, version)
+    else:
+        since = "0.29.0" if "***" in raw.values() else "0.22.0" if {"spec_method", "spec_model", "spec_tokens"} & set(raw) \
+            else "0.10.0"
+        span = (since, None)
+    hint = f"vllm {version}" if version else f"vllm >= {span[0]}"
     return ServerArgs(engine="vllm", source=source, line_no=line_no, raw=raw, engine_config=config,
-                      version=version, version_hint=hint, algorithm=algorithm,
+                      version=version, version_hint=hint, version_range=span, algorithm=algorithm,
                       algorithm_raw=None if method is None else str(method),
                       inferred=tuple(dict.fromkeys(inferred)), **values)
 
