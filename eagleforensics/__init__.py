@@ -40,6 +40,9 @@ _LAZY = {
     "diagnose": "eagleforensics.doctor",
     "DoctorInputs": "eagleforensics.checks.base",
     "DoctorReport": "eagleforensics.doctor",
+    "find_server_args": "eagleforensics.engines.serverargs",
+    "parse_server_args_line": "eagleforensics.engines.serverargs",
+    "ServerArgs": "eagleforensics.engines.serverargs",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

@@ -251,7 +251,8 @@ def test_cli_table_and_json():
 
 @pytest.mark.parametrize("args, needle", [
     (["fixed=/no/such/file.log"], "/no/such/file.log"),
-    (["justapath.log"], "expected LABEL=PATH"),
+    (["justapath.log"], "no such file or directory (parameter logs['justapath'])"),  # a bare PATH: label = name
+    (["=b.log"], "expected LABEL=PATH or PATH"),
     ([f"a={FIXED}", f"a={BROKEN}"], "given twice"),
     ([f"a={FIXED}", "--baseline", "b"], "--baseline 'b'"),
 ])
@@ -286,3 +287,90 @@ def test_figures_have_one_trace_per_run():
     assert list(tput.data[0].y) == BASELINE_TOK_S and tput.data[2].x[0] == 0.0
     no_time = df.assign(time=pd.NaT)
     assert list(throughput_over_time(no_time).data[1].x) == df[df["run"] == "broken"]["line"].tolist()
+
+
+# ---- the server's arguments line ------------------------------------------------------------
+
+STARTED = FIX / "sglang_0.5.23_started.log"
+
+
+def test_summary_carries_each_runs_launch_arguments():
+    df = parse_logs({"baseline": BASELINE, "broken": BROKEN, "vllm": VLLM})
+    s = summarize_runs(df, baseline="baseline").set_index("run")
+    assert list(s.columns[-4:]) == ["algorithm", "num_steps", "topk", "num_draft_tokens"]
+    assert s.loc["baseline", "algorithm"] is None and s.loc["baseline", "num_steps"] is None
+    assert tuple(s.loc["broken", ["algorithm", "num_steps", "topk", "num_draft_tokens"]]) == ("eagle3", 3, 1, 4)
+    # vLLM: 3 speculative tokens = 3 steps of a chain, 4 tokens per verify pass
+    assert tuple(s.loc["vllm", ["algorithm", "num_steps", "topk", "num_draft_tokens"]]) == ("eagle3", 3, 1, 4)
+    assert parse_log(BROKEN).attrs["server_args"].line_no == 2
+
+
+def test_started_server_without_decode_lines_is_not_called_a_wrong_file():
+    df = parse_log(STARTED)
+    assert df.empty and df.attrs["server_args"].algorithm == "eagle3"
+    runs = parse_logs({"started": STARTED, "fixed": FIXED})
+    assert runs.attrs["empty_runs"] == ["started"] and runs.attrs["waiting_runs"] == ["started"]
+    s = summarize_runs(runs).set_index("run")
+    assert s.loc["started", "n_lines"] == 0 and s.loc["started", "engine"] == "sglang"
+    assert list(s.index) == ["started", "fixed"]
+
+
+def test_cli_bare_path_takes_the_file_name_and_explains_a_started_server():
+    res = CliRunner().invoke(_cli(), [str(STARTED)])
+    assert res.exit_code == 1, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0].split() == SUMMARY_COLUMNS and lines[1].split()[:3] == ["sglang_0.5.23_started", "sglang", "0"]
+    assert lines[-1] == (
+        "sglang_0.5.23_started: server started with EAGLE3 (draft yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, 3 steps, "
+        "topk 1, 4 draft tokens); no decode statistics yet: SGLang prints a 'Decode batch' line every "
+        "decode_log_interval decode batches (40 here); send a longer request")
+    assert "is this the server log" not in res.output
+
+
+def test_cli_json_has_server_args_and_note_per_run():
+    res = CliRunner().invoke(_cli(), [f"fixed={FIXED}", str(STARTED), "--json"])
+    assert res.exit_code == 1
+    records = json.loads(res.stdout)
+    assert [r["run"] for r in records] == ["fixed", "sglang_0.5.23_started"]
+    fixed, started = records
+    assert fixed["note"] is None and fixed["server_args"]["algorithm"] == "eagle3" and fixed["num_draft_tokens"] == 4
+    assert started["server_args"]["decode_log_interval"] == 40 and started["n_lines"] == 0
+    assert "no decode statistics yet" in started["note"] and "no decode statistics yet" in res.stderr
+    ok = CliRunner().invoke(_cli(), [str(FIXED), "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)[0]["run"] == "sglang_0.5.23_fixed"
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("", "every VLLM_LOG_STATS_INTERVAL seconds (10 by default)"),
+    (", 'disable_log_stats': True", "started with --disable-log-stats"),
+])
+def test_vllm_started_server_note(tmp_path, extra, needle):
+    log = tmp_path / "vllm_started.log"
+    log.write_text("(APIServer pid=1) INFO 11-29 12:58:00 [startup.py:96] non-default args: {'model_tag': 'm', "
+                   f"'speculative_config': {{'method': 'eagle3', 'model': 'd', 'num_speculative_tokens': 2}}{extra}}}\n")
+    res = CliRunner().invoke(_cli(), [str(log)])
+    assert res.exit_code == 1 and needle in res.output
+    assert "server started with eagle3 (draft d, 2 speculative tokens)" in res.output
+
+
+def test_vllm_0100_note_says_every_10_s(tmp_path):
+    log = tmp_path / "old.log"
+    log.write_text("INFO 11-29 12:58:00 [api_server.py:1755] vLLM API server version 0.10.0\n"
+                   "INFO 11-29 12:58:00 [cli_args.py:261] non-default args: {'model_tag': 'm'}\n")
+    res = CliRunner().invoke(_cli(), [str(log)])
+    assert res.exit_code == 1 and "server started with no speculative decoding" in res.output
+    assert "lines every 10 s," in res.output
+
+
+def test_report_path_refuses_a_started_server_with_the_reason(tmp_path):
+    from eagleforensics.report import runs as runs_report
+
+    params = runs_report.validate_params({"started": str(STARTED)})
+    with pytest.raises(ForensicsError, match="no decode statistics yet") as info:
+        runs_report.load_runs(params)
+    assert str(STARTED) in str(info.value)
+    df = runs_report.load_runs(params, allow_waiting=True)
+    record = runs_report.runs_summary(runs_report.summarize(df, params), params)
+    assert record["exit_code"] == 1 and record["runs"][0]["note"].startswith("server started with EAGLE3")
+    assert runs_report.display_table(runs_report.summarize(df, params))["launch"].tolist() == [
+        "EAGLE3: steps 3, topk 1, draft tokens 4"]

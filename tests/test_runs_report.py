@@ -143,7 +143,8 @@ class TestParameters:
     @pytest.mark.parametrize("kwargs, message", [
         ({"logs": 12}, "parameter logs must be a dict"),
         ({"logs": {}}, "names no run"),
-        ({"logs": "fixed"}, "expected LABEL=PATH"),
+        ({"logs": "fixed"}, "fixed: no such file or directory"),  # a bare path, labelled by its name
+        ({"logs": "=fixed"}, "expected LABEL=PATH or PATH"),
         ({"logs": {"fixed": "/no/such.log"}}, "no such file or directory"),
         ({"logs": {"fixed": str(FIX)}}, "not a regular file"),
         ({"logs": {"": str(LOGS["fixed"])}}, "labels must be non-empty"),

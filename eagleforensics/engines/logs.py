@@ -2,8 +2,11 @@
 
 One row per data line of a log: the acceptance length, acceptance rate, generation
 throughput and running requests the engine printed, with the line's time and number.
-Everything else (server arguments, warnings, prefill lines, request logs) is ignored,
-even when it mentions "accept".
+Everything else (warnings, prefill lines, request logs) is ignored, even when it mentions
+"accept". The server's arguments line (and vLLM's engine config and version lines) is read apart,
+by ``engines.serverargs``, before a line is tried as data, so it is never counted as metrics: each
+parsed log carries its last server start in ``attrs["server_args"]``, and ``summarize_runs`` adds
+each run's algorithm, steps, topk and draft tokens.
 
 Formats read, as checked in each engine's released source:
 
@@ -51,6 +54,8 @@ import pandas as pd
 
 from ..errors import ForensicsError
 from ..io.guards import check_expansion, open_regular
+from .launchrules import stats_interval
+from .serverargs import ServerArgs, ServerArgsScanner, summary_of
 
 ENGINES = ("sglang", "vllm")
 COLUMNS = [
@@ -59,8 +64,11 @@ COLUMNS = [
 ]
 SUMMARY_COLUMNS = [
     "run", "engine", "n_lines", "median_accept_length", "median_accept_rate",
-    "median_tok_s", "speedup",
+    "median_tok_s", "speedup", "algorithm", "num_steps", "topk", "num_draft_tokens",
 ]
+# The summary columns read from each run's server arguments line (None when the log has none).
+ARGS_COLUMNS = ["algorithm", "num_steps", "topk", "num_draft_tokens"]
+_MEASURED_COLUMNS = [c for c in SUMMARY_COLUMNS if c not in ARGS_COLUMNS]
 # vLLM prints month-day only; this leap year stands in so that 02-29 still parses.
 PLACEHOLDER_YEAR = 2000
 
@@ -251,13 +259,19 @@ class _Closing(io.RawIOBase):
             self._fh.close()
 
 
-def _iter_rows(lines: Iterable[str], engine: str | None, seen: list[int]) -> Iterator[tuple[str, dict]]:
-    """Yield (engine, row) per data line; with engine None the first data line decides the engine."""
+def _iter_rows(lines: Iterable[str], engine: str | None, seen: list[int],
+               scanner: ServerArgsScanner | None = None) -> Iterator[tuple[str, dict]]:
+    """Yield (engine, row) per data line; with engine None the first data line decides the engine.
+
+    An arguments, engine-config or version line goes to ``scanner`` and is never tried as data.
+    """
     for number, raw in enumerate(lines, start=1):
         seen[0] = number
         text = _ANSI.sub("", raw.rstrip("\r\n"))
         if not text.strip() or text.lstrip().startswith("#"):
             continue  # blank lines and comment lines (fixture headers) are not log lines
+        if scanner is not None and scanner.feed(number, text):
+            continue
         for name in (engine,) if engine else ENGINES:
             row = _PARSERS[name](text)
             if row is None:
@@ -290,22 +304,43 @@ def parse_log(path: str | Path, run: str | None = None, engine: str | None = Non
     ``run`` labels the rows (default: the file name without suffix). ``engine`` restricts parsing
     to 'sglang' or 'vllm'; None detects it from the first data line. A log with no data line gives
     an empty frame with the same columns and ``df.attrs["engine"] is None``. ``df.attrs`` also
-    holds ``path`` and ``lines_read``. vLLM times carry ``PLACEHOLDER_YEAR`` (the log omits it).
+    holds ``path``, ``lines_read``, ``server_args`` (the last server start's
+    ``serverargs.ServerArgs``, None without an arguments line) and ``args_damaged`` ((line,
+    reason) per arguments line too damaged to read). vLLM times carry ``PLACEHOLDER_YEAR``.
     """
     if engine is not None and engine not in ENGINES:
         raise ForensicsError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     p = Path(path)
     seen = [0]
+    scanner = ServerArgsScanner(engine)
     with _open_text(p) as fh:
         try:
-            found = list(_iter_rows(fh, engine, seen))
+            found = list(_iter_rows(fh, engine, seen, scanner))
         except (OSError, EOFError, zlib.error) as exc:
             raise ForensicsError(f"cannot read log file past line {seen[0]}: {exc}", path=p) from None
         except ValueError as exc:  # a logging prefix that is no date (2000-11-39): the line is damaged
             raise ForensicsError(f"line {seen[0]} is damaged: {' '.join(str(exc).split())[:160]}", path=p) from None
     df = _frame([row for _, row in found], run if run is not None else _default_label(p))
-    df.attrs.update(path=str(p), engine=found[0][0] if found else None, lines_read=seen[0])
+    df.attrs.update(path=str(p), engine=found[0][0] if found else None, lines_read=seen[0],
+                    server_args=scanner.result(), args_damaged=list(scanner.damaged))
     return df
+
+
+def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a plain or gzipped log, with the same checks and errors as ``parse_log``."""
+    p = Path(path)
+    number = 0
+    with _open_text(p) as fh:
+        try:
+            for number, line in enumerate(fh, start=1):
+                yield number, line
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ForensicsError(f"cannot read log file past line {number}: {exc}", path=p) from None
+
+
+def default_label(path: str | Path) -> str:
+    """Run label from a file name: ``runs/fixed.log.gz`` -> ``fixed`` (what ``logs PATH`` uses without ``LABEL=``)."""
+    return _default_label(Path(path))
 
 
 def _default_label(path: Path) -> str:
@@ -318,17 +353,47 @@ def _default_label(path: Path) -> str:
 
 
 def parse_logs(mapping: Mapping[str, str | Path], engine: str | None = None) -> pd.DataFrame:
-    """Parse several logs, one run label each, into one frame; ``attrs["empty_runs"]`` lists runs without data."""
-    frames, empty = [], []
+    """Parse several logs, one run label each, into one frame.
+
+    ``attrs``: ``empty_runs`` (runs without data lines), ``waiting_runs`` (those of them whose log
+    has a server arguments line: a server that has not logged statistics yet), ``runs`` (every
+    label, in order) and ``server_args_by_run`` (label -> ``ServerArgs`` or None).
+    """
+    frames, empty, waiting, by_run = [], [], [], {}
     for label, path in mapping.items():
         df = parse_log(path, run=str(label), engine=engine)
+        by_run[str(label)] = df.attrs.get("server_args")
         if df.empty:
             empty.append(str(label))
+            if by_run[str(label)] is not None:
+                waiting.append(str(label))
         else:
             frames.append(df)
     out = pd.concat(frames, ignore_index=True) if frames else _frame([], "")
-    out.attrs = {"empty_runs": empty}
+    out.attrs = {"empty_runs": empty, "waiting_runs": waiting, "runs": list(by_run),
+                 "server_args_by_run": by_run}
     return out
+
+
+def waiting_message(args: ServerArgs) -> str:
+    """What to tell about a log whose server started (``args``) but printed no decode or metrics line yet."""
+    started = f"server started with {args.describe()}"
+    row = stats_interval(args.engine, args.version)
+    if args.engine == "sglang":
+        interval = args.decode_log_interval
+        default = int(row.default) if row is not None else None
+        shown = interval if interval is not None else default
+        n = f"{shown} here" if interval is not None else f"{shown} by default"
+        return (f"{started}; no decode statistics yet: SGLang prints a 'Decode batch' line every "
+                f"decode_log_interval decode batches ({n}); send a longer request")
+    if args.log_stats is False:
+        return (f"{started}; no metrics yet: this vLLM server was started with --disable-log-stats, so it "
+                "never prints throughput or SpecDecoding metrics lines; restart without it")
+    every = "every 10 s" if row is None or row.setting == "fixed" else \
+        "every VLLM_LOG_STATS_INTERVAL seconds (10 by default)"
+    return (f"{started}; no metrics yet: vLLM prints its throughput and SpecDecoding metrics lines {every}, "
+            "and only for intervals in which tokens were processed; send a request that runs longer "
+            "than one interval")
 
 
 def _median(series: pd.Series) -> float:
@@ -338,7 +403,7 @@ def _median(series: pd.Series) -> float:
 
 
 def summarize_runs(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
-    """One row per run (in first-seen order): data lines, median accept length/rate/tok/s, speed-up.
+    """One row per run (in the order given to ``parse_logs``, else first seen): data lines, medians, speed-up, launch.
 
     The tok/s median skips intervals with zero running requests (vLLM logs those when a request
     ends or the server idles): they measure no decoding. ``speedup`` is the run's median tok/s over
@@ -349,7 +414,7 @@ def summarize_runs(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFram
                            "gen_throughput", "running_req") if c not in df.columns]
     if missing:
         raise ForensicsError(f"not a parsed-log table: missing columns {', '.join(missing)}")
-    runs = list(dict.fromkeys(df["run"]))
+    runs = list(dict.fromkeys([*df.attrs.get("runs", []), *df["run"]]))
     if baseline is not None and baseline not in runs:
         known = ", ".join(map(str, runs)) or "none"
         raise ForensicsError(f"baseline run {baseline!r} not found; runs: {known}")
@@ -366,10 +431,26 @@ def summarize_runs(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFram
             "median_accept_rate": _median(sub["accept_rate"]),
             "median_tok_s": _median(busy["gen_throughput"]),
         })
-    out = pd.DataFrame(rows, columns=SUMMARY_COLUMNS[:-1])
+    out = pd.DataFrame(rows, columns=_MEASURED_COLUMNS[:-1])
     base = math.nan
     if baseline is not None:
         base = float(out.loc[out["run"] == baseline, "median_tok_s"].iloc[0])
     out["speedup"] = out["median_tok_s"] / base if base > 0 else math.nan
     out["n_lines"] = out["n_lines"].astype("int64")
-    return out[SUMMARY_COLUMNS]
+    by_run = _server_args_by_run(df, runs)
+    out["engine"] = [by_run[r].engine if by_run.get(r) is not None and not isinstance(e, str) else e
+                     for r, e in zip(out["run"], out["engine"])]
+    for col in ARGS_COLUMNS:
+        out[col] = pd.Series([summary_of(by_run.get(r))[col] for r in out["run"]], index=out.index, dtype="object")
+    out = out[SUMMARY_COLUMNS]
+    out.attrs = {"server_args_by_run": {r: by_run.get(r) for r in out["run"]}}
+    return out
+
+
+def _server_args_by_run(df: pd.DataFrame, runs: list) -> dict:
+    """Run label -> ServerArgs from ``parse_logs`` (or a single ``parse_log`` frame's own)."""
+    by_run = df.attrs.get("server_args_by_run")
+    if isinstance(by_run, Mapping):
+        return dict(by_run)
+    own = df.attrs.get("server_args")
+    return {runs[0]: own} if own is not None and len(runs) == 1 else {}

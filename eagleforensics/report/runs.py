@@ -4,7 +4,8 @@ Parameters are checked here before any kernel starts; ``build_runs_report`` then
 ``notebooks/runs.ipynb`` through the same papermill -> nbconvert pipeline as the align report
 (``report.render``). The notebook records ``runs_summary`` (schema ``RUNS_SCHEMA``) in its
 verdict output's metadata: per run the median accept length, accept rate and tok/s and the
-speed-up over the baseline (``logs.summarize_runs``), the one-sentence verdict, the parameters.
+speed-up over the baseline (``logs.summarize_runs``), each run's launch arguments as its log
+states them (``server_args``, from ``engines.serverargs``), the one-sentence verdict, the parameters.
 """
 from __future__ import annotations
 
@@ -47,15 +48,23 @@ class RunsParams:
 
 
 def parse_runs(pairs: Iterable[str]) -> dict[str, str]:
-    """``["fixed=a.log", "broken=b.log"]`` -> ``{"fixed": "a.log", ...}``, in order; bad or repeated labels fail."""
+    """``["fixed=a.log", "b.log"]`` -> ``{"fixed": "a.log", "b": "b.log"}``, in order; bad or repeated labels fail.
+
+    A bare PATH (no ``=``) takes its file name as label (``runs/fixed.log.gz`` -> ``fixed``).
+    """
+    from ..engines.logs import default_label
+
     runs: dict[str, str] = {}
     for pair in pairs:
         label, sep, path = str(pair).partition("=")
         label, path = label.strip(), path.strip()
-        if not sep or not label or not path:
-            raise ForensicsError(f"expected LABEL=PATH, got {pair!r}")
+        if not sep:
+            label, path = default_label(label), label
+        if not label or not path:
+            raise ForensicsError(f"expected LABEL=PATH or PATH, got {pair!r}")
         if label in runs:
-            raise ForensicsError(f"run label {label!r} given twice")
+            raise ForensicsError(f"run label {label!r} given twice" + ("" if sep else " (two files of that name: "
+                                                                      "give LABEL=PATH)"))
         runs[label] = path
     return runs
 
@@ -99,15 +108,34 @@ def validate_params(logs: Any = None, baseline: Any = None, title: Any = None) -
     return RunsParams(paths, baseline, title)
 
 
-def load_runs(params: RunsParams) -> pd.DataFrame:
-    """Every data line of every log (``logs.parse_logs``); a log without one is bad input that names the file."""
-    from ..engines.logs import parse_logs
+def load_runs(params: RunsParams, allow_waiting: bool = False) -> pd.DataFrame:
+    """Every data line of every log (``logs.parse_logs``); a log without one names the file and why.
+
+    A log with the server's arguments line but no decode or metrics line yet (a server just
+    started) says so (``logs.waiting_message``); with ``allow_waiting`` such a run is kept (no
+    rows) for the caller to report instead. A log with neither is bad input.
+    """
+    from ..engines.logs import parse_logs, waiting_message
 
     df = parse_logs(params.logs)
+    by_run = df.attrs.get("server_args_by_run", {})
     for label in df.attrs.get("empty_runs", []):
-        raise ForensicsError("no SGLang 'Decode batch' or vLLM metrics line found (is this the server log?)",
-                             path=params.logs[label])
+        args = by_run.get(label)
+        if args is None:
+            raise ForensicsError("no SGLang 'Decode batch' or vLLM metrics line found (is this the server log?)",
+                                 path=params.logs[label])
+        if not allow_waiting:
+            raise ForensicsError(waiting_message(args), path=params.logs[label])
     return df
+
+
+def waiting_notes(summary: pd.DataFrame) -> dict[str, str]:
+    """Run label -> the 'server started ...; no statistics yet' note, for runs with no data line but launch arguments."""
+    from ..engines.logs import waiting_message
+
+    by_run = summary.attrs.get("server_args_by_run", {})
+    return {str(r["run"]): waiting_message(by_run[r["run"]]) for r in summary.to_dict(orient="records")
+            if int(r["n_lines"]) == 0 and by_run.get(r["run"]) is not None}
 
 
 def summarize(df: pd.DataFrame, params: RunsParams) -> pd.DataFrame:
@@ -154,13 +182,25 @@ def verdict_text(summary: pd.DataFrame, baseline: str | None) -> str:
 
 
 def runs_summary(summary: pd.DataFrame, params: RunsParams) -> dict[str, Any]:
-    """What runs.ipynb records for tests and the CLI: per-run medians and speed-ups, the verdict, the parameters."""
+    """What runs.ipynb records for tests and the CLI: per-run medians and speed-ups, the verdict, the parameters.
+
+    Each run also carries ``server_args`` (the launch arguments its log states, ``ServerArgs.to_dict()``,
+    or None) and ``note`` (why a run has no data line yet, or None); ``exit_code`` is 1 when a run
+    has launch arguments but no statistics yet (send a longer request), else 0.
+    """
+    by_run = summary.attrs.get("server_args_by_run", {})
+    notes = waiting_notes(summary)
     runs = [{k: (_num(v) if k.startswith("median_") or k == "speedup" else v) for k, v in r.items()}
             for r in summary.to_dict(orient="records")]
     for r in runs:
         r["n_lines"] = int(r["n_lines"])
         r["path"] = params.logs.get(str(r["run"]))
-    return {"schema": RUNS_SCHEMA, "verdict": verdict_text(summary, params.baseline), "exit_code": 0,
+        for col in ("num_steps", "topk", "num_draft_tokens"):
+            r[col] = None if r.get(col) is None or r[col] != r[col] else int(r[col])
+        args = by_run.get(r["run"])
+        r["server_args"] = None if args is None else args.to_dict()
+        r["note"] = notes.get(str(r["run"]))
+    return {"schema": RUNS_SCHEMA, "verdict": verdict_text(summary, params.baseline), "exit_code": 1 if notes else 0,
             "baseline": params.baseline, "runs": runs, "parameters": params.as_dict()}
 
 
@@ -179,7 +219,19 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
         "median accept rate": [fmt(v, ".2f") for v in summary["median_accept_rate"]],
         "median tok/s": [fmt(v, ".1f") for v in summary["median_tok_s"]],
         "speed-up over baseline": [fmt(v, ".2f", "x") for v in summary["speedup"]],
+        "launch": [_launch_text(summary.attrs.get("server_args_by_run", {}).get(r)) for r in summary["run"]],
     }).set_index("run")
+
+
+def _launch_text(args: Any) -> str:
+    """``EAGLE3: steps 3, topk 1, draft tokens 4`` from a run's ``ServerArgs``; '-' when its log has none."""
+    if args is None:
+        return "-"
+    if not args.speculative:
+        return "no speculation"
+    parts = [f"{name} {value}" for name, value in (("steps", args.num_steps), ("topk", args.topk),
+                                                     ("draft tokens", args.num_draft_tokens)) if value is not None]
+    return f"{args.algorithm_raw or args.algorithm}: " + ", ".join(parts)
 
 
 def default_output(params: RunsParams, cwd: Path | None = None) -> Path:
