@@ -228,3 +228,49 @@ def test_a_speculators_drafter_is_refused_by_sglang(tmp_path: Path) -> None:
     report = diagnose(DoctorInputs(draft_config=str(d / "config.json"), engine="sglang"))
     found = [r.finding for r in report.findings if r.finding.code == "flag-ignored"]
     assert [f.severity for f in found] == ["error"] and "speculators" in found[0].message
+
+
+# ---------------------------------------------------------------- the server log
+def test_a_clean_launch_and_the_fixture_logs_raise_no_launch_finding(tmp_path: Path) -> None:
+    from eagleforensics.testing.defects import sglang_log
+
+    clean = sglang_log(tmp_path / "server.log", SAMPLES / "target", SAMPLES / "drafter", accept_lens=(2.4, 2.9, 2.6))
+    fixtures = Path(__file__).parent / "fixtures" / "logs"
+    for log in [clean, fixtures / "sglang_0.5.23_fixed.log", fixtures / "sglang_0.5.5_broken.log",
+                fixtures / "vllm_0.33.log", fixtures / "sglang_0.5.23_started.log"]:
+        report = diagnose(DoctorInputs(drafter=str(SAMPLES / "drafter"), target=str(SAMPLES / "target"), log=str(log)))
+        assert report.level == "OK", report.to_text()
+        assert {o.name: o.status for o in report.outcomes}["launch"] == "clean"
+
+
+def test_the_log_gives_the_engine_version_and_served_length(tmp_path: Path) -> None:
+    from eagleforensics.testing.defects import vllm_log
+
+    spec = {"method": "eagle3", "model": str(SAMPLES / "drafter"), "num_speculative_tokens": 3}
+    log = vllm_log(tmp_path / "server.log", "0.14.0", SAMPLES / "target", spec, max_model_len=4096)
+    report = diagnose(DoctorInputs(drafter=str(SAMPLES / "drafter"), target=str(SAMPLES / "target"), log=str(log)))
+    rows = {o.name: o for o in report.outcomes}
+    assert rows["flags"].status == "clean" and rows["flags"].data["engine"] == "vllm"
+    assert rows["flags"].data["version"] == "0.14.0"
+    mp = rows["max-positions"]
+    assert mp.status == "found" and mp.data["served_len"] == 4096  # the draft's 512 against the served 4096
+    assert [f.severity for f in mp.findings] == ["warning"]  # vLLM 0.14.0 V1: no drafts past the drafter's length
+
+
+def test_an_engine_unlike_the_logs_is_bad_input(tmp_path: Path) -> None:
+    from eagleforensics.errors import ForensicsError
+    from eagleforensics.testing.defects import sglang_log
+
+    log = sglang_log(tmp_path / "server.log", SAMPLES / "target", SAMPLES / "drafter")
+    with pytest.raises(ForensicsError, match="SGLang server"):
+        diagnose(DoctorInputs(drafter=str(SAMPLES / "drafter"), log=str(log), engine="vllm"))
+
+
+def test_one_decode_line_at_1_00_is_not_yet_structural(tmp_path: Path) -> None:
+    from eagleforensics.testing.defects import sglang_log
+
+    log = sglang_log(tmp_path / "server.log", SAMPLES / "target", SAMPLES / "drafter", accept_lens=(1.0, 1.0))
+    report = diagnose(DoctorInputs(log=str(log)))
+    assert flagged(report) == []
+    log = sglang_log(tmp_path / "server.log", SAMPLES / "target", SAMPLES / "drafter", accept_lens=(1.0,) * 9 + (1.25,))
+    assert flagged(diagnose(DoctorInputs(log=str(log)))) == []  # a weak drafter accepts sometimes

@@ -24,6 +24,8 @@ def engine_label(art: Artifacts) -> tuple[str, str | None, str]:
     assumed = []
     if art.engine_version is None:
         assumed.append(f"version {version} assumed (the newest the rules read; pass --engine-version)")
+    elif art.engine_version_from:
+        assumed.append(f"version from {art.engine_version_from}")
     if engine == "vllm" and runner is None:
         runner = default_runner(version, None)[0]
         assumed.append(f"{runner} runner assumed (pass --vllm-runner)")

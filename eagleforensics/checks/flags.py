@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engines.flagrules import FEATURES, drafter_arch, drafter_features, drafter_layout, ignored_features
-from ..engines.flagrules import norm_output_meaning
+from ..engines.flagrules import (
+    drafter_arch,
+    drafter_features,
+    drafter_layout,
+    ignored_features,
+    norm_output_meaning,
+)
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .engineembed import engine_label
@@ -97,7 +102,7 @@ def run(art: Artifacts) -> CheckResult:
             f"the writer may have meant '{meaning.trainer}'.", source=meaning.source, impact="low"))
     honoured = [r.feature for r in rulings if r.status == "honoured" and r.feature not in LEFT_TO_EMBEDDING]
     note = (f"{name} honours every feature this drafter uses ({', '.join(sorted(honoured))})" if honoured else
-            f"the drafter uses none of the features engines differ on ({', '.join(FEATURES)})")
+            "the drafter uses none of the features engines differ on (engines.flagrules.FEATURES)")
     return CheckResult(tuple(findings), "" if (ignored or refused) else note, data)
 
 

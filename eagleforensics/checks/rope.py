@@ -92,7 +92,7 @@ def _show(v: Any) -> str:
 def served_length(art: Artifacts) -> tuple[int | None, str]:
     """The served context length and where it came from: --served-len / the log, else the target's max positions."""
     if art.served_len is not None:
-        return art.served_len, "served length"
+        return art.served_len, "served length" if art.inputs.served_len is not None else "served context length (the log)"
     if art.available("target"):
         n = target_facts(art.target.config).max_positions
         if n is not None:

@@ -71,6 +71,39 @@ def _target_tensor(target: Path, name: str) -> torch.Tensor:
     return load_file(str(target / index[name]))[name]
 
 
+# ---------------------------------------------------------------- server logs, in the engines' own formats
+SGLANG_ARGS = {  # the launch fields of SGLang 0.5.23's server_args dict (entrypoints/engine.py, resolved_dict)
+    "tp_size": 1, "pp_size": 1, "dp_size": 1, "context_length": None, "speculative_algorithm": "EAGLE3",
+    "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+    "disable_cuda_graph": False, "disable_radix_cache": False, "decode_log_interval": 40}
+
+
+def sglang_log(path: Path, target: Path, drafter: Path | None, accept_lens: tuple[float, ...] = (), **fields: Any
+               ) -> Path:
+    """A SGLang 0.5.23 server log: the arguments line (``server_args={...}``, engine.py) and one ``Decode batch``
+    line per accept length (scheduler_components/metrics_reporter.py format)."""
+    args = {"model_path": str(target), "tokenizer_path": str(target), **SGLANG_ARGS,
+            "speculative_draft_model_path": None if drafter is None else str(drafter), **fields}
+    lines = [f"[2026-11-29 11:58:30] server_args={args!r}",
+             "[2026-11-29 11:59:02] The server is fired up and ready to roll!"]
+    for i, acc in enumerate(accept_lens):
+        rate = (acc - 1) / max(1, args["speculative_num_steps"] or 1)
+        lines.append(f"[2026-11-29 12:00:{i + 1:02d}.100 TP0] Decode batch, #running-req: 1, #token: {640 + 64 * i}, "
+                     f"token usage: 0.01, accept len: {acc:.2f}, accept rate: {rate:.2f}, cuda graph: True, "
+                     f"gen throughput (token/s): {40 * acc:.2f}, #queue-req: 0")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def vllm_log(path: Path, version: str, target: Path, spec: dict[str, Any], **args: Any) -> Path:
+    """A vLLM server log of a 0.10.1.1 - 0.14 release: the version line and the non-default args line
+    (vllm/entrypoints/utils.py ``log_non_default_args``)."""
+    non_default = {"model_tag": str(target), "model": str(target), "speculative_config": spec, **args}
+    path.write_text(f"INFO 11-29 12:57:58 [api_server.py:1896] vLLM API server version {version}\n"
+                    f"INFO 11-29 12:58:00 [utils.py:233] non-default args: {non_default!r}\n")
+    return path
+
+
 # ---------------------------------------------------------------- the defects
 def _d2t_absolute(d: Path, t: Path, case: Path) -> dict[str, Any]:
     # target ids written where offsets belong: d2t = arange + offsets
@@ -153,6 +186,30 @@ def _flag_ignored(d: Path, t: Path, case: Path) -> dict[str, Any]:
     return {"engine": "sglang", "engine_version": "0.5.12"}
 
 
+def _algorithm_eagle(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # the EAGLE-3 drafter launched as EAGLE (sgl-project/sglang#21272); the server has just started
+    return {"log": str(sglang_log(case / "server.log", t, d, speculative_algorithm="EAGLE"))}
+
+
+def _draft_path_missing(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    return {"log": str(sglang_log(case / "server.log", t, None))}
+
+
+def _draft_is_target(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    return {"log": str(sglang_log(case / "server.log", t, t))}
+
+
+def _pp_drops_aux(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # pipeline parallelism 2 on vLLM 0.14.0, whose non-last stages drop their aux states (vllm-project/vllm#36151)
+    spec = {"method": "eagle3", "model": str(d), "num_speculative_tokens": 3}
+    return {"log": str(vllm_log(case / "server.log", "0.14.0", t, spec, pipeline_parallel_size=2))}
+
+
+def _accept_len_one(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a correct launch whose decode lines all say accept len 1.00 (the structural symptom, cause unknown here)
+    return {"log": str(sglang_log(case / "server.log", t, d, accept_lens=(1.0,) * 12))}
+
+
 def _rope_mismatch(d: Path, t: Path, case: Path) -> dict[str, Any]:
     edit_config(d, rope_theta=500000.0)
     return {}
@@ -212,6 +269,15 @@ DEFECTS: tuple[Defect, ...] = (
            _embedding_other_model, priced=True),
     Defect("flag-ignored", "flag-ignored", "a drafter trained with norm_before_fc served on SGLang 0.5.12 (which skips "
            "input_norm)", _flag_ignored, priced=True),
+    Defect("algorithm-eagle", "algorithm-mismatch", "the EAGLE-3 drafter launched with SGLang's EAGLE (log)",
+           _algorithm_eagle),
+    Defect("draft-path-missing", "draft-path-missing", "EAGLE3 launched without a draft model path (log)",
+           _draft_path_missing),
+    Defect("draft-is-target", "draft-is-target", "the target's path given as the draft model path (log)",
+           _draft_is_target),
+    Defect("pp-drops-aux", "pp-drops-aux", "pipeline_parallel_size 2 on vLLM 0.14.0 (log)", _pp_drops_aux),
+    Defect("accept-len-one", "accept-len-one", "a log whose 12 decode lines all say accept len 1.00",
+           _accept_len_one),
     Defect("rope-mismatch", "rope-mismatch", "draft rope_theta 500000 (target 10000)", _rope_mismatch, priced=True),
     Defect("max-positions-short", "max-positions-short", "draft max_position_embeddings 16 (served 512)",
            _max_positions_short),
