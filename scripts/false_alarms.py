@@ -4,7 +4,8 @@ For every tiny target (Llama, Qwen3, DeepSeek-V3 shapes from ``testing.tinymodel
 the default RoPE and with the family's scaled RoPE), ``testing.drafterbuild`` exports a correctly
 made drafter (SpecForge and speculators layouts), a training record at the engines' default
 positions and a capture; the doctor runs on all of it, without an engine and for each engine that
-loads the layout (SGLang and vLLM at the newest release the rules read). Nothing is wrong in any case, so every
+loads the layout (SGLang through a clean server log in its 0.5.23 format, so the launch checks run
+too; vLLM at the newest release the rules read). Nothing is wrong in any case, so every
 PROBLEM is a false PROBLEM and every ACTION a false ACTION. Prints one line per case and the
 counts per family; exit 1 on any false PROBLEM.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from eagleforensics.alignment import align
 from eagleforensics.checks.base import DoctorInputs
 from eagleforensics.doctor import diagnose
+from eagleforensics.testing.defects import sglang_log
 from eagleforensics.testing.drafterbuild import export_drafter, export_target, write_capture, write_record
 from eagleforensics.testing.tinymodels import FAMILIES, build_model
 
@@ -60,9 +62,14 @@ def main() -> int:
                         export_drafter(model, base / layout, layout=layout, seed=seed)
                         for engine in ENGINES[layout]:
                             start = time.perf_counter()
+                            log = None
+                            if engine == "sglang":  # its launch as the server log states it (0.5.23 format)
+                                log = str(sglang_log(base / "server.log", base / "target", base / layout,
+                                                     accept_lens=(2.1, 2.6, 2.4, 2.9)))
                             report = diagnose(DoctorInputs(drafter=str(base / layout), target=str(base / "target"),
                                                            train=str(base / "data_0.ckpt"),
-                                                           capture=str(base / "capture.safetensors"), engine=engine),
+                                                           capture=str(base / "capture.safetensors"),
+                                                           engine=None if log else engine, log=log),
                                               aligned=None if engine else aligned)
                             flagged = [f"{r.check}:{r.finding.code}" for r in report.flagged]
                             counts[family][report.level] += 1
