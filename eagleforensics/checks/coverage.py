@@ -65,7 +65,9 @@ def run(art: Artifacts) -> CheckResult:
     rows = {s.source: {"share": share_inside(s.tokens, dx.intended), "tokens": int(s.tokens.size), "how": s.how,
                        "exact": s.exact} for s in sources}
     data = {"draft_vocab_size": n, "vocabulary": dx.intended_how, "sources": rows}
-    parts = [f"{r['share']:.0%} of {r['tokens']} {name} tokens ({'target greedy' if r['exact'] else 'own ids'})"
+    single = {"records": "record", "capture": "capture"}
+    parts = [f"{r['share']:.0%} of {r['tokens']} {single.get(name, name)} tokens "
+             f"({'target greedy' if r['exact'] else 'own ids'})"
              for name, r in rows.items()]
     note = f"the {n}-token draft vocabulary ({dx.intended_how}) holds " + "; ".join(parts)
     exact = {k: r for k, r in rows.items() if r["exact"]}
