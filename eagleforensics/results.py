@@ -170,10 +170,12 @@ def _evidence_notes(matches: list[SlotMatch]) -> str:
         elif m.identity == "between" and m.best is not None and m.other is not None:
             lo, hi = sorted((m.best, m.other))
             out.append(f"{m.name} sits between {lo.label} and {hi.label} (a mid-layer state).")
-        elif m.identity == "position-unknown":
-            out.append(f"{m.name} copies a capture entry whose position is unknown.")
         elif m.identity == "rows-unverified":
             out.append(f"{m.name} matched on rows no ids or aux slot vouch for.")
+    unknown = [m.name for m in matches if m.identity == "position-unknown"]
+    if unknown:
+        out.append(f"{', '.join(unknown)} {'matches a capture entry' if len(unknown) == 1 else 'match capture entries'} "
+                   "whose position is unknown.")
     drift = [m for m in matches if m.confident and m.fidelity == "drift"]
     if drift:
         out.append("Placed under drift, not copies: " + "; ".join(

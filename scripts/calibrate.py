@@ -94,7 +94,7 @@ def _slot_rows(r, truth: list[Position], kind: str) -> list[dict]:
         out.append({"kind": kind, "identity": m.identity_verdict, "confident": m.confident,
                     "right": m.best == want, "fidelity": m.fidelity, "cause": m.fidelity_cause,
                     "robust": m.robust_score, "bound": m.paired_bound, "step": m.neighbour_step,
-                    "votes": m.vote_share, "tokens": m.tokens})
+                    "votes": m.vote_share, "tokens": m.tokens, "fraction": m.between_fraction})
     return out
 
 
@@ -286,6 +286,8 @@ def summarise(rows: list[dict]) -> dict:
         c["min_robust"] = min(c["min_robust"], r["robust"])
         c["min_bound"] = min(c["min_bound"], r["bound"]) if r["bound"] == r["bound"] else c["min_bound"]
         c["min_mean"] = min(c["min_mean"], r["mean"])
+        if r["fraction"] == r["fraction"]:  # how far toward a neighbour the true drifted match sits
+            c["max_fraction"] = max(c.get("max_fraction", -1.0), r["fraction"])
     out["drift"] = {k: {**v, "fidelity": dict(v["fidelity"])} for k, v in cases.items()}
     mid = [r for r in rows if r["kind"] == "mid-layer"]
     if mid:

@@ -162,6 +162,33 @@ def test_keys_that_number_entries_not_positions(tmp_path, llama):
     assert "massive activation" in " ".join(f.message for f in r.findings if f.code == "labels-not-positions")
 
 
+def test_the_content_signatures_on_real_states(s, ids):
+    """The signatures the label checks rest on, measured on one real pass (fp32 and bf16)."""
+    from eagleforensics.evidence.labels import embedding_signature, norm_kind
+
+    for cast in (lambda t: t.numpy(), lambda t: _bf16(t).view(torch.int16).numpy().view("bfloat16")):
+        norms = lambda t: torch.linalg.vector_norm(t, dim=-1).numpy()  # noqa: E731
+        assert [norm_kind(norms(s.raw[p])) for p in (2, 5, N)] == ["raw"] * 3  # the massive row
+        assert norm_kind(norms(s.normed)) == "post-norm" and norm_kind(norms(s.raw[0])) == ""
+        assert embedding_signature(cast(s.raw[0]), ids.numpy())[0] is True
+        assert embedding_signature(cast(s.raw[1]), ids.numpy())[0] is False
+        assert embedding_signature(cast(s.raw[0]), torch.arange(T).numpy())[0] is None  # no repeated id
+
+
+def test_token_runs_offsets_and_distinct_pairs(flattened, ids, s):
+    from eagleforensics.evidence.tokens import candidate_offsets, distinct_pairs, find_run
+
+    raw, _, flat_ids = flattened
+    assert find_run(ids.numpy(), flat_ids.numpy()) == (0, 23, T, 1)
+    assert find_run(flat_ids.numpy(), ids.numpy())[:3] == (23, 0, T)
+    assert find_run(ids.numpy(), (ids + 1).numpy(), min_len=4)[2] < 4
+    norms = lambda t: torch.linalg.vector_norm(t, dim=-1).numpy()  # noqa: E731
+    ranked = candidate_offsets([norms(s.raw[4])], [norms(raw[p]) for p in range(2, N)], 64, None)
+    assert ranked[0][0] == 23 and ranked[0][1] > 0.99  # the record's BOS meets the second request's
+    one = norms(s.raw[4][7:8].repeat(T, 1))
+    assert distinct_pairs(one, one).sum() == 1 and distinct_pairs(norms(s.raw[4]), one).all()
+
+
 # ---- 2. states between positions ---------------------------------------------------------------------
 
 def _mid_layer_states(model, ids):

@@ -133,8 +133,8 @@ def token_evidence_findings(matches: list[SlotMatch], tok: TokenAlignment) -> li
                            f"training row t is compared with capture row t{tok.offset:+d} (rows {tok.train_start}.."
                            f"{tok.train_start + tok.length - 1} of the record; found by {how})"
                            + (f"; offsets scored by content on the aux slots (mean robust score): {tried}" if tried else "")))
-    for m in matches:
-        if 0 <= m.distinct_tokens < m.tokens:
+    for m in matches:  # a few repeated tokens (an embedding slot's repeated ids) are not worth a warning
+        if 0 <= m.distinct_tokens and 2 * m.distinct_tokens < m.tokens:
             out.append(Finding("few-distinct-tokens", "warning",
                                f"{m.name}: its {m.tokens} compared rows hold only {m.distinct_tokens} distinct "
                                "(slot row, capture row) pairs: rows repeat one token's state, so the evidence counts "

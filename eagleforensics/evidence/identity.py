@@ -209,8 +209,8 @@ def _judge(per_token: np.ndarray, columns: list[Position], real: set[Position], 
                     + (f", farther from it than neighbouring layers are from each other (step {step:.4f})"
                        if fid.kind == "different" and step == step else ""))
     if unlabelled:
-        return make("position-unknown", f"matches the capture entry labelled {best.label} ({fid.kind or 'compared'}, "
-                    f"robust score {rb:.4f}), but that label does not give a position (see the capture's label "
+        return make("position-unknown", f"matches the capture entry read as {best.label} ({fid.kind or 'compared'}, "
+                    f"robust score {rb:.4f}), but that reading does not give a position (see the capture's label "
                     "findings), so neither does the match")
     if missing and fid.kind != "copy":
         where = " / ".join(f"p{q}" for q in missing)
