@@ -210,9 +210,8 @@ def _b_zero_padding(d: Path) -> list[str]:
 
 def _b_zero_shared(d: Path) -> list[str]:
     cap = _load(CAP)
-    cap["input_ids"] = cap["input_ids"][1:].clone()  # capture without the BOS: nothing lines up
-    cap["hidden_states"] = [h[:, 1:].clone() for h in cap["hidden_states"]]
-    return ["align", str(REC), str(_save(d / "no_bos_capture.pt", cap))]
+    cap["input_ids"] = cap["input_ids"] + 1  # another prompt: no id in common at any offset
+    return ["align", str(REC), str(_save(d / "other_prompt_capture.pt", cap))]
 
 
 def _b_int_train(d: Path) -> list[str]:
@@ -301,7 +300,7 @@ ROWS = [
                                         "entry 4 is [40, 96]")),
     Row("zero-tokens", _b_zero_padding, ("all_padding.ckpt", "zero tokens left after dropping trailing padding")),
     Row("zero-tokens", _b_zero_shared, ("record_layer_outputs.pt", "zero tokens can be paired",
-                                        "no_bos_capture.pt", "differ from the first token", "BOS")),
+                                        "other_prompt_capture.pt", "differ from the first token", "no run of 4")),
     Row("integer-or-bool-states", _b_int_train, ("int32.pt", "'hidden_states[0]' holds int32 values",
                                                  "must be floating point")),
     Row("integer-or-bool-states", _b_bool_train, ("bool.ckpt", "'aux_hidden_state' holds bool values")),

@@ -323,6 +323,9 @@ def _id_findings(rule: Rule, ids: list[int], n: int) -> list[Finding]:
                 "EAGLE-3 aux slot normally holds a residual-stream state")))
         elif o.id < 0 and o.position is None:
             out.append(Finding("negative-id", WARNING, f"id {o.id}: {o.note}"))
+        elif o.id < -1 and o.position is not None:  # Qwen-MoE from SGLang 0.5.4.post2: a Python index
+            out.append(Finding("negative-id", WARNING, f"id {o.id}: {o.note}; on other families and older "
+                                                       "releases the same id captures nothing"))
         elif o.effect == "duplicate":
             out.append(Finding("duplicate-id", WARNING, o.note or ""))
         elif o.effect == "raises":

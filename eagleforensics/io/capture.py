@@ -39,6 +39,12 @@ CONVENTIONS = {
     "trtllm": "integer k = position p=k+1 (end of layer k); -1 = the post-norm final",
 }
 _INT_SUFFIX = re.compile(r"^(?P<name>.*?)[._\-\[]?(?P<num>-?\d+)\]?$")
+LABEL_KINDS = {
+    "sweep": "the integers are read through the convention (a full HF tuple, the capture helper's file, or a "
+             "convention given for the stored integers)",
+    "keys": "stored integers (key names, file names) that cannot be a full HF tuple, read as positions as labelled",
+    "list-index": "indices of a list too short to be a full HF tuple: they say nothing about positions",
+}
 
 
 @dataclass
@@ -62,6 +68,9 @@ class Capture(SweepHeader):
     readers: dict[Position, Callable[[], np.ndarray]]
     metadata: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how the integers were read, when not as declared
+    # what the positions' labels rest on (LABEL_KINDS): a full sweep's structure, stored integers read as
+    # positions, or list indices that cannot be positions (evidence.labels checks each against content)
+    label_kind: str = "sweep"
 
     @property
     def positions(self) -> list[Position]:
@@ -128,14 +137,20 @@ def _position_of(num: int, convention: str, top: int | None) -> Position:
 def _build(
     path: str, convention: str, numbered: dict[int, Callable[[], np.ndarray]],
     shapes: dict[int, tuple[int, ...]], dtypes: dict[int, np.dtype], input_ids: np.ndarray | None,
-    num_layers: int | None, metadata: dict[str, Any],
+    num_layers: int | None, metadata: dict[str, Any], listed: bool = False,
 ) -> Capture:
+    """The capture from numbered sources; ``listed``: the integers are a list's indices, not stored labels."""
     if not numbered:
         raise ForensicsError("no hidden-state positions found (expected a list of tensors or keys like 'hidden_states.3')", path=path)
     top = max(numbered)
     notes: list[str] = []
     as_labelled = convention == "hf" and _not_a_sweep(sorted(numbered), num_layers)
-    if as_labelled:
+    if as_labelled and listed:
+        notes.append(f"the capture is a list of {len(numbered)} entries, which cannot be a full HF "
+                     f"output_hidden_states tuple ({as_labelled}): its indices say nothing about positions, so "
+                     "each entry's position comes from its content only (pass --capture-convention if the indices "
+                     "are ids)")
+    elif as_labelled:
         notes.append(f"the capture's integers {_ints(sorted(numbered))} cannot be a full HF output_hidden_states "
                      f"tuple ({as_labelled}), so they are read as positions as labelled, all raw (before any norm); "
                      "pass --capture-convention if they mean something else")
@@ -162,7 +177,8 @@ def _build(
     if input_ids is not None and int(input_ids.shape[0]) != t:
         raise ForensicsError(f"input_ids has {int(input_ids.shape[0])} tokens but the hidden states have {t}", path=path)
     lowest = min(dtypes.values(), key=lambda d: d.itemsize)
-    return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata, notes)
+    kind = ("list-index" if listed else "keys") if as_labelled else "sweep"
+    return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata, notes, kind)
 
 
 MIN_HF_ENTRIES = 4  # fewer entries than this are not "N layers + embedding" of any real model
@@ -205,7 +221,7 @@ def _from_sequence(seq: list[Any], path: str, convention: str, ids: Any, num_lay
     return _build(
         path, convention, {i: PositionSource.of_array(t) for i, t in tensors.items()},
         {i: tuple(t.shape) for i, t in tensors.items()}, {i: t.dtype for i, t in tensors.items()},
-        _ids(ids, path), num_layers, meta,
+        _ids(ids, path), num_layers, meta, listed=True,
     )
 
 
