@@ -29,7 +29,7 @@ from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
 from . import torchfile
 from .filerows import FileRows
-from .guards import check_expansion, check_zip_members, expansion_limit, parse_json
+from .guards import MAX_DEPTH, check_expansion, check_zip_members, expansion_limit, parse_json
 from .sizecheck import check_legacy_torch, check_npy, human_bytes
 from .torchfile import UNSAFE_HINT
 
@@ -384,18 +384,40 @@ def _plain_array(arr: Any, p: Path) -> np.ndarray:
 
 def to_arrays(obj: Any, p: Path) -> Any:
     """What torch loaded, with every tensor (in dicts, lists, tuples) turned into an ndarray, zero-copy
-    where it can be: the boundary past which no module sees a torch tensor."""
-    if is_torch(obj):
-        try:
-            return as_array(obj)
-        except (TypeError, RuntimeError, ValueError) as exc:
-            raise ForensicsError(f"holds a {str(getattr(obj, 'dtype', '?')).replace('torch.', '')} tensor that cannot "
-                                 f"be read as an array ({' '.join(str(exc).split())[:100]}); store hidden states as "
-                                 "bfloat16, float16 or float32", path=p) from None
-    if isinstance(obj, dict):
-        return {k: to_arrays(v, p) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_arrays(v, p) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(to_arrays(v, p) for v in obj)
-    return obj
+    where it can be: the boundary past which no module sees a torch tensor.
+
+    Containers shared in the object are converted once (a pickle of nested shared lists would
+    otherwise take exponential time); one nested past ``guards.MAX_DEPTH`` or containing itself is refused."""
+    done: dict[int, Any] = {}
+    busy: set[int] = set()
+
+    def walk(x: Any, depth: int) -> Any:
+        if is_torch(x):
+            try:
+                return as_array(x)
+            except (TypeError, RuntimeError, ValueError) as exc:
+                raise ForensicsError(f"holds a {str(getattr(x, 'dtype', '?')).replace('torch.', '')} tensor that "
+                                     f"cannot be read as an array ({' '.join(str(exc).split())[:100]}); store hidden "
+                                     "states as bfloat16, float16 or float32", path=p) from None
+        plain_tuple = isinstance(x, tuple) and not hasattr(x, "_fields")
+        if not (isinstance(x, (dict, list)) or plain_tuple):
+            return x
+        if id(x) in done:
+            return done[id(x)]
+        if id(x) in busy:
+            raise ForensicsError("holds a container that contains itself: corrupt or hostile", path=p)
+        if depth > MAX_DEPTH:
+            raise ForensicsError(f"holds containers nested more than {MAX_DEPTH} levels deep: corrupt or hostile",
+                                 path=p)
+        busy.add(id(x))
+        if isinstance(x, dict):
+            out: Any = {k: walk(v, depth + 1) for k, v in x.items()}
+        elif isinstance(x, list):
+            out = [walk(v, depth + 1) for v in x]
+        else:
+            out = tuple(walk(v, depth + 1) for v in x)
+        busy.discard(id(x))
+        done[id(x)] = out
+        return out
+
+    return walk(obj, 0)

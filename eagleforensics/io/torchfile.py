@@ -346,7 +346,6 @@ class _Loader:
         self.path = source.path
         self.storages: dict[str, _Storage] = {}
         self.tensors = 0
-        self.materialised = 0
         self.swap = False
         self.resolve_member: Callable[[_Storage], None] | None = None  # zip: where a storage's record lies
 
@@ -466,9 +465,6 @@ class _Loader:
                                  f"{human_bytes(storage.nbytes)}: corrupt", path=self.path)
         # what it takes once materialised: an expanded (stride-0) tensor claims more than its storage holds
         check_expansion(numel * item, max(extent * item, 1), self.path, f"tensor {self.tensors} ({list(shape)} {name})")
-        self.materialised += numel * item  # by ratio only: a capture's tensors are never all in memory at once
-        check_expansion(self.materialised, max(self.source.size, 1), self.path, "the file's tensors together",
-                        limit=sys.maxsize)
         self.tensors += 1
         meta = metadata if isinstance(metadata, dict) else {}
         return StoredTensor(storage, np_dtype, offset, shape, strides, bool(meta.get("neg")), bool(meta.get("conj")))
@@ -694,9 +690,12 @@ def _finish(obj: Any, loader: _Loader, lazy: bool) -> Any:
     shared in the pickle stay shared, one that contains itself or nests past MAX_DEPTH is refused."""
     done: dict[int, Any] = {}
     busy: set[int] = set()
+    total = 0
 
     def walk(x: Any, depth: int) -> Any:
+        nonlocal total
         if isinstance(x, StoredTensor):
+            total += x.nbytes  # each place a tensor is used may be materialised on its own
             return x if lazy else x.read()
         if not isinstance(x, (dict, list, tuple, set, frozenset)):
             return x
@@ -724,7 +723,11 @@ def _finish(obj: Any, loader: _Loader, lazy: bool) -> Any:
         done[id(x)] = out
         return out
 
-    return walk(obj, 0)
+    out = walk(obj, 0)
+    # by ratio only (a capture's tensors are never all in memory at once): many expanded views of one
+    # small storage add up, each under the per-tensor floor
+    check_expansion(total, max(loader.source.size, 1), loader.path, "the file's tensors together", limit=sys.maxsize)
+    return out
 
 
 # ---------------------------------------------------------------- entry point
