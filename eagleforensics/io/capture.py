@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -31,7 +32,6 @@ from ..errors import ForensicsError
 from ..positions import Position
 from .filerows import PositionSource, file_locator, safetensors_rows
 from .safeload import check_file, load_object, open_safetensors, read_tensor, sniff
-from .torchfile import StoredTensor
 
 CAPTURE_FORMAT = "eagleforensics-capture-v1"
 META_KEY = "eagleforensics"  # safetensors metadata key holding the capture helper's JSON
@@ -89,9 +89,15 @@ class Capture(SweepHeader):
         return all(isinstance(s, PositionSource) and s.streams for s in self.readers.values())
 
 
+def _stored(t: Any) -> bool:
+    """A torch file's tensor not read yet (``torchfile.StoredTensor``; that module is loaded only for torch files)."""
+    tf = sys.modules.get(__package__ + ".torchfile")
+    return tf is not None and isinstance(t, tf.StoredTensor)
+
+
 def _is_tensor(t: Any) -> bool:
-    """An array, or a torch file's tensor not read yet (``torchfile.StoredTensor``)."""
-    return isinstance(t, (np.ndarray, StoredTensor))
+    """An array, or a torch file's tensor not read yet."""
+    return isinstance(t, np.ndarray) or _stored(t)
 
 
 def _rows(t: Any, what: str, path: str) -> Any:
@@ -128,7 +134,7 @@ def _ids(t: Any, path: str) -> np.ndarray | None:
         return None
     if not _is_int(t):
         raise ForensicsError("input_ids must be an integer tensor", path=path)
-    t = t.read() if isinstance(t, StoredTensor) else t
+    t = t.read() if _stored(t) else t
     return t.reshape(-1).astype(np.int64, copy=False)
 
 
@@ -395,7 +401,7 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
     for n, f in numbered.items():
         obj = load_object(f, allow_unsafe=allow_unsafe, lazy=True)
         cache[n] = _rows(_single(obj, f), f.name, str(f))
-        if isinstance(cache[n], StoredTensor):
+        if _stored(cache[n]):
             rows = cache[n].file_rows()
         else:
             locate = file_locator(f, obj)

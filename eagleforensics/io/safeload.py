@@ -27,12 +27,20 @@ import numpy as np
 
 from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
-from . import torchfile
 from .filerows import FileRows
-from .guards import MAX_DEPTH, check_expansion, check_zip_members, expansion_limit, parse_json
+from .guards import (
+    MAX_DEPTH,
+    check_expansion,
+    check_zip_members,
+    expansion_limit,
+    parse_json,
+)
 from .sizecheck import check_legacy_torch, check_npy, human_bytes
-from .torchfile import UNSAFE_HINT
 
+UNSAFE_HINT = (
+    "pass --allow-unsafe-pickle only if you trust where the file came from: "
+    "unpickling runs whatever code the file contains"
+)
 # A header bigger than this is not a hidden-state dump; refuse before allocating it.
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 # bytes per element of each safetensors dtype (safetensors format spec); others are left to the library
@@ -291,6 +299,8 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         if payload[:1] == b"\x80":
             check_legacy_torch(buf, len(payload), p)
         if not allow_unsafe:
+            from . import torchfile  # imported only for torch files
+
             return torchfile.load(p, payload, lazy=lazy)
         return to_arrays(_torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False), p)
     if kind == "pickle":
@@ -300,6 +310,8 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         _check_zip(p, p)
     if kind in ("torch-zip", "pickle"):
         if not allow_unsafe:
+            from . import torchfile  # imported only for torch files
+
             return torchfile.load(p, lazy=lazy)
         return to_arrays(_torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip"), p)
     if kind == "safetensors":

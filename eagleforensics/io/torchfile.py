@@ -39,12 +39,9 @@ from ..arrays import numpy_dtype
 from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, open_regular
+from .safeload import UNSAFE_HINT
 from .sizecheck import human_bytes
 
-UNSAFE_HINT = (
-    "pass --allow-unsafe-pickle only if you trust where the file came from: "
-    "unpickling runs whatever code the file contains"
-)
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001
 MAX_PICKLE = 256 << 20  # a torch pickle holds structure, not data: larger is not a checkpoint
