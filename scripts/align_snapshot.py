@@ -51,8 +51,7 @@ def fixtures(out: Path) -> None:
         (d / "dir").mkdir(parents=True, exist_ok=True)
         torch.save({"hidden_states": [h[None].contiguous() for h in hs], "input_ids": ids.clone()}, d / "cap_hf.pt")
         for dt in ("bfloat16", "float16", "float32"):
-            write_capture(d / f"cap_{dt}.safetensors", {k: v.to(getattr(torch, dt)) if v.is_floating_point() else v
-                                                        for k, v in sw.items()}, model)
+            write_capture(d / f"cap_{dt}.safetensors", sw, model, dtype=dt)
         for p in range(n + 1):
             torch.save(sw[f"hidden.{p}"].clone(), d / "dir" / f"layer_{p}.pt")
         torch.save(ids.clone(), d / "dir" / "input_ids.pt")
