@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..arrays import numpy_dtype
+from ..arrays import dtype_name, numpy_dtype
 from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, open_regular
@@ -461,7 +461,8 @@ class _Loader:
                                  f"{human_bytes(extent * item)} of its storage {storage.key!r}, which holds "
                                  f"{human_bytes(storage.nbytes)}: corrupt", path=self.path)
         # what it takes once materialised: an expanded (stride-0) tensor claims more than its storage holds
-        check_expansion(numel * item, max(extent * item, 1), self.path, f"tensor {self.tensors} ({list(shape)} {name})")
+        check_expansion(numel * item, max(extent * item, 1), self.path,
+                        f"tensor {self.tensors} ({list(shape)} {dtype_name(np_dtype)})")
         self.tensors += 1
         meta = metadata if isinstance(metadata, dict) else {}
         return StoredTensor(storage, np_dtype, offset, shape, strides, bool(meta.get("neg")), bool(meta.get("conj")))
