@@ -23,7 +23,7 @@ from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresho
 from .evidence.findings import identity_findings, slot_findings
 from .evidence.identity import Identity, judge, step_reader
 from .evidence.match import ScoreMatrix, score_slots
-from .evidence.norms import looks_post_norm, norm_cv, row_summaries
+from .evidence.norms import looks_post_norm, norm_cv, row_summary
 from .evidence.steps import known_first
 from .evidence.tokens import (
     TokenAlignment,
@@ -130,7 +130,7 @@ def align(
         raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note} (if one side has an "
                              "extra BOS or template token, drop it so both start at the same token)", path=record.path)
     slot_data = [as_array(s.data) for s in slots]
-    summaries = row_summaries(slot_data)  # per-token norms and NaN/Inf rows, one pass each
+    summaries = [row_summary(d) for d in slot_data]  # per-token norms and NaN/Inf rows, one pass each
     norms = [n[:usable] for n, _ in summaries]
     bad_rows = [int(b.sum()) for _, b in summaries]
     fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]

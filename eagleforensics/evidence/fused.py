@@ -675,14 +675,13 @@ class Rows:
         self.keep = a16  # the memory must outlive the view
 
 
-def row_stats(a: Any, nbytes: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+def row_stats(a: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """(per-row L2 norms float32, per-row NaN/Inf flags) of a [T, H] array in one compiled pass, or
     None where the kernels should not read it (no numba, too small to pay for loading them, another
-    dtype, strided columns). ``nbytes``: the size that decides (the array's own by default; several
-    arrays read together pass their total, so each input always takes the same way)."""
+    dtype, strided columns)."""
     a = as_array(a)
     if a.ndim != 2 or kind_of(a.dtype) is None or (a.shape[1] > 1 and a.strides[1] != a.itemsize) \
-            or not wanted(a.size * a.itemsize if nbytes is None else nbytes):
+            or not wanted(a.size * a.itemsize):
         return None
     k = kernels()
     with LOCK:

@@ -545,8 +545,13 @@ def _unpickle(loader: _Loader, stream: Any) -> Any:
 def _local_data_offset(fh: Any, info: zipfile.ZipInfo, path: Path) -> int:
     """Where member ``info``'s data starts: after its local header, whose name and extra field
     lengths may differ from the central directory's (torch pads the extra field to align data)."""
-    fh.seek(info.header_offset)
-    head = fh.read(30)
+    head = b""
+    if info.header_offset >= 0:  # a damaged directory can point anywhere, before the file too
+        try:
+            fh.seek(info.header_offset)
+            head = fh.read(30)
+        except OSError:
+            head = b""
     if len(head) < 30 or head[:4] != b"PK\x03\x04":
         raise ForensicsError(f"zip member {info.filename!r} has no local header where the directory says: "
                              "truncated or corrupt zip archive", path=path)
