@@ -164,9 +164,11 @@ def h2d_rate(nbytes: int = 1 << 30) -> dict[str, float]:
 
 
 def startup(repeat: int) -> dict[str, Any]:
-    """``--help`` and align on the samples, each a fresh process: best and median of ``repeat``."""
+    """``--help`` and align on the samples, each a fresh process: best and median of ``repeat`` (after one untimed run)."""
+    run([*CLI, "--help"])
     out = {"help": summary([run([*CLI, "--help"]) for _ in range(repeat)])}
     for name, files in SAMPLES.items():
+        run([*CLI, "align", *files])
         out[name] = summary([run([*CLI, "align", *files]) for _ in range(repeat)])
         out[name]["torch"] = imports_torch([*CLI, "align", *files], {})
     return {k: {kk: vv for kk, vv in v.items() if kk != "out"} for k, v in out.items()}
@@ -184,6 +186,8 @@ def bench_shape(shape: str, args: argparse.Namespace, folder: Path, columns: lis
             res["cat"][f"{rec}/{t}"] = {"rate": rate, "wall": secs}
     for mode, rec in columns:
         env = MODES[mode][0]
+        sw = sweeps[small_t]  # warm-up, not timed: numba's cache filled (a changed kernel compiles), files in the page cache
+        run(command(mode, sw.record_as(rec), sw.capture, sw), env)
         runs: dict[int, list[dict[str, Any]]] = {t: [] for t in args.tokens}
         for _ in range(args.repeat):  # interleaved, so a slow spell of the machine hits both sizes
             for t in args.tokens:
