@@ -754,18 +754,3 @@ def load(path: str | Path, data: bytes | None = None, *, lazy: bool = False) -> 
             return _read_legacy(source, fh, lazy)
     raise ForensicsError(f"not a torch file (first bytes {head.hex()})", path=p)
 
-
-def arrays_in(obj: Any) -> list[StoredTensor | np.ndarray]:
-    """Every tensor leaf of a loaded object (dict values, list and tuple items), in order."""
-    out: list[Any] = []
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, (StoredTensor, np.ndarray)):
-            out.append(x)
-        elif isinstance(x, dict):
-            stack.extend(reversed(list(x.values())))
-        elif isinstance(x, (list, tuple)):
-            stack.extend(reversed(x))
-    return out
-
