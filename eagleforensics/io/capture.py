@@ -11,13 +11,16 @@ Accepted layouts (each integer is read through ``convention``, see ``CONVENTIONS
 * the capture helper's safetensors file (``eagleforensics capture``), self-describing.
 
 Positions are read one at a time through ``Capture.read`` so a large sweep never has to
-fit in memory at once. Every hidden state and id list handed out is a numpy array (bf16 as
-``arrays.BF16``); safetensors and numpy captures are read without importing torch.
+fit in memory at once: a torch file's tensors stay in the file (``torchfile.StoredTensor``) and
+their rows are read from it on demand, like a safetensors file's. Every hidden state and id list
+handed out is a numpy array (bf16 as ``arrays.BF16``); no capture format imports torch (only
+``allow_unsafe`` does, through ``torch.load``).
 """
 from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -95,13 +98,24 @@ class Capture(SweepHeader):
         return all(isinstance(s, PositionSource) and s.streams for s in self.readers.values())
 
 
-def _rows(t: Any, what: str, path: str) -> np.ndarray:
-    if not isinstance(t, np.ndarray):
+def _stored(t: Any) -> bool:
+    """A torch file's tensor not read yet (``torchfile.StoredTensor``; that module is loaded only for torch files)."""
+    tf = sys.modules.get(__package__ + ".torchfile")
+    return tf is not None and isinstance(t, tf.StoredTensor)
+
+
+def _is_tensor(t: Any) -> bool:
+    """An array, or a torch file's tensor not read yet."""
+    return isinstance(t, np.ndarray) or _stored(t)
+
+
+def _rows(t: Any, what: str, path: str) -> Any:
+    if not _is_tensor(t):
         raise ForensicsError(f"{what} is {type(t).__name__}, expected a tensor", path=path)
     if not is_float(t.dtype):
         raise ForensicsError(f"{what} holds {dtype_name(t.dtype)} values; hidden states must be floating point", path=path)
     if t.ndim == 3 and t.shape[0] == 1:
-        t = t[0]
+        t = t[0] if isinstance(t, np.ndarray) else t.squeeze0()
     if t.ndim == 3:
         raise ForensicsError(f"{what} has a batch of {t.shape[0]} sequences; capture one sequence", path=path)
     if t.ndim != 2:
@@ -109,8 +123,19 @@ def _rows(t: Any, what: str, path: str) -> np.ndarray:
     return t
 
 
+def _source(t: Any) -> PositionSource:
+    """A position held by array ``t``, or by a torch file's tensor: then its rows are read from the file
+    (``FileRows``) where they lie plainly, else it is read whole once (compressed, in memory, strided)."""
+    if isinstance(t, np.ndarray):
+        return PositionSource.of_array(t)
+    rows = t.file_rows()
+    if rows is None:
+        return PositionSource.of_array(t.read())
+    return PositionSource(rows.read, rows.read)
+
+
 def _is_int(t: Any) -> bool:
-    return isinstance(t, np.ndarray) and t.dtype.kind in "biu"
+    return _is_tensor(t) and t.dtype.kind in "biu"
 
 
 def _ids(t: Any, path: str) -> np.ndarray | None:
@@ -118,6 +143,7 @@ def _ids(t: Any, path: str) -> np.ndarray | None:
         return None
     if not _is_int(t):
         raise ForensicsError("input_ids must be an integer tensor", path=path)
+    t = t.read() if _stored(t) else t
     return t.reshape(-1).astype(np.int64, copy=False)
 
 
@@ -219,7 +245,7 @@ def _from_sequence(seq: list[Any], path: str, convention: str, ids: Any, num_lay
                              "position after the gap would be mislabelled", path=path)
     tensors = {i: _rows(t, f"entry {i}", path) for i, t in enumerate(seq)}
     return _build(
-        path, convention, {i: PositionSource.of_array(t) for i, t in tensors.items()},
+        path, convention, {i: _source(t) for i, t in tensors.items()},
         {i: tuple(t.shape) for i, t in tensors.items()}, {i: t.dtype for i, t in tensors.items()},
         _ids(ids, path), num_layers, meta, listed=True,
     )
@@ -242,8 +268,8 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
     if isinstance(obj.get("hidden_states"), (list, tuple)):
         meta = {k: v for k, v in obj.items() if isinstance(v, (str, int, float, bool))}
         return _from_sequence(list(obj["hidden_states"]), path, convention, obj.get("input_ids"), num_layers, meta)
-    floats = [k for k, v in obj.items() if isinstance(v, np.ndarray) and is_float(v.dtype)]
-    _refuse_integer_states({k: dtype_name(v.dtype) for k, v in obj.items() if isinstance(v, np.ndarray) and v.ndim >= 2
+    floats = [k for k, v in obj.items() if _is_tensor(v) and is_float(v.dtype)]
+    _refuse_integer_states({k: dtype_name(v.dtype) for k, v in obj.items() if _is_tensor(v) and v.ndim >= 2
                             and not is_float(v.dtype)}, path)
     numbered = _numbered_keys(floats, path)
     if not numbered:
@@ -251,7 +277,7 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
     tensors = {n: _rows(obj[k], repr(k), path) for n, k in numbered.items()}
     meta = {str(k): v for k, v in (obj.get("__metadata__") or {}).items()}
     return _build(
-        path, convention, {n: PositionSource.of_array(t) for n, t in tensors.items()},
+        path, convention, {n: _source(t) for n, t in tensors.items()},
         {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()},
         _ids(obj.get("input_ids"), path), num_layers, meta,
     )
@@ -370,28 +396,33 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
     for f in files:
         stem = f.name.split(".")[0]
         if stem in ("input_ids", "token_ids"):
-            ids = _single(load_object(f, allow_unsafe=allow_unsafe), f, want_float=False)
+            ids = _single(load_object(f, allow_unsafe=allow_unsafe, lazy=True), f, want_float=False)
             continue
         m = _INT_SUFFIX.match(stem)
         if m:
             numbered[int(m.group("num"))] = f
     if not numbered:
         raise ForensicsError("directory holds no files named with a position number (like layer_3.pt)", path=d)
-    cache: dict[int, np.ndarray] = {}
+    cache: dict[int, Any] = {}
 
     def reader(n: int) -> Callable[[], np.ndarray]:
         def read() -> np.ndarray:
-            return _rows(_single(load_object(numbered[n], allow_unsafe=allow_unsafe), numbered[n]), numbered[n].name, str(numbered[n]))
+            t = _rows(_single(load_object(numbered[n], allow_unsafe=allow_unsafe), numbered[n]), numbered[n].name,
+                      str(numbered[n]))
+            return t
         return read
 
-    # shapes need one read per file; tensors are dropped right after (mmap keeps this cheap)
+    # shapes need one look per file: a torch file's tensors stay in it (lazy), others are dropped right after
     sources: dict[int, PositionSource] = {}
     for n, f in numbered.items():
-        obj = load_object(f, allow_unsafe=allow_unsafe)
+        obj = load_object(f, allow_unsafe=allow_unsafe, lazy=True)
         cache[n] = _rows(_single(obj, f), f.name, str(f))
-        locate = file_locator(f, obj)
-        rows = locate(cache[n]) if locate is not None else None
-        sources[n] = PositionSource(reader(n), rows.read if rows is not None else None)
+        if _stored(cache[n]):
+            rows = cache[n].file_rows()
+        else:
+            locate = file_locator(f, obj)
+            rows = locate(cache[n]) if locate is not None else None
+        sources[n] = PositionSource(rows.read if rows is not None else reader(n), rows.read if rows is not None else None)
         del obj
     shapes = {n: tuple(t.shape) for n, t in cache.items()}
     dtypes = {n: t.dtype for n, t in cache.items()}
@@ -401,10 +432,10 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
 
 def _single(obj: Any, f: Path, want_float: bool = True) -> Any:
     """The one array a per-position file holds (a bare tensor, or a dict/list with one)."""
-    if isinstance(obj, np.ndarray):
+    if _is_tensor(obj):
         return obj
     values = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else []
-    tensors = [v for v in values if isinstance(v, np.ndarray) and (is_float(v.dtype) if want_float else _is_int(v))]
+    tensors = [v for v in values if _is_tensor(v) and (is_float(v.dtype) if want_float else _is_int(v))]
     if len(tensors) != 1:
         raise ForensicsError(f"expected exactly one {'float' if want_float else 'integer'} tensor, found {len(tensors)}", path=f)
     return tensors[0]
@@ -422,16 +453,19 @@ def load_capture(
     check_file(p)
     if sniff(p) == "safetensors":
         return _from_safetensors(p, convention, num_layers)
-    obj = load_object(p, allow_unsafe=allow_unsafe)
+    obj = load_object(p, allow_unsafe=allow_unsafe, lazy=True)
     if isinstance(obj, (list, tuple)):
-        return _stream_from_file(_from_sequence(list(obj), str(p), convention, None, num_layers, {}), p, obj)
-    if isinstance(obj, dict):
-        return _stream_from_file(_from_mapping(obj, str(p), convention, num_layers), p, obj)
-    raise ForensicsError(f"holds a {type(obj).__name__}; expected a list of hidden states or a dict", path=p)
+        cap = _from_sequence(list(obj), str(p), convention, None, num_layers, {})
+    elif isinstance(obj, dict):
+        cap = _from_mapping(obj, str(p), convention, num_layers)
+    else:
+        raise ForensicsError(f"holds a {type(obj).__name__}; expected a list of hidden states or a dict", path=p)
+    return _stream_from_file(cap, p, obj) if allow_unsafe else cap
 
 
 def _stream_from_file(cap: Capture, p: Path, obj: Any) -> Capture:
-    """Let a memory-mapped .pt capture's rows be read from the file instead (see ``filerows``)."""
+    """Let a memory-mapped .pt capture (``torch.load``, only with ``allow_unsafe``) have its rows read from
+    the file instead (see ``filerows``); a capture read by ``torchfile`` reads its rows from the file already."""
     locate = file_locator(p, obj)
     if locate is None:
         return cap

@@ -6,7 +6,8 @@ ends with 2 GB of resident memory. ``FileRows`` copies only the rows asked for i
 with one positional read (``os.preadv``), so only that buffer is resident and the reads can
 run on a background thread. ``PositionSource`` pairs such a row reader with the whole-tensor
 reader the rest of the library uses (``Capture.read``). Rows are numpy arrays (bf16 as
-``arrays.BF16``); torch is imported only to locate the rows of a memory-mapped ``.pt`` file.
+``arrays.BF16``). A ``.pt`` capture read by ``torchfile`` knows where its rows lie; torch is
+imported here only to locate the rows of one that ``torch.load`` mapped (``--allow-unsafe-pickle``).
 """
 from __future__ import annotations
 

@@ -1,24 +1,22 @@
 """Open user files safely: sniff the real format from the bytes, never unpickle arbitrary objects.
 
 Every reader here returns plain Python containers of numpy arrays (and str/int metadata) or
-raises ``ForensicsError`` naming the file. safetensors and numpy files are read without torch
-(bf16 as ``arrays.BF16``). ``.pt``/``.ckpt`` go through ``torch.load(weights_only=True)``, the
-only place torch is imported, and their tensors become arrays right there (``arrays.as_array``,
-zero-copy), so nothing above ``io`` sees a tensor. The opt-in ``allow_unsafe`` exists for files
-from a trusted source whose pickles hold other objects, and it runs their code on load.
+raises ``ForensicsError`` naming the file. Nothing here imports torch: safetensors and numpy
+files are read by their headers (bf16 as ``arrays.BF16``), ``.pt``/``.ckpt`` (zip or legacy,
+also gzipped) by ``torchfile``'s restricted unpickler, which rebuilds tensors as arrays and
+refuses every other object, as ``torch.load(weights_only=True)`` does. The opt-in
+``allow_unsafe`` exists for files from a trusted source whose pickles hold other objects: it
+goes through ``torch.load(weights_only=False)``, runs their code on load, and only then is
+torch imported; its tensors become arrays right there (``arrays.as_array``, zero-copy).
 """
 from __future__ import annotations
 
-import builtins
 import gzip
-import inspect
 import io
 import json
 import math
 import os
-import re
 import struct
-import sys
 import warnings
 import zipfile
 import zlib
@@ -30,7 +28,13 @@ import numpy as np
 from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
 from .filerows import FileRows
-from .guards import check_expansion, check_zip_members, expansion_limit, parse_json
+from .guards import (
+    MAX_DEPTH,
+    check_expansion,
+    check_zip_members,
+    expansion_limit,
+    parse_json,
+)
 from .sizecheck import check_legacy_torch, check_npy, human_bytes
 
 UNSAFE_HINT = (
@@ -100,7 +104,7 @@ def sniff(path: Path) -> str:
 
 
 def _torch_load(source: Any, path: Path, *, allow_unsafe: bool, mmap: bool) -> Any:
-    """``torch.load`` with its many failure types turned into one line, tensors left as torch loads them."""
+    """``torch.load`` for ``--allow-unsafe-pickle`` (runs the file's code), its many failure types as one line."""
     import torch
 
     try:
@@ -109,44 +113,7 @@ def _torch_load(source: Any, path: Path, *, allow_unsafe: bool, mmap: bool) -> A
             return torch.load(source, map_location="cpu", weights_only=not allow_unsafe, mmap=mmap)
     except Exception as exc:  # torch raises many types for one cause: bad bytes
         text = " ".join(str(exc).split())
-        if "Weights only load failed" in text or "WeightsUnpickler error" in text or "Unsupported global" in text:
-            raise ForensicsError(f"refused to unpickle: {_refusal(text)}; {UNSAFE_HINT}", path=path) from None
         raise ForensicsError(f"cannot read as a torch file (truncated or corrupt): {text[:200]}", path=path) from None
-
-
-_RUNS_CODE = {"exec", "eval", "compile", "__import__", "system", "popen", "Popen", "run", "call", "check_call",
-              "check_output", "spawnv", "execv", "execve", "getattr", "apply", "touch", "write_text", "write_bytes"}
-
-
-def _refusal(text: str) -> str:
-    """Say what the weights-only unpickler refused: a named global (real or garbled) or an opcode."""
-    m = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
-    if m:
-        name = m.group(1)
-        if name.rsplit(".", 1)[-1] in _RUNS_CODE:
-            return f"the file calls {name}, which would run code on load"
-        if _resolvable(name):
-            return f"the file references {name}, which is not a tensor or a plain container"
-        return (f"the file references {name}, which does not exist here: the pickle is corrupt or needs "
-                "code this environment lacks")
-    m = re.search(r"WeightsUnpickler error: (.*?)(?: Check the documentation|$)", text)
-    detail = m.group(1)[:120] if m else "the weights-only unpickler stopped on it"
-    return f"{detail} (the pickle is corrupt or holds more than tensors and plain containers)"
-
-
-def _resolvable(name: str) -> bool:
-    """True if ``module.attr`` names something already imported (static lookups: nothing is imported or run)."""
-    parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        obj = sys.modules.get(".".join(parts[:i]))
-        if obj is None:
-            continue
-        for attr in parts[i:]:
-            obj = inspect.getattr_static(obj, attr, None)
-            if obj is None:
-                return False
-        return True
-    return name in dir(builtins)
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
@@ -308,12 +275,14 @@ def _check_zip(source: Any, p: Path, where: str = "") -> None:
             source.seek(0)
 
 
-def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = True) -> Any:
+def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = True, lazy: bool = False) -> Any:
     """Load a whole file into Python containers of ndarrays, whatever its container format.
 
     safetensors files come back as ``{"__metadata__": {...}, name: array, ...}``; npz as a
-    dict; npy as one array; gzip is unpacked in memory then sniffed again (torch only). Only the
-    torch formats (zip, legacy pickle, gzip) import torch; their tensors come back as arrays.
+    dict; npy as one array; gzip is unpacked in memory then sniffed again (torch formats only).
+    torch formats (zip, legacy pickle, gzip) are read by ``torchfile`` without torch; ``lazy``
+    leaves their tensors as ``torchfile.StoredTensor`` (read from the file on demand). Only
+    ``allow_unsafe`` imports torch (``torch.load``, memory-mapped where ``mmap``).
     """
     p = check_file(path)
     kind = sniff(p)
@@ -329,6 +298,10 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
             _check_zip(buf, p, "inside the gzip stream: ")
         if payload[:1] == b"\x80":
             check_legacy_torch(buf, len(payload), p)
+        if not allow_unsafe:
+            from . import torchfile  # imported only for torch files
+
+            return torchfile.load(p, payload, lazy=lazy)
         return to_arrays(_torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False), p)
     if kind == "pickle":
         with p.open("rb") as fh:
@@ -336,6 +309,10 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
     if kind in ("torch-zip", "npz"):
         _check_zip(p, p)
     if kind in ("torch-zip", "pickle"):
+        if not allow_unsafe:
+            from . import torchfile  # imported only for torch files
+
+            return torchfile.load(p, lazy=lazy)
         return to_arrays(_torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip"), p)
     if kind == "safetensors":
         handle = open_safetensors(p)
@@ -419,18 +396,40 @@ def _plain_array(arr: Any, p: Path) -> np.ndarray:
 
 def to_arrays(obj: Any, p: Path) -> Any:
     """What torch loaded, with every tensor (in dicts, lists, tuples) turned into an ndarray, zero-copy
-    where it can be: the boundary past which no module sees a torch tensor."""
-    if is_torch(obj):
-        try:
-            return as_array(obj)
-        except (TypeError, RuntimeError, ValueError) as exc:
-            raise ForensicsError(f"holds a {str(getattr(obj, 'dtype', '?')).replace('torch.', '')} tensor that cannot "
-                                 f"be read as an array ({' '.join(str(exc).split())[:100]}); store hidden states as "
-                                 "bfloat16, float16 or float32", path=p) from None
-    if isinstance(obj, dict):
-        return {k: to_arrays(v, p) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_arrays(v, p) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(to_arrays(v, p) for v in obj)
-    return obj
+    where it can be: the boundary past which no module sees a torch tensor.
+
+    Containers shared in the object are converted once (a pickle of nested shared lists would
+    otherwise take exponential time); one nested past ``guards.MAX_DEPTH`` or containing itself is refused."""
+    done: dict[int, Any] = {}
+    busy: set[int] = set()
+
+    def walk(x: Any, depth: int) -> Any:
+        if is_torch(x):
+            try:
+                return as_array(x)
+            except (TypeError, RuntimeError, ValueError) as exc:
+                raise ForensicsError(f"holds a {str(getattr(x, 'dtype', '?')).replace('torch.', '')} tensor that "
+                                     f"cannot be read as an array ({' '.join(str(exc).split())[:100]}); store hidden "
+                                     "states as bfloat16, float16 or float32", path=p) from None
+        plain_tuple = isinstance(x, tuple) and not hasattr(x, "_fields")
+        if not (isinstance(x, (dict, list)) or plain_tuple):
+            return x
+        if id(x) in done:
+            return done[id(x)]
+        if id(x) in busy:
+            raise ForensicsError("holds a container that contains itself: corrupt or hostile", path=p)
+        if depth > MAX_DEPTH:
+            raise ForensicsError(f"holds containers nested more than {MAX_DEPTH} levels deep: corrupt or hostile",
+                                 path=p)
+        busy.add(id(x))
+        if isinstance(x, dict):
+            out: Any = {k: walk(v, depth + 1) for k, v in x.items()}
+        elif isinstance(x, list):
+            out = [walk(v, depth + 1) for v in x]
+        else:
+            out = tuple(walk(v, depth + 1) for v in x)
+        busy.discard(id(x))
+        done[id(x)] = out
+        return out
+
+    return walk(obj, 0)
