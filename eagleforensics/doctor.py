@@ -231,6 +231,54 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     return CheckOutcome("wiring", WIRING_TITLE, status, findings, note), result.to_dict(), verdict.level
 
 
+REPLAY_TITLE = "replay: the drafter's accept length per wiring (trained, engine, as served)"
+# engines.flagrules feature -> the name replay's "as served" variant drops (io.served)
+SERVED_NAMES = {"norm_before_fc": "norm_before_fc", "fc_norm": "fc_norm", "norm_output": "norm_output",
+                "norm_before_residual": "norm_before_residual", "own_embedding": "embed_tokens",
+                "extra_layers": "num_hidden_layers", "sliding_window": "sliding_window"}
+
+
+def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str]:
+    """Replay's accept length per wiring on the capture, and, when the engine ignores a flag the drafter uses,
+    the "as served" variant that drops it: the cost of ``flag-ignored`` (and of any wiring) as a number.
+
+    Informative, never a cause by itself: the row is clean, its numbers in the note and the JSON's ``replay``.
+    A drafter replay cannot run (a refusal of its own: an unsupported layer, a map out of range) is "not run"
+    with replay's reason; the other checks say what is wrong with it.
+    """
+    missing = art.missing(("drafter", "capture"))
+    if missing:
+        return _not_run("replay", REPLAY_TITLE, missing), None, OK
+    from .checks.flags import served_without
+    from .replay import run_replay
+
+    i = art.inputs
+    dropped = sorted(SERVED_NAMES[f] for f in served_without(art) if f in SERVED_NAMES)
+    aligned = art.memoised("aligned")  # the wiring row's alignment, when it ran
+    try:
+        rep = run_replay(i.drafter, art.capture, target=i.target, train=aligned if aligned is not None else i.train,
+                         engine=art.engine if art.engine != "trtllm" else None,
+                         draft_config=i.draft_config, engine_version=art.engine_version,
+                         model_type=i.model_type, convention=i.capture_convention, allow_unsafe=i.allow_unsafe,
+                         served_without=tuple(dropped))
+    except ForensicsError as exc:
+        return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
+            None, OK
+    summary = rep.to_dict()
+    parts = []
+    for r in rep.results:
+        tag = f" ({r.source})" if r.source else ""
+        parts.append(f"{r.label}{tag}: accept length {r.accept_length:.2f} (acc@1 {r.acc[0]:.2f})")
+    trained, served = rep.trained, getattr(rep, "served", None)
+    if served is not None and trained is not None:
+        parts.append(f"as served without {', '.join(served.served_without)}: {served.accept_length:.2f} against "
+                     f"{trained.accept_length:.2f} as trained ({served.accept_length - trained.accept_length:+.2f})")
+    findings = tuple(Finding(f.code, f.severity, f.message, source="replay (the drafter run offline on the capture)")
+                     for f in rep.findings)
+    return CheckOutcome("replay", REPLAY_TITLE, CLEAN, findings, "; ".join(parts),
+                        data={"served_without": dropped}), summary, OK
+
+
 DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row,)
 
 

@@ -116,6 +116,10 @@ class Artifacts:
             self._memo[key] = make()
         return self._memo[key]
 
+    def memoised(self, key: str) -> Any:
+        """What ``memo(key, ...)`` computed earlier in this run, or None."""
+        return self._memo.get(key)
+
     # ------------------------------------------------------------------ which inputs are there
     def available(self, name: str) -> bool:
         """True when input ``name`` was given or can be derived from what was given."""

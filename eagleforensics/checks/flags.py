@@ -43,14 +43,15 @@ def blanket_refusal(art: Artifacts, version: str, runner: str | None, arch: str,
 
 
 def served_without(art: Artifacts) -> frozenset[str]:
-    """The features the engine drops (ignored), for replay's "as served" variant; empty without an engine."""
+    """The features (``engines.flagrules.FEATURES`` names) the served engine drops, own embedding included: what
+    replay's "as served" variant leaves out. Empty without an engine (or for TensorRT-LLM, not read)."""
     if art.engine is None or art.engine == "trtllm":
         return frozenset()
     version, runner, _ = engine_label(art)
     cfg = dict(art.draft_config)
     rulings = ignored_features(art.engine, version, runner, features_of(art), model_type=drafter_arch(cfg),
                                layout=drafter_layout(cfg))
-    return frozenset(r.feature for r in rulings if r.status == "ignored" and r.feature not in LEFT_TO_EMBEDDING)
+    return frozenset(r.feature for r in rulings if r.status == "ignored")
 
 
 def run(art: Artifacts) -> CheckResult:
