@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .results import AlignmentResult
 
 SCHEMA = "eagleforensics-doctor-v1"
+PIPELINE_ROWS = ("wiring", "replay")  # rows that run a whole pipeline (their info lines stay in their own JSON)
 _LEVEL_RANK = {OK: 0, ACTION: 1, PROBLEM: 2}
 
 
@@ -136,9 +137,10 @@ def render_text(report: DoctorReport) -> str:
     given = report.inputs.given()
     lines = ["doctor: " + ", ".join(f"{k.replace('_', '-')} {printable(v)}" for k, v in given.items()),
              "", f"VERDICT: {report.verdict}"]
-    if report.findings:
+    shown = [r for r in report.findings if r.finding.severity in FLAGGED]
+    if shown:
         lines += ["", "findings (most costly first):"]
-        for i, r in enumerate(report.findings, 1):
+        for i, r in enumerate(shown, 1):
             f = r.finding
             impact = f" ({f.impact})" if f.impact else ""
             lines.append(f"  {i}. [{f.severity}] {f.code}{impact}: {printable(f.message)}")
@@ -146,6 +148,9 @@ def render_text(report: DoctorReport) -> str:
                 lines.append(f"     fix: {printable(f.fix)}")
             if f.source:
                 lines.append(f"     source: {printable(f.source)}")
+    context = [r for r in report.findings if r.finding.severity not in FLAGGED and r.check not in PIPELINE_ROWS]
+    if context:  # the checks' info lines; align's and replay's own are in their JSON (--json)
+        lines += ["", "context:"] + [f"  - {r.finding.code}: {printable(r.finding.message)}" for r in context]
     head = ("check", "status", "what")
     rows = [(o.name, o.status, (o.status == FOUND and ", ".join(sorted({f.code for f in o.findings
                                                                         if f.severity in FLAGGED})))
@@ -200,6 +205,17 @@ Pipeline = Callable[[Artifacts], tuple[CheckOutcome, dict[str, Any] | None, str]
 WIRING_TITLE = "aux-layer wiring (align: record against capture)"
 
 
+def model_type_of(art: Artifacts) -> str | None:
+    """--model-type, else the target's model_type (the engine rules depend on it)."""
+    if art.inputs.model_type:
+        return art.inputs.model_type
+    if art.available("target"):
+        from .checks.drafterfacts import target_facts
+
+        return target_facts(art.target.config).model_type
+    return None
+
+
 def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str]:
     """Align's verdict on the first training record against the capture, as one doctor row."""
     missing = art.missing(("train", "capture"))
@@ -214,7 +230,7 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     def run_align() -> AlignmentResult:
         return align(art.record_paths[0], art.capture, engine=engine, draft_config=draft,
                      engine_version=art.engine_version if engine else None,
-                     model_type=i.model_type if engine else None,
+                     model_type=model_type_of(art) if engine else None,
                      vllm_runner=art.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
     result = art.memo("aligned", run_align)
     verdict = result.judge()

@@ -5,7 +5,11 @@ a launch argument), then runs the doctor on each and prints the matrix: the code
 what it flagged (errors and warnings), and the doctor command that shows it. Exit 1 when a defect is
 missed or something else is flagged. The defects are ``eagleforensics.testing.defects.DEFECTS``.
 
-    python scripts/plant_defects.py [OUT_DIR] [--show NAME]
+    python scripts/plant_defects.py [OUT_DIR] [--show NAME] [--example]
+
+--example prints the README's example instead: the random-embedding drafter with the samples'
+training record and capture and a clean vLLM 0.14.0 server log (vLLM keeps a drafter's own
+embedding from 0.11.1, so the init is served).
 """
 from __future__ import annotations
 
@@ -27,13 +31,33 @@ def command(case) -> str:  # noqa: ANN001
     return shlex.join(args)
 
 
+def example(out: Path) -> int:
+    """The README's example: a drafter with a random embedding, served by vLLM, with a record and a capture."""
+    from eagleforensics.testing.defects import SAMPLES, vllm_log
+
+    defect = next(d for d in DEFECTS if d.name == "embedding-random")
+    case = plant(defect, out)
+    spec = {"method": "eagle3", "model": str(case.drafter), "num_speculative_tokens": 3}
+    log = vllm_log(case.drafter.parent / "server.log", "0.14.0", case.target, spec, max_model_len=512)
+    inputs = dict(drafter=str(case.drafter), target=str(case.target), train=str(SAMPLES / "record_layer_outputs.pt"),
+                  capture=str(SAMPLES / "capture.pt"), log=str(log))
+    print("$ " + shlex.join(["eagleforensics", "doctor"] + [x for k, v in inputs.items()
+                                                             for x in (f"--{k}", v)]))
+    report = diagnose(DoctorInputs(**inputs))
+    print(report.to_text())
+    return report.exit_code
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default="planted", help="where to write the cases (default ./planted)")
     ap.add_argument("--show", action="append", default=[], help="print the doctor's full output for this defect")
+    ap.add_argument("--example", action="store_true", help="print the README's example run")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.example:
+        return example(out)
     bad = 0
     print(f"{'defect':24} {'must find':22} {'level':8} flagged")
     for defect in DEFECTS:
