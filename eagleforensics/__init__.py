@@ -36,6 +36,7 @@ _LAZY = {
     "write_capture": "eagleforensics.io.sweep",
     "load_drafter": "eagleforensics.io.drafter",
     "run_replay": "eagleforensics.report.replay",
+    "SERVED_FEATURES": "eagleforensics.io.served",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

@@ -449,9 +449,15 @@ class ChainRun:
     """Per step k and row t: the draft (target vocabulary), and what sampling/tree figures need."""
 
     drafts: torch.Tensor  # [S, T] long
-    in_topk: torch.Tensor | None = None  # [S, T] bool: y[t+k] among the drafter's top-k at step k (teacher-forced)
+    rank: torch.Tensor | None = None  # [S, T]: rank of y[t+k] in the drafter's step-k logits (teacher-forced); V if absent
     alpha_greedy: torch.Tensor | None = None  # [S, T]: p_T(draft), greedy draft verified by sampling
     alpha_sampled: torch.Tensor | None = None  # [S, T]: sum(min(p_T, q_T)), draft sampled from the drafter
+
+    def in_topk(self, topk: int) -> torch.Tensor:
+        """[S, T] bool: the target token is among the drafter's ``topk`` most likely at that step."""
+        if self.rank is None:
+            raise ValueError("replay_chain ran without target tokens")
+        return self.rank < topk
 
 
 def _ahead(y: torch.Tensor, k: int) -> torch.Tensor:
@@ -459,17 +465,17 @@ def _ahead(y: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([y[k:], y.new_full((min(k, y.shape[0]),), -1)])
 
 
-def replay_chain(fwd: DraftForward, pre: Prefix, steps: int, *, y: torch.Tensor | None = None, topk: int = 1,
+def replay_chain(fwd: DraftForward, pre: Prefix, steps: int, *, y: torch.Tensor | None = None,
                  target: TargetSide | None = None, temperature: float = 0.0, top_p: float = 1.0,
                  chunk: int | None = None) -> ChainRun:
     """Replay the teacher-forced chain from every start row; with ``target`` and a temperature, the expected
-    acceptance of each step under sampling; with ``y`` and ``topk`` > 1, whether y is in the drafter's top-k."""
+    acceptance of each step under sampling; with ``y``, the rank of the target token in each step's logits."""
     total = pre.rows
     chunk = chunk or fwd.row_chunk(total)
     run = ChainRun(torch.empty(steps, total, dtype=torch.long))
     to_draft = None
-    if y is not None and topk > 1:
-        run.in_topk = torch.zeros(steps, total, dtype=torch.bool)
+    if y is not None:
+        run.rank = torch.full((steps, total), fwd.spec.draft_vocab_size, dtype=torch.long)
         to_draft = fwd.target_to_draft()
         y = y.to(fwd.device)
     sampling = target is not None and temperature > 0
@@ -482,13 +488,13 @@ def replay_chain(fwd: DraftForward, pre: Prefix, steps: int, *, y: torch.Tensor 
             for k, logits in enumerate(fwd.chain(pre, steps, a, b), start=1):
                 draft = fwd.to_target(logits.argmax(-1))
                 run.drafts[k - 1, a:b] = draft.cpu()
-                if run.in_topk is not None and to_draft is not None and y is not None:
+                if run.rank is not None and to_draft is not None and y is not None:
                     want = _ahead(y, k)[a:b]
                     d = to_draft[want.clamp(min=0)]
                     ok = (want >= 0) & (d >= 0)
                     mine = logits.gather(1, d.clamp(min=0)[:, None])
                     rank = (logits > mine).sum(-1)
-                    run.in_topk[k - 1, a:b] = (ok & (rank < topk)).cpu()
+                    run.rank[k - 1, a:b] = torch.where(ok, rank, torch.full_like(rank, fwd.spec.draft_vocab_size)).cpu()
                 if sampling and target is not None and run.alpha_greedy is not None and run.alpha_sampled is not None:
                     p = target.probs(a + k, b + k, temperature, top_p)
                     run.alpha_greedy[k - 1, a:b] = p.gather(1, draft[:, None])[:, 0].cpu()
@@ -511,18 +517,71 @@ def replay_drafts(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: Any, step
     return replay_chain(fwd, pre, steps, chunk=min(chunk, fwd.row_chunk(len(ids)))).drafts
 
 
+@dataclass(frozen=True)
+class TreeCandidates:
+    """Every node SGLang scores for a batch of start rows: [rows, C] with C = topk + (steps - 1) topk^2."""
+
+    scores: torch.Tensor  # cumulative probability (product along the path)
+    tokens: torch.Tensor  # target-vocabulary token of the node
+    parents: torch.Tensor  # index of the parent node in the same row, -1 for the root's children
+    depth: torch.Tensor  # 1 .. steps
+
+
+def tree_candidates(fwd: DraftForward, pre: Prefix, sel: torch.Tensor, steps: int, topk: int) -> TreeCandidates:
+    """The nodes SGLang's EAGLE tree scores from start rows ``sel`` (the drafter run node by node on its own tokens).
+
+    Modelled on SGLang 0.5.23 (``srt/speculative/eagle_worker_v2.py`` ``draft_forward``, ``spec_utils.py``
+    ``select_top_k_tokens``): the root's ``topk`` most likely tokens are depth 1; at each later step every
+    frontier node is expanded by its own ``topk`` (the drafter run on that node's token and its parent's
+    state, attending to the prefix and to its ancestors' keys), a child scores parent score x its probability,
+    and the ``topk`` best of the ``topk``^2 children become the next frontier.
+    """
+    kk, nl = topk, fwd.layers
+    nb, b = sel.shape[0], int(sel.max()) + 1
+    fb, logits, _ = fwd.step(pre, _shift(pre.ids, 1)[sel], pre.h0[sel], sel, pre.pos[sel], b,
+                             [[] for _ in range(nl)], self_key=False)
+    p, idx = torch.softmax(logits, -1).topk(kk, -1)  # [nb, kk]
+    scores, tokens = [p], [fwd.to_target(idx)]
+    parents = [torch.full((nb, kk), -1, dtype=torch.long, device=fwd.device)]
+    depth = [torch.ones(nb, kk, dtype=torch.long, device=fwd.device)]
+    f_tok, f_score, f_index = tokens[0], p, torch.arange(kk, device=fwd.device).expand(nb, kk)
+    f_state = fb[:, None].expand(nb, kk, fb.shape[-1])
+    f_own: Own = [[] for _ in range(nl)]
+    qrows, qpos = sel.repeat_interleave(kk), pre.pos[sel].repeat_interleave(kk)
+    seen = kk
+    rows_ix = torch.arange(nb, device=fwd.device)[:, None]
+    for level in range(2, steps + 1):
+        nq = nb * kk
+        fb, logits, new = fwd.step(pre, f_tok.reshape(nq), f_state.reshape(nq, -1), qrows, qpos + level - 1, b,
+                                   f_own, self_key=True)
+        cp, ci = torch.softmax(logits, -1).topk(kk, -1)
+        expand = f_score[:, :, None] * cp.view(nb, kk, kk)
+        child_tok = fwd.to_target(ci).view(nb, kk * kk)
+        scores.append(expand.reshape(nb, kk * kk))
+        tokens.append(child_tok)
+        parents.append(f_index[:, :, None].expand(nb, kk, kk).reshape(nb, kk * kk))
+        depth.append(torch.full((nb, kk * kk), level, dtype=torch.long, device=fwd.device))
+        if level < steps:
+            f_score, pick = expand.reshape(nb, kk * kk).topk(kk, -1)
+            parent = pick // kk  # which frontier node each new frontier node hangs from
+            f_tok = child_tok.gather(1, pick)
+            f_index = seen + pick
+            f_state = fb.view(nb, kk, -1).gather(1, parent[..., None].expand(nb, kk, fb.shape[-1]))
+            f_own = [[(ak.view(ak.shape[0], nb, kk, -1)[:, rows_ix, parent].reshape(ak.shape[0], nq, -1),
+                       av.view(av.shape[0], nb, kk, -1)[:, rows_ix, parent].reshape(av.shape[0], nq, -1))
+                      for ak, av in f_own[layer] + [new[layer]]] for layer in range(nl)]
+        seen += kk * kk
+    return TreeCandidates(torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depth, 1))
+
+
 def tree_depths(fwd: DraftForward, pre: Prefix, y: torch.Tensor, steps: int, topk: int, draft_tokens: int,
                 rows: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
     """Accepted drafts per start row of SGLang's EAGLE tree, verified greedily against the target tokens ``y``.
 
-    Modelled on SGLang 0.5.23 (``srt/speculative/eagle_worker_v2.py`` ``draft_forward``, ``spec_utils.py``
-    ``select_top_k_tokens``, ``eagle_utils.py`` ``organize_draft_results``): the root's ``topk`` most likely
-    tokens are depth 1; at each later step every frontier node is expanded by its own ``topk`` (the drafter
-    run on that node's token and its parent's state, attending to the prefix and its ancestors), a child scores
-    parent score x its probability, and the ``topk`` best of the ``topk``^2 children become the next frontier;
-    after ``steps`` levels the ``draft_tokens - 1`` best-scored nodes of every level form the tree. Greedy
-    verification walks from the root to the child whose token is the target's, as long as one is there.
-    ``rows`` (bool [T]) limits the start rows evaluated; others get 0.
+    The nodes are ``tree_candidates``; as SGLang 0.5.23's ``eagle_utils.py`` ``organize_draft_results`` does, the
+    ``draft_tokens - 1`` best-scored nodes of every level form the tree; greedy verification walks from the root
+    to the child whose token is the target's, as long as there is one. ``rows`` (bool [T]) limits the start rows
+    evaluated; the others get 0.
     """
     total, kk = pre.rows, topk
     cands = kk + (steps - 1) * kk * kk
@@ -535,55 +594,19 @@ def tree_depths(fwd: DraftForward, pre: Prefix, y: torch.Tensor, steps: int, top
     chunk = chunk or fwd.row_chunk(total, kk)
     y = y.to(fwd.device)
     starts = torch.arange(total) if rows is None else torch.nonzero(rows.cpu()).flatten()
-    nl = fwd.layers
     with torch.no_grad():
         for i in range(0, starts.shape[0], chunk):
             sel = starts[i:i + chunk].to(fwd.device)
-            nb, b = sel.shape[0], int(sel.max()) + 1
-            fb, logits, _ = fwd.step(pre, _shift(pre.ids, 1)[sel], pre.h0[sel], sel, pre.pos[sel], b,
-                                     [[] for _ in range(nl)], self_key=False)
-            p, idx = torch.softmax(logits, -1).topk(kk, -1)  # [nb, kk]
-            scores, tokens = [p], [fwd.to_target(idx)]
-            parents = [torch.full((nb, kk), -1, dtype=torch.long, device=fwd.device)]
-            depth = [torch.ones(nb, kk, dtype=torch.long, device=fwd.device)]
-            f_tok, f_score, f_index = tokens[0], p, torch.arange(kk, device=fwd.device).expand(nb, kk)
-            f_state = fb[:, None].expand(nb, kk, fb.shape[-1])
-            f_own: Own = [[] for _ in range(nl)]
-            qrows, qpos = sel.repeat_interleave(kk), pre.pos[sel].repeat_interleave(kk)
-            seen = kk
-            for level in range(2, steps + 1):
-                nq = nb * kk
-                fb, logits, new = fwd.step(pre, f_tok.reshape(nq), f_state.reshape(nq, -1), qrows, qpos + level - 1,
-                                           b, f_own, self_key=True)
-                cp, ci = torch.softmax(logits, -1).topk(kk, -1)
-                expand = f_score[:, :, None] * cp.view(nb, kk, kk)
-                child_tok = fwd.to_target(ci).view(nb, kk * kk)
-                scores.append(expand.reshape(nb, kk * kk))
-                tokens.append(child_tok)
-                parents.append(f_index[:, :, None].expand(nb, kk, kk).reshape(nb, kk * kk))
-                depth.append(torch.full((nb, kk * kk), level, dtype=torch.long, device=fwd.device))
-                if level < steps:
-                    f_score, pick = expand.reshape(nb, kk * kk).topk(kk, -1)
-                    parent = pick // kk
-                    f_tok = child_tok.gather(1, pick)
-                    f_index = seen + pick
-                    f_state = fb.view(nb, kk, -1).gather(1, parent[..., None].expand(nb, kk, fb.shape[-1]))
-                    rows_ix = torch.arange(nb, device=fwd.device)[:, None]
-                    f_own = [[(ak.view(ak.shape[0], nb, kk, -1)[:, rows_ix, parent].reshape(ak.shape[0], nq, -1),
-                               av.view(av.shape[0], nb, kk, -1)[:, rows_ix, parent].reshape(av.shape[0], nq, -1))
-                              for ak, av in f_own[layer] + [new[layer]]] for layer in range(nl)]
-                seen += kk * kk
-            score_all, tok_all = torch.cat(scores, 1), torch.cat(tokens, 1)
-            par_all, dep_all = torch.cat(parents, 1), torch.cat(depth, 1)
-            keep = torch.zeros_like(score_all, dtype=torch.bool)
-            keep.scatter_(1, score_all.topk(draft_tokens - 1, -1).indices, True)
-            cur = torch.full((nb,), -1, dtype=torch.long, device=fwd.device)
-            alive = torch.ones(nb, dtype=torch.bool, device=fwd.device)
-            got = torch.zeros(nb, dtype=torch.long, device=fwd.device)
+            tree = tree_candidates(fwd, pre, sel, steps, topk)
+            keep = torch.zeros_like(tree.scores, dtype=torch.bool)
+            keep.scatter_(1, tree.scores.topk(draft_tokens - 1, -1).indices, True)
+            cur = torch.full((sel.shape[0],), -1, dtype=torch.long, device=fwd.device)
+            alive = torch.ones(sel.shape[0], dtype=torch.bool, device=fwd.device)
+            got = torch.zeros(sel.shape[0], dtype=torch.long, device=fwd.device)
             for level in range(1, steps + 1):
                 want = _ahead(y, level)[sel]
-                match = keep & (par_all == cur[:, None]) & (dep_all == level) & (tok_all == want[:, None]) \
-                    & (want[:, None] >= 0)
+                match = keep & (tree.parents == cur[:, None]) & (tree.depth == level) \
+                    & (tree.tokens == want[:, None]) & (want[:, None] >= 0)
                 found = match.any(1) & alive
                 cur = torch.where(found, match.float().argmax(1), cur)
                 got += found.long()
@@ -734,8 +757,7 @@ def replay_wiring(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: torch.Ten
         h0, valid = fwd.project_rows(aux, total, chunk or ROW_CHUNK)
         pre = fwd.prefix(h0, ids, valid=None if bool(valid.all()) else valid, chunk=chunk)
     targets = targets.cpu()
-    run = replay_chain(fwd, pre, steps, y=targets, topk=topk, target=target, temperature=temperature, top_p=top_p,
-                       chunk=chunk)
+    run = replay_chain(fwd, pre, steps, y=targets, target=target, temperature=temperature, top_p=top_p, chunk=chunk)
     rows = counted_rows(total, steps, targets, valid.cpu(), loss_mask)
     sc = score(run.drafts, targets, rows)
     sampling = None
@@ -757,10 +779,9 @@ def _tree_summary(fwd: DraftForward, pre: Prefix, targets: torch.Tensor, steps: 
     depth = tree_depths(fwd, pre, targets, steps, topk, draft_tokens, rows.starts, chunk)
     chain = tree_depths(fwd, pre, targets, steps, 1, steps + 1, rows.starts, chunk)  # the same walk, topk 1
     where = rows.starts
-    bound = None
-    if run.in_topk is not None:  # a target-path node needs its token in its parent's top-k at every level
-        hit = run.in_topk.long().cumprod(0).sum(0)  # leading steps whose target token is in the drafter's top-k
-        bound = _mean(torch.minimum(hit, torch.full_like(hit, draft_tokens - 1)) + 1, where)
+    # a target-path node needs its token in its parent's top-k at every level, and a place among the verified nodes
+    hit = run.in_topk(topk).long().cumprod(0).sum(0)  # leading steps whose target token is in the drafter's top-k
+    bound = _mean(torch.minimum(hit, torch.full_like(hit, draft_tokens - 1)) + 1, where)
     length = _mean(depth + 1, where)
     return {"topk": topk, "draft_tokens": draft_tokens, "steps": steps, "accept_length": length,
             "chain_accept_length": _mean(chain + 1, where), "teacher_forced_chain": sc.accept_length, "bound": bound,
