@@ -375,8 +375,8 @@ def _pair_record(cap: Capture, rows: int, rec: TrainingRecord) -> Sequence:
         how = f"the record's ids agree with the capture's on the first {shared} tokens"
         if shared == 0:
             notes.append(Finding("loss-mask-unpaired", "warning",
-                                 f"the training record's ids differ from the capture's from the first token: its loss "
-                                 f"mask was not applied, every row counts"))
+                                 "the training record's ids differ from the capture's from the first token: its loss "
+                                 "mask was not applied, every row counts"))
             seq = Sequence(ids, rows)
             seq.notes = notes
             return seq
