@@ -33,6 +33,7 @@ counted: a non-finite input is reported, never scored.
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -171,26 +172,41 @@ class DraftForward:
             raise ForensicsError(f"unknown served-without feature {', '.join(unknown)} (known: "
                                  f"{', '.join(SERVED_FEATURES)})")
         self.spec = spec
-        self.drop = frozenset(drop)
         self.device = torch.device(device)
         self.w = {k: (v.to(self.device, torch.float32) if v.is_floating_point() else v.to(self.device))
                   for k, v in weights.items()}
-        if "embed_tokens" in self.drop:
-            if "target_embed" not in self.w:
-                raise ForensicsError("serving without the drafter's own embed_tokens needs the target's embedding "
-                                     "(pass --target)")
-            self.w["embed"] = self.w["target_embed"]
-        self.layers = 1 if "num_hidden_layers" in self.drop else spec.num_layers
-        self.sliding = frozenset(() if "sliding_window" in self.drop else spec.sliding_layers)
-        default_head = "norm_output" in self.drop
-        self.norm_before_head = True if default_head else spec.norm_before_head
-        self.feed_back_normed = False if default_head else spec.feed_back_normed
-        self.norm_before_residual = spec.norm_before_residual and "norm_before_residual" not in self.drop
         self.inv, self.rope_scale = rope_tables(spec, self.device)
         d2t = self.w.get("d2t")
         self.draft_ids = torch.arange(spec.draft_vocab_size, device=self.device)
         if d2t is not None:
             self.draft_ids = self.draft_ids + d2t.long()  # draft id -> target id
+        self._configure(frozenset(drop))
+
+    def _configure(self, drop: frozenset[str]) -> None:
+        """The switches of the forward, with the ``drop``ped features left out."""
+        spec = self.spec
+        self.drop = drop
+        self.embed_weight = self.w.get("embed")
+        if "embed_tokens" in drop:
+            if "target_embed" not in self.w:
+                raise ForensicsError("serving without the drafter's own embed_tokens needs the target's embedding "
+                                     "(pass --target)")
+            self.embed_weight = self.w["target_embed"]
+        self.layers = 1 if "num_hidden_layers" in drop else spec.num_layers
+        self.sliding = frozenset(() if "sliding_window" in drop else spec.sliding_layers)
+        default_head = "norm_output" in drop
+        self.norm_before_head = True if default_head else spec.norm_before_head
+        self.feed_back_normed = False if default_head else spec.feed_back_normed
+        self.norm_before_residual = spec.norm_before_residual and "norm_before_residual" not in drop
+
+    def without(self, drop: frozenset[str] | set[str]) -> DraftForward:
+        """The same drafter (weights shared, not copied) served without the ``drop``ped features."""
+        unknown = sorted(set(drop) - set(SERVED_FEATURES))
+        if unknown:
+            raise ForensicsError(f"unknown served-without feature {', '.join(unknown)}")
+        other = copy.copy(self)
+        other._configure(frozenset(drop))
+        return other
 
     @classmethod
     def of(cls, drafter: Drafter, device: str = "cpu", drop: frozenset[str] | set[str] = frozenset()) -> DraftForward:
@@ -277,7 +293,7 @@ class DraftForward:
         return (normed if self.feed_back_normed else h), logits
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.w["embed"][ids.to(self.device)]
+        return self.embed_weight[ids.to(self.device)]
 
     def _attend(self, layer: int, q: torch.Tensor, pre: Prefix, b: int, rows: torch.Tensor,
                 own: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -547,6 +547,9 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
         seq.ids, y = seq.ids[:rows], y[:rows]
         seq.loss_mask = None if seq.loss_mask is None else seq.loss_mask[:rows]
         final = seq.final if temperature > 0 else None
+        if temperature > 0 and final is None:
+            raise ForensicsError("--temperature needs the target's distribution, but the record holds no final state",
+                                 path=record.path)
         plan = [Wiring((), ("trained",), ("the record's own aux states",))]
         jobs = [(plan[0], aux_rows, "recorded")]
         num_layers = head.num_layers if head is not None else None
@@ -651,7 +654,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
         note = f"as an engine serves it when it ignores {', '.join(drop)}" + (
             f" (this drafter does not use {', '.join(unused)}: no change there)" if unused else "")
         w, reader, label = served
-        results.append(replay_wiring(DraftForward.of(drafter, device, frozenset(drop)), reader, seq.ids, y, steps,
+        results.append(replay_wiring(fwd.without(drop), reader, seq.ids, y, steps,
                                      label=label, positions=list(w.positions),
                                      source=f"as served without {', '.join(drop)}", note=note,
                                      served_without=drop, **kwargs))
