@@ -232,3 +232,8 @@ def test_attention_memory_is_bounded(tmp_path):
     code, out, err, peak_kib = peak_cli(d, cap, "--wiring", "p2,p2,p1", "--steps", "1")
     assert code == 0, err[-2000:]
     assert "accept len" in out and peak_kib < 1 << 20, peak_kib  # 0.53 GiB here; the old code took 1.8 GiB
+
+
+def test_too_few_rows_for_the_chain_is_one_line():
+    err = one_line(run_cli(DRAFTER, SWEEP, "--target", TARGET, "--max-tokens", "3", "--steps", "3"))
+    assert "no start row has 3 target tokens after it" in err

@@ -490,6 +490,119 @@ def _counting(seq: Sequence, steps: int) -> str:
             f"with loss_mask[t] = 1")
 
 
+@dataclass
+class _Inputs:
+    """Everything replay reads for one run, from a capture sweep or from a record given as the capture."""
+
+    seq: Sequence
+    y: torch.Tensor  # the target's greedy token after each row, -1 where unknown
+    how: str
+    share: float | None
+    plan: list[Wiring]
+    jobs: list[tuple[Wiring, Callable[[int, int], torch.Tensor], str]]  # (wiring, its states reader, label)
+    num_layers: int | None
+    path: str
+    final: Callable[[int, int], torch.Tensor] | None  # post-norm final states, for the sampling figures
+    findings: list[Finding]
+
+
+def _record_inputs(record: TrainingRecord, spec: Any, head: TargetHead | None, device: str, max_tokens: int | None,
+                   temperature: float) -> _Inputs:
+    """A training record given as the capture: its own aux states are the one (trained) wiring."""
+    seq, aux_rows, y, how = _record_sequence(record, spec, head, device)
+    rows = min(seq.rows, max_tokens or seq.rows)
+    seq.rows = rows
+    seq.ids, y = seq.ids[:rows], y[:rows]
+    seq.loss_mask = None if seq.loss_mask is None else seq.loss_mask[:rows]
+    final = seq.final if temperature > 0 else None
+    if temperature > 0 and final is None:
+        raise ForensicsError("--temperature needs the target's distribution, but the record holds no final state",
+                             path=record.path)
+    plan = [Wiring((), ("trained",), ("the record's own aux states",))]
+    share, findings = _greedy_share(seq.ids, y, seq.loss_mask, [])
+    return _Inputs(seq, y, how, share, plan, [(plan[0], aux_rows, "recorded")],
+                   head.num_layers if head is not None else None, record.path, final, findings)
+
+
+def _capture_inputs(cap: Capture, spec: Any, head: TargetHead | None, train: Any, given: list[tuple[Position, ...]],
+                    engine: str | None, draft_config: str | Path | None, engine_version: str | None,
+                    model_type: str | None, device: str, max_tokens: int | None, temperature: float,
+                    allow_unsafe: bool) -> _Inputs:
+    """A capture sweep: the wirings worth trying, ids (the record's when the capture has none) and the loss mask."""
+    from ..alignment import align
+    from ..engines.crosscheck import serving_audit, trained_positions
+    from ..io.training import TrainingRecord, load_training
+    from ..results import AlignmentResult
+
+    if cap.num_layers is None:
+        raise ForensicsError("capture does not say how many layers the target has", path=cap.path)
+    if head is not None and head.num_layers is not None and head.num_layers != cap.num_layers:
+        raise ForensicsError(f"capture holds the states of a {cap.num_layers}-layer model but the target has "
+                             f"{head.num_layers} layers (a training record given as the capture? pass it as "
+                             "--train)", path=cap.path)
+    if cap.hidden_size != spec.target_hidden_size:
+        raise ForensicsError(f"capture states are {cap.hidden_size} wide; the drafter was built for target hidden "
+                             f"size {spec.target_hidden_size}", path=cap.path)
+    if head is not None and head.norm is not None and head.norm.shape[0] != cap.hidden_size:
+        raise ForensicsError(f"target final norm is {head.norm.shape[0]} wide, the capture's states are "
+                             f"{cap.hidden_size}: not this capture's target", path=head.path)
+    findings: list[Finding] = []
+    result, rec = None, None
+    if isinstance(train, AlignmentResult):
+        result = train
+        try:
+            rec = load_training(result.train_path, allow_unsafe=allow_unsafe)
+        except (ForensicsError, OSError):
+            findings.append(Finding("loss-mask-unread", "warning", "the training record could not be read "
+                                    "again for its loss mask: every row counts"))
+    elif isinstance(train, TrainingRecord):
+        rec = train
+    elif train is not None:
+        rec = load_training(train, allow_unsafe=allow_unsafe)
+    if rec is not None and result is None:
+        result = align(rec, cap, allow_unsafe=allow_unsafe)
+    rows = min(cap.num_tokens, max_tokens or cap.num_tokens)
+    if cap.input_ids is not None:
+        rows = min(rows, cap.input_ids.shape[0])
+    if rec is not None:
+        seq = _pair_record(cap, rows, rec)
+    elif cap.input_ids is None:
+        raise ForensicsError("capture holds no input_ids: the drafter needs the tokens (pass the training record "
+                             "with the same tokens as --train)", path=cap.path)
+    else:
+        seq = Sequence(to_torch(cap.input_ids[:rows]).long(), rows)
+    if int(seq.ids.max()) >= spec.vocab_size or int(seq.ids.min()) < 0:
+        raise ForensicsError(f"token ids fall outside the drafter's vocabulary of {spec.vocab_size}",
+                             path=cap.path if seq.tokens_from == "capture" else seq.mask_source)
+    trained = None
+    if result is not None:
+        trained, why = trained_positions(result)
+        if trained is None:
+            findings.append(Finding("trained-wiring-unknown", "warning", why))
+    eng_positions, eng_label = None, None
+    if engine is not None:
+        audit = serving_audit(draft_config, engine, cap.num_layers, engine_version=engine_version,
+                              model_type=model_type)
+        label = f"{engine}{' ' + engine_version if engine_version else ''} reading {Path(draft_config).name}"  # type: ignore[arg-type]
+        if any(p is None for p in audit.positions):
+            findings.append(Finding("engine-captures-nothing", "warning",
+                                    f"{label}: ids {audit.ids_used} include one that captures no state; not replayed"))
+        else:
+            eng_positions, eng_label = [p for p in audit.positions if p is not None], label
+    plan = collect_wirings(cap.num_layers, trained=trained, engine_positions=eng_positions, engine_label=eng_label,
+                           given=given)
+    y, how, share, more = target_next_tokens(cap, seq.rows, head, device, seq.ids, seq.loss_mask)
+    jobs = []
+    for w in plan:
+        if len(w.positions) != spec.num_aux:
+            more.append(Finding("wiring-width", "warning", f"wiring {w.label} has {len(w.positions)} positions; the "
+                                f"drafter's fc reads {spec.num_aux}: not replayed"))
+            continue
+        jobs.append((w, _aux(cap, w.positions), w.label))
+    final = _final_reader(cap, head)[0] if temperature > 0 and head is not None else None
+    return _Inputs(seq, y, how, share, plan, jobs, cap.num_layers, cap.path, final, findings + more)
+
+
 def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target: str | Path | None = None,
                train: str | Path | AlignmentResult | None = None, wirings: list[str] = (), steps: int = DEFAULT_STEPS,
                cost_ratio: float = DEFAULT_COST_RATIO, engine: str | None = None, draft_config: str | Path | None = None,
@@ -502,15 +615,12 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     With a training record (``train``, or a record given as ``capture``) that has a loss mask, only supervised
     rows count, as the trainers count acc_k. ``temperature`` (and ``top_p``) add the expected acceptance under
     sampling; ``topk`` > 1 with ``draft_tokens`` adds SGLang's tree; ``served_without`` adds an "as served" row
-    with those ``io.drafter.SERVED_FEATURES`` dropped.
+    with those ``io.served.SERVED_FEATURES`` dropped.
     """
-    from ..alignment import align
-    from ..engines.crosscheck import check_request, serving_audit, trained_positions
+    from ..engines.crosscheck import check_request
     from ..evidence.replay import DraftForward, TargetSide, replay_wiring
     from ..io.capture import load_capture
     from ..io.drafter import load_drafter, load_target
-    from ..io.training import TrainingRecord, load_training
-    from ..results import AlignmentResult
 
     drop = tuple(dict.fromkeys(served_without))
     _check_options(steps, cost_ratio, device, temperature, top_p, topk, draft_tokens, drop)
@@ -536,143 +646,63 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
                 raise
     else:
         cap = capture
-    findings: list[Finding] = []
     if record is not None:
         if given or engine is not None or train is not None:
             raise ForensicsError("CAPTURE is a training record: replay reads its own aux states as the trained "
                                  "wiring; --wiring, --engine and --train need a capture sweep", path=record.path)
-        seq, aux_rows, y, how = _record_sequence(record, spec, head, device)
-        rows = min(seq.rows, max_tokens or seq.rows)
-        seq.rows = rows
-        seq.ids, y = seq.ids[:rows], y[:rows]
-        seq.loss_mask = None if seq.loss_mask is None else seq.loss_mask[:rows]
-        final = seq.final if temperature > 0 else None
-        if temperature > 0 and final is None:
-            raise ForensicsError("--temperature needs the target's distribution, but the record holds no final state",
-                                 path=record.path)
-        plan = [Wiring((), ("trained",), ("the record's own aux states",))]
-        jobs = [(plan[0], aux_rows, "recorded")]
-        num_layers = head.num_layers if head is not None else None
-        cap_path = record.path
-        share, findings = _greedy_share(seq.ids, y, seq.loss_mask, findings)
+        inp = _record_inputs(record, spec, head, device, max_tokens, temperature)
     else:
-        if cap.num_layers is None:
-            raise ForensicsError("capture does not say how many layers the target has", path=cap.path)
-        if head is not None and head.num_layers is not None and head.num_layers != cap.num_layers:
-            raise ForensicsError(f"capture holds the states of a {cap.num_layers}-layer model but the target has "
-                                 f"{head.num_layers} layers (a training record given as the capture? pass it as "
-                                 "--train)", path=cap.path)
-        if cap.hidden_size != spec.target_hidden_size:
-            raise ForensicsError(f"capture states are {cap.hidden_size} wide; the drafter was built for target hidden "
-                                 f"size {spec.target_hidden_size}", path=cap.path)
-        if head is not None and head.norm is not None and head.norm.shape[0] != cap.hidden_size:
-            raise ForensicsError(f"target final norm is {head.norm.shape[0]} wide, the capture's states are "
-                                 f"{cap.hidden_size}: not this capture's target", path=head.path)
-        result, rec = None, None
-        if isinstance(train, AlignmentResult):
-            result = train
-            try:
-                rec = load_training(result.train_path, allow_unsafe=allow_unsafe)
-            except (ForensicsError, OSError):
-                findings.append(Finding("loss-mask-unread", "warning", "the training record could not be read "
-                                        "again for its loss mask: every row counts"))
-        elif isinstance(train, TrainingRecord):
-            rec = train
-        elif train is not None:
-            rec = load_training(train, allow_unsafe=allow_unsafe)
-        if rec is not None and result is None:
-            result = align(rec, cap, allow_unsafe=allow_unsafe)
-        rows = min(cap.num_tokens, max_tokens or cap.num_tokens)
-        if cap.input_ids is not None:
-            rows = min(rows, cap.input_ids.shape[0])
-        if rec is not None:
-            seq = _pair_record(cap, rows, rec)
-        elif cap.input_ids is None:
-            raise ForensicsError("capture holds no input_ids: the drafter needs the tokens (pass the training record "
-                                 "with the same tokens as --train)", path=cap.path)
-        else:
-            seq = Sequence(to_torch(cap.input_ids[:rows]).long(), rows)
-        rows = seq.rows
-        if int(seq.ids.max()) >= spec.vocab_size or int(seq.ids.min()) < 0:
-            raise ForensicsError(f"token ids fall outside the drafter's vocabulary of {spec.vocab_size}",
-                                 path=cap.path if seq.tokens_from == "capture" else seq.mask_source)
-        trained = None
-        if result is not None:
-            trained, why = trained_positions(result)
-            if trained is None:
-                findings.append(Finding("trained-wiring-unknown", "warning", why))
-        eng_positions, eng_label = None, None
-        if engine is not None:
-            audit = serving_audit(draft_config, engine, cap.num_layers, engine_version=engine_version,
-                                  model_type=model_type)
-            label = f"{engine}{' ' + engine_version if engine_version else ''} reading {Path(draft_config).name}"
-            if any(p is None for p in audit.positions):
-                findings.append(Finding("engine-captures-nothing", "warning",
-                                        f"{label}: ids {audit.ids_used} include one that captures no state; not replayed"))
-            else:
-                eng_positions, eng_label = [p for p in audit.positions if p is not None], label
-        plan = collect_wirings(cap.num_layers, trained=trained, engine_positions=eng_positions, engine_label=eng_label,
-                               given=given)
-        y, how, share, more = target_next_tokens(cap, rows, head, device, seq.ids, seq.loss_mask)
-        findings += more
-        final = _final_reader(cap, head)[0] if temperature > 0 and head is not None else None
-        jobs = []
-        for w in plan:
-            if len(w.positions) != spec.num_aux:
-                findings.append(Finding("wiring-width", "warning", f"wiring {w.label} has {len(w.positions)} positions; "
-                                        f"the drafter's fc reads {spec.num_aux}: not replayed"))
-                continue
-            jobs.append((w, _aux(cap, w.positions), w.label))
-        num_layers = cap.num_layers
-        cap_path = cap.path
+        inp = _capture_inputs(cap, spec, head, train, given, engine, draft_config, engine_version, model_type, device,
+                              max_tokens, temperature, allow_unsafe)
+    seq, rows = inp.seq, inp.seq.rows
     if seq.loss_mask is not None and not bool(seq.loss_mask.bool().any()):
         seq.notes.append(Finding("loss-mask-empty", "warning", (
             f"the loss mask of {printable(seq.mask_source)} marks none of the {rows} replayed rows as supervised (the "
             "capture holds only the prompt?): every row counts, which the trainers' acc_k never do")))
         seq.loss_mask, seq.mask_source = None, None
-    findings = seq.notes + findings
-    bad_targets = int((y[:rows] < 0).sum())
+    findings = seq.notes + inp.findings
+    bad_targets = int((inp.y[:rows] < 0).sum())
     if bad_targets == rows:
         raise ForensicsError("the final state is NaN or Inf on every row: no target token can be computed",
-                             path=cap_path)
+                             path=inp.path)
     if bad_targets:
         findings.append(Finding("nonfinite-capture", "warning", f"the final state is NaN/Inf on {bad_targets} of "
                                 f"{rows} rows: those rows have no target token and are not counted"))
-    side = TargetSide(final, rows, head.lm_head, device) if final is not None and head is not None \
-        and head.lm_head is not None else None
+    side = None if inp.final is None or head is None or head.lm_head is None else \
+        TargetSide(inp.final, rows, head.lm_head, device)
     fwd = DraftForward.of(drafter, device)
     start = time.perf_counter()
-    results = []
-    kwargs = dict(loss_mask=seq.loss_mask, target=side, temperature=temperature, top_p=top_p, topk=topk,
-                  draft_tokens=draft_tokens)
-    for w, reader, label in jobs:
-        results.append(replay_wiring(fwd, reader, seq.ids, y, steps, label=label, positions=list(w.positions),
-                                     source="; ".join(w.sources), note="; ".join(w.notes), **kwargs))
-    if drop and jobs:
-        served = _served_job(jobs, plan)
+    kwargs: dict[str, Any] = dict(loss_mask=seq.loss_mask, target=side, temperature=temperature, top_p=top_p,
+                                  topk=topk, draft_tokens=draft_tokens)
+    results = [replay_wiring(fwd, reader, seq.ids, inp.y, steps, label=label, positions=list(w.positions),
+                             source="; ".join(w.sources), note="; ".join(w.notes), **kwargs)
+               for w, reader, label in inp.jobs]
+    if drop and inp.jobs:
+        w, reader, label = _served_job(inp.jobs)
         unused = sorted(set(drop) - drafter.features())
         note = f"as an engine serves it when it ignores {', '.join(drop)}" + (
             f" (this drafter does not use {', '.join(unused)}: no change there)" if unused else "")
-        w, reader, label = served
-        results.append(replay_wiring(fwd.without(drop), reader, seq.ids, y, steps,
-                                     label=label, positions=list(w.positions),
-                                     source=f"as served without {', '.join(drop)}", note=note,
-                                     served_without=drop, **kwargs))
+        results.append(replay_wiring(fwd.without(drop), reader, seq.ids, inp.y, steps, label=label,
+                                     positions=list(w.positions), source=f"as served without {', '.join(drop)}",
+                                     note=note, served_without=drop, **kwargs))
     findings += _nonfinite_findings(results)
     if results and not any(r.measured for r in results):
         if any(r.excluded_rows for r in results):
             raise ForensicsError("every replayed wiring's aux states are NaN or Inf on the rows that count: nothing to "
-                                 "replay", path=cap_path)
+                                 "replay", path=inp.path)
+        raise ForensicsError(f"no start row has {steps} target tokens after it"
+                             + (" and a supervised start" if seq.loss_mask is not None else "")
+                             + f" ({rows} rows): use fewer --steps or a longer capture", path=inp.path)
     seconds = time.perf_counter() - start
-    return ReplayReport(str(drafter_dir), spec.layout, cap_path, num_layers, rows, steps, cost_ratio, how,
-                        share, plan, results, findings, seconds, engine_check=engine is not None,
+    return ReplayReport(str(drafter_dir), spec.layout, inp.path, inp.num_layers, rows, steps, cost_ratio, inp.how,
+                        inp.share, inp.plan, results, findings, seconds, engine_check=engine is not None,
                         counting=_counting(seq, steps), loss_mask=seq.mask_source if seq.loss_mask is not None else None,
                         supervised_rows=None if seq.loss_mask is None else int(seq.loss_mask.sum()),
                         tokens_from=seq.tokens_from, record_as_capture=record is not None, temperature=temperature,
                         top_p=top_p, topk=topk, draft_tokens=draft_tokens, served_without=drop)
 
 
-def _served_job(jobs: list[tuple[Wiring, Any, str]], plan: list[Wiring]) -> tuple[Wiring, Any, str]:
+def _served_job(jobs: list[tuple[Wiring, Any, str]]) -> tuple[Wiring, Any, str]:
     """The wiring the engine feeds (else the trained one, else the first replayed) for the "as served" row."""
     for want in (("sglang", "vllm", "trtllm"), ("trained",)):
         for job in jobs:
