@@ -95,7 +95,16 @@ def test_target_norm_of_the_wrong_width_is_one_line(tmp_path):
     tensors["model.norm.weight"] = tensors["model.norm.weight"][:64].contiguous()
     save_file(tensors, str(shard))
     err = one_line(run_cli(DRAFTER, SAMPLES / "capture.pt", "--target", t, "--capture-convention", "vllm"))
-    assert "final norm is 64 wide" in err
+    assert "model.norm.weight has shape [64]; the drafter needs [128]" in err
+
+
+def test_target_tensors_are_checked_against_the_drafter_before_they_are_read(tmp_path):
+    t = tmp_path / "t"
+    shutil.copytree(TARGET, t)
+    shard = t / "model-00002-of-00002.safetensors"
+    save_file({"lm_head.weight": torch.zeros(600, 128)}, str(shard))
+    err = one_line(run_cli(DRAFTER, SWEEP, "--target", t))
+    assert "lm_head.weight has shape [600, 128]; the drafter needs [512, 128]" in err
 
 
 def drafter_copy(tmp_path, edit=None, config=None):

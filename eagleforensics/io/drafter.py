@@ -542,7 +542,8 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
                    "replaying it as served without its own embed_tokens needs the target's embedding")
             raise ForensicsError(f"{why}: pass --target with the target model's directory (its embedding is read "
                                  "from the safetensors shards)", path=d)
-        head = load_target(target, embed=True, lm_head=False, norm=False)
+        head = load_target(target, embed=True, lm_head=False, norm=False,
+                           expect={"embed": (spec.vocab_size, spec.hidden_size)})
         if head.embed is None:
             raise ForensicsError("target has no embed_tokens weight", path=target)
         if tuple(head.embed.shape) != (spec.vocab_size, spec.hidden_size):
@@ -568,11 +569,13 @@ def _find(files: dict[str, Path], suffix: str) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = True, norm: bool = True) -> TargetHead:
+def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = True, norm: bool = True,
+                expect: dict[str, tuple[int, ...]] | None = None) -> TargetHead:
     """Read only the target's embedding / lm_head / final norm (as asked) from its safetensors shards.
 
-    Each tensor's rank and dtype are checked from the header before it is read, and its values after: a NaN or
-    Inf in the target's head would make every token the same argmax (a perfect-looking replay).
+    Each tensor's rank and dtype (and, with ``expect``, its shape: what the drafter needs) are checked from the
+    header before it is read, and its values after: a NaN or Inf in the target's head would make every token
+    the same argmax (a perfect-looking replay).
     """
     d = Path(directory)
     if not d.is_dir():
@@ -596,6 +599,9 @@ def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = Tr
         dtype, shape = heads.info(name)
         if len(shape) != (1 if what == "norm" else 2) or dtype not in FLOAT_DTYPES or 0 in shape:
             raise ForensicsError(f"target tensor {name} has shape {list(shape)} {dtype}; not a {what}", path=files[name])
+        if expect is not None and what in expect and shape != expect[what]:
+            raise ForensicsError(f"target tensor {name} has shape {list(shape)}; the drafter needs "
+                                 f"{list(expect[what])}: not this drafter's target", path=files[name])
         t = reader.get(name)
         if not bool(torch.isfinite(t).all()):
             raise ForensicsError(f"target tensor {name} holds NaN or Inf", path=files[name])

@@ -630,10 +630,9 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     check_request(draft_config, engine, engine_version, model_type)
     drafter = load_drafter(drafter_dir, target=target, target_embed="embed_tokens" in drop)
     spec = drafter.spec
-    head = load_target(target, embed=False) if target is not None else None
-    if head is not None and head.lm_head is not None and head.lm_head.shape[0] != spec.vocab_size:
-        raise ForensicsError(f"target lm_head has {head.lm_head.shape[0]} tokens; the drafter's config says the target "
-                             f"vocabulary is {spec.vocab_size}: not this drafter's target", path=target)
+    head = None if target is None else load_target(  # shapes checked from the headers before anything is read
+        target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
+                                     "norm": (spec.target_hidden_size,)})
     if temperature > 0 and (head is None or head.lm_head is None):
         raise ForensicsError("--temperature needs --target: the target's lm_head gives the distribution p")
     record = None
