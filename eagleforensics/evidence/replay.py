@@ -66,8 +66,9 @@ def rope_tables(spec: DrafterSpec, device: torch.device | str = "cpu") -> tuple[
     default, ``linear`` (positions / factor), ``llama3`` (wavelength-banded) and ``yarn`` (ramped
     interpolation plus an attention factor on cos and sin), following the definitions transformers 5.24
     uses (``modeling_rope_utils``); written here, not imported, so replay needs no model class. SpecForge
-    0.2.0's own YaRN class (``LlamaYarnRotaryEmbedding``) gives the same tables when the config names
-    ``beta_fast``, ``beta_slow``, ``mscale`` and ``mscale_all_dim``; without them it cannot build its tables.
+    0.2.0's own YaRN class (``LlamaYarnRotaryEmbedding``) needs ``beta_fast``, ``beta_slow``, ``mscale`` and
+    ``mscale_all_dim`` in the config and always divides by the ``mscale_all_dim`` factor; it agrees with these
+    tables when both mscales are set and non-zero, or ``mscale`` is 1.
     """
     d = spec.head_dim
     exps = torch.arange(0, d, 2, dtype=torch.float64, device=device) / d
