@@ -43,6 +43,7 @@ _LAZY = {
     "find_server_args": "eagleforensics.engines.serverargs",
     "parse_server_args_line": "eagleforensics.engines.serverargs",
     "ServerArgs": "eagleforensics.engines.serverargs",
+    "SERVED_FEATURES": "eagleforensics.io.served",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

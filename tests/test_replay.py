@@ -98,7 +98,7 @@ def test_replay_matches_a_plain_reimplementation(sample):
     drafts = replay_drafts(fwd, aux, ids, steps=3, chunk=16)  # chunking crosses the rows checked
     assert torch.equal(drafts, replay_drafts(fwd, aux, ids, steps=3, chunk=7))
     h0 = fwd.project(aux)
-    logits = list(fwd.chain(h0, ids, 3, 0, aux.shape[0], fwd.prefix_cache(h0, ids)))
+    logits = list(fwd.chain(fwd.prefix(h0, ids), 3, 0, aux.shape[0]))
     d2t = drafter.weights["d2t"]
     accepted_plain, accepted_replay = [], []
     for t in (0, 5, 17, 30):
