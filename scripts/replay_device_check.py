@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from eagleforensics.report.replay import run_replay  # noqa: E402
+from eagleforensics.replay import run_replay  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "specforge"
 

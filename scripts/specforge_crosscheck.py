@@ -244,7 +244,7 @@ def replay_acceptance_rate(out: Path, name: str, label: str) -> list[float]:
     from eagleforensics.io.capture import load_capture
     from eagleforensics.io.drafter import load_drafter, load_target
     from eagleforensics.positions import Position
-    from eagleforensics.report.replay import parse_wiring
+    from eagleforensics.replay import parse_wiring
 
     rec = torch.load(out / f"{name}.ckpt")
     cap = load_capture(out / f"{name}.safetensors")
@@ -272,7 +272,7 @@ def replay_acceptance_rate(out: Path, name: str, label: str) -> list[float]:
 def compare(out: Path, figures: dict) -> None:
     """Replay on the same files, pooled over the held-out records, beside SpecForge's acc_k (and its
     acceptance_rate, the T=1 expected acceptance of sampled drafts, record by record)."""
-    from eagleforensics.report.replay import run_replay
+    from eagleforensics.replay import run_replay
 
     print(f"\n{'wiring':10s} {'step':>4s} {'SpecForge acc_k':>16s} {'replay acc@k':>13s} {'diff':>7s}")
     for label in WIRINGS:

@@ -22,7 +22,7 @@ from eagleforensics.evidence.replay import DraftForward, replay_drafts, target_t
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.drafter import load_drafter, load_target
 from eagleforensics.positions import Position
-from eagleforensics.report.replay import parse_wiring, run_replay
+from eagleforensics.replay import parse_wiring, run_replay
 
 from .realdata import SAMPLES
 

@@ -141,7 +141,7 @@ def test_three_layers_yarn_sliding_and_every_norm_match_the_plain_forward(tmp_pa
               norm_output=True, norm_before_residual=True, input_norm=True, fc_norm=True)
     drafter = load_drafter(d, target=TARGET)
     assert drafter.spec.num_layers == 3 and drafter.spec.sliding_layers == (1,) and drafter.spec.sliding_window == 8
-    assert drafter.features() == {"num_hidden_layers", "sliding_window", "norm_output", "norm_before_residual",
+    assert drafter.features() == {"extra_layers", "sliding_window", "norm_output", "norm_before_residual",
                                   "norm_before_fc", "fc_norm"}
     close_to_plain(drafter, aux, ids)
 
@@ -169,9 +169,9 @@ def without(tmp_path, feature):
         cfg["norm_output"] = False
     elif feature == "norm_before_residual":
         cfg["norm_before_residual"] = False
-    elif feature == "embed_tokens":
+    elif feature == "own_embedding":
         del tensors["embed_tokens.weight"]
-    elif feature == "num_hidden_layers":
+    elif feature == "extra_layers":
         tensors = {k: v for k, v in tensors.items() if not k.startswith("layers.1.")}
         cfg["transformer_layer_config"].update(num_hidden_layers=1, layer_types=["sliding_attention"])
     elif feature == "sliding_window":
@@ -186,7 +186,7 @@ def test_served_without_is_the_drafter_with_that_feature_taken_out(tmp_path, inp
     """Dropping a feature in the forward gives what a drafter whose files lack it gives, and differs from keeping it."""
     aux, ids = inputs
     full, cut = without(tmp_path, feature)
-    drafter = load_drafter(full, target=TARGET, target_embed=feature == "embed_tokens")
+    drafter = load_drafter(full, target=TARGET, target_embed=feature == "own_embedding")
     assert feature in drafter.features()
     dropped = replay_logits(drafter, aux, ids, drop=frozenset({feature}))
     reference = replay_logits(load_drafter(cut, target=TARGET), aux, ids)

@@ -23,7 +23,7 @@ from eagleforensics.evidence.replay import (DraftForward, TargetSide, counted_ro
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.drafter import load_drafter, load_target
 from eagleforensics.positions import Position
-from eagleforensics.report.replay import parse_wiring, run_replay
+from eagleforensics.replay import parse_wiring, run_replay
 
 from .plaindraft import plain_logits
 from .realdata import ROOT

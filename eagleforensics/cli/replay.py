@@ -66,7 +66,7 @@ def replay(drafter: str, capture: str, train: str | None, target: str | None, wi
     Exit 0: measured (and, with --engine, the engine feeds the trained wiring). 1: the engine would feed
     another wiring. 2: bad input.
     """
-    from ..report.replay import run_replay
+    from ..replay import run_replay
 
     result = run_guarded(lambda: run_replay(
         drafter, capture, target=target, train=train, wirings=list(wirings), steps=steps, cost_ratio=cost_ratio,

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from ..arrays import to_torch
 from ..errors import ForensicsError
 from ..io.drafter import Drafter, DrafterSpec
-from ..io.served import SERVED_FEATURES
+from ..io.served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES
 from ..positions import Position
 
 ROW_CHUNK = 256
@@ -190,12 +190,12 @@ class DraftForward:
         spec = self.spec
         self.drop = drop
         self.embed_weight = self.w.get("embed")
-        if "embed_tokens" in drop:
+        if OWN_EMBEDDING in drop:
             if "target_embed" not in self.w:
                 raise ForensicsError("serving without the drafter's own embed_tokens needs the target's embedding "
                                      "(pass --target)")
             self.embed_weight = self.w["target_embed"]
-        self.layers = 1 if "num_hidden_layers" in drop else spec.num_layers
+        self.layers = 1 if EXTRA_LAYERS in drop else spec.num_layers
         self.sliding = frozenset(() if "sliding_window" in drop else spec.sliding_layers)
         default_head = "norm_output" in drop
         self.norm_before_head = True if default_head else spec.norm_before_head

@@ -34,7 +34,7 @@ from ..arrays import to_torch
 from ..errors import ForensicsError
 from .guards import parse_json, read_regular
 from .safeload import open_safetensors, read_safetensors_header, read_tensor
-from .served import SERVED_FEATURES  # noqa: F401  (re-exported: the forward's drop names)
+from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_LAYERS = 64
@@ -82,7 +82,7 @@ class DrafterSpec:
 class Drafter:
     """Config and canonical weights (``fc``, ``layer.*``, ``layers.{i}.*``, ``norm``, ``lm_head``, ``embed``, ``d2t``, ``t2d``).
 
-    ``target_embed`` holds the target's embedding when one was asked for (``--served-without embed_tokens``).
+    ``target_embed`` holds the target's embedding when one was asked for (``--served-without own_embedding``).
     """
 
     spec: DrafterSpec
@@ -113,9 +113,9 @@ class Drafter:
         if s.norm_before_residual:
             out.add("norm_before_residual")
         if self.own_embedding:
-            out.add("embed_tokens")
+            out.add(OWN_EMBEDDING)
         if s.num_layers > 1:
-            out.add("num_hidden_layers")
+            out.add(EXTRA_LAYERS)
         if s.sliding_layers:
             out.add("sliding_window")
         return out

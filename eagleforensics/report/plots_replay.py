@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..io.capture import Capture
     from ..results import AlignmentResult
     from .pipeline import ReportParams
-    from .replay import ReplayReport
+    from ..replay import ReplayReport
 
 TRAINED_COLOUR = "#1a9850"
 OTHER_COLOUR = "#969696"
@@ -64,7 +64,7 @@ def replay_section(params: ReportParams, result: AlignmentResult, capture: Captu
     if not drafter:
         return None
     from . import nbview
-    from .replay import run_replay
+    from ..replay import run_replay
 
     rep = run_replay(drafter, capture, target=getattr(params, "target", None), train=result,
                      engine=params.engine, draft_config=params.draft_config, engine_version=params.engine_version,

@@ -1,4 +1,4 @@
-"""Drafter replay for people: which wirings to try, running them on a capture, and the result's text/JSON forms.
+"""The replay pipeline: which wirings to try, running each on a capture, and the result's text/JSON forms.
 
 The wirings come from the rest of the workbench: the positions the training record holds (``align``),
 the engines' default ([2, N//2, N-3]), what ``--engine`` reads from the draft config (the drafter's
@@ -24,17 +24,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..arrays import to_torch
-from ..errors import ForensicsError, printable
-from ..positions import Position, default_aux_positions
-from ..results import Finding
+from .arrays import to_torch
+from .errors import ForensicsError, printable
+from .positions import Position, default_aux_positions
+from .io.served import OWN_EMBEDDING
+from .results import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..evidence.replay import WiringReplay
-    from ..io.capture import Capture
-    from ..io.drafter import TargetHead
-    from ..io.training import TrainingRecord
-    from ..results import AlignmentResult
+    from .evidence.replay import WiringReplay
+    from .io.capture import Capture
+    from .io.drafter import TargetHead
+    from .io.training import TrainingRecord
+    from .results import AlignmentResult
 
 SCHEMA = "eagleforensics-replay-v1"
 DEFAULT_STEPS = 3
@@ -274,7 +275,7 @@ class Sequence:
 
 def _final_reader(cap: Capture, head: TargetHead) -> tuple[Callable[[int, int], torch.Tensor], str]:
     """Post-norm final states of the capture (or p=N through the target's final norm) and how they were obtained."""
-    from ..evidence.replay import rms_norm
+    from .evidence.replay import rms_norm
 
     n = cap.num_layers
     post = Position(n, True)  # type: ignore[arg-type]
@@ -293,7 +294,7 @@ def _final_reader(cap: Capture, head: TargetHead) -> tuple[Callable[[int, int], 
 
 
 def _greedy_tokens(final: Callable[[int, int], torch.Tensor], rows: int, head: TargetHead, device: str) -> torch.Tensor:
-    from ..evidence.replay import ROW_CHUNK, target_tokens
+    from .evidence.replay import ROW_CHUNK, target_tokens
 
     step = max(1, min(ROW_CHUNK, (1 << 24) // max(1, head.lm_head.shape[0])))  # type: ignore[union-attr]
     return torch.cat([target_tokens(final(a, min(a + step, rows)), head.lm_head, device, step)  # type: ignore[arg-type]
@@ -346,7 +347,7 @@ def _greedy_share(ids: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None,
 
 def _pair_record(cap: Capture, rows: int, rec: TrainingRecord) -> Sequence:
     """Ids, loss mask and row count from the capture and the training record (its trailing padding dropped)."""
-    from ..evidence.tokens import common_prefix, trailing_padding
+    from .evidence.tokens import common_prefix, trailing_padding
 
     usable = rec.num_tokens - trailing_padding(rec.input_ids, rec.loss_mask)
     rec_ids = None if rec.input_ids is None else torch.as_tensor(np.asarray(rec.input_ids[:usable])).long()
@@ -392,8 +393,8 @@ def _pair_record(cap: Capture, rows: int, rec: TrainingRecord) -> Sequence:
 def _record_sequence(rec: TrainingRecord, spec: Any, head: TargetHead | None, device: str
                      ) -> tuple[Sequence, Callable[[int, int], torch.Tensor], torch.Tensor, str]:
     """A training record given as the capture: its ids and mask, its own aux states, the target tokens from its final."""
-    from ..evidence.replay import rms_norm
-    from ..evidence.tokens import trailing_padding
+    from .evidence.replay import rms_norm
+    from .evidence.tokens import trailing_padding
 
     if rec.input_ids is None:
         raise ForensicsError("the training record given as the capture holds no input_ids: the drafter needs the "
@@ -443,7 +444,7 @@ def _record_sequence(rec: TrainingRecord, spec: Any, head: TargetHead | None, de
 
 def _try_record(path: str | Path, allow_unsafe: bool) -> TrainingRecord | None:
     """The training record at ``path`` when it is one in a trainer's own layout (not a list a capture could be)."""
-    from ..io.training import load_training
+    from .io.training import load_training
 
     try:
         rec = load_training(path, allow_unsafe=allow_unsafe)
@@ -454,7 +455,7 @@ def _try_record(path: str | Path, allow_unsafe: bool) -> TrainingRecord | None:
 
 def _check_options(steps: int, cost_ratio: float, device: str, temperature: float, top_p: float, topk: int,
                    draft_tokens: int | None, served_without: tuple[str, ...]) -> None:
-    from ..io.served import SERVED_FEATURES
+    from .io.served import SERVED_FEATURES
 
     if steps < 1 or steps > 16:
         raise ForensicsError(f"--steps must be between 1 and 16, got {steps}")
@@ -529,10 +530,10 @@ def _capture_inputs(cap: Capture, spec: Any, head: TargetHead | None, train: Any
                     model_type: str | None, device: str, max_tokens: int | None, temperature: float,
                     allow_unsafe: bool) -> _Inputs:
     """A capture sweep: the wirings worth trying, ids (the record's when the capture has none) and the loss mask."""
-    from ..alignment import align
-    from ..engines.crosscheck import serving_audit, trained_positions
-    from ..io.training import TrainingRecord, load_training
-    from ..results import AlignmentResult
+    from .alignment import align
+    from .engines.crosscheck import serving_audit, trained_positions
+    from .io.training import TrainingRecord, load_training
+    from .results import AlignmentResult
 
     if cap.num_layers is None:
         raise ForensicsError("capture does not say how many layers the target has", path=cap.path)
@@ -617,10 +618,10 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     sampling; ``topk`` > 1 with ``draft_tokens`` adds SGLang's tree; ``served_without`` adds an "as served" row
     with those ``io.served.SERVED_FEATURES`` dropped.
     """
-    from ..engines.crosscheck import check_request
-    from ..evidence.replay import DraftForward, TargetSide, replay_wiring
-    from ..io.capture import load_capture
-    from ..io.drafter import load_drafter, load_target
+    from .engines.crosscheck import check_request
+    from .evidence.replay import DraftForward, TargetSide, replay_wiring
+    from .io.capture import load_capture
+    from .io.drafter import load_drafter, load_target
 
     drop = tuple(dict.fromkeys(served_without))
     _check_options(steps, cost_ratio, device, temperature, top_p, topk, draft_tokens, drop)
@@ -628,7 +629,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     if engine is not None and draft_config is None:
         draft_config = Path(drafter_dir) / "config.json"  # the drafter's own config is what a server reads
     check_request(draft_config, engine, engine_version, model_type)
-    drafter = load_drafter(drafter_dir, target=target, target_embed="embed_tokens" in drop)
+    drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop)
     spec = drafter.spec
     head = None if target is None else load_target(  # shapes checked from the headers before anything is read
         target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
