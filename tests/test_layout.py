@@ -27,9 +27,10 @@ ALLOWED: dict[str, set[str]] = {
     "testing": BOTTOM | {"io"},
     "checks": BOTTOM | {"io", "evidence", "engines", "scan"},
     "alignment": BOTTOM | {"io", "evidence", "engines"},
-    "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment"},
-    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor"},
-    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor", "report"},
+    "replay": BOTTOM | {"io", "evidence", "engines", "alignment"},
+    "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay"},
+    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor"},
+    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "report"},
     "__init__": BOTTOM,
     "__main__": {"cli"},
 }

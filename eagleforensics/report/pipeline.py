@@ -61,7 +61,7 @@ class ReportParams:
     draft_config: str | None = None
     engine_version: str | None = None
     model_type: str | None = None
-    drafter: str | None = None  # EAGLE-3 drafter directory: adds the Replay section (report/replay.py)
+    drafter: str | None = None  # EAGLE-3 drafter directory: adds the Replay section (the replay pipeline, eagleforensics/replay.py)
     target: str | None = None  # target model directory for the replay (lm_head, embedding)
     strict: bool = False
 
