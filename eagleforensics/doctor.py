@@ -10,7 +10,7 @@ something must be written or changed (a warning), OK otherwise; exit 0 / 1 / 1, 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -137,7 +137,7 @@ def render_text(report: DoctorReport) -> str:
     given = report.inputs.given()
     lines = ["doctor: " + ", ".join(f"{k.replace('_', '-')} {printable(v)}" for k, v in given.items()),
              "", f"VERDICT: {report.verdict}"]
-    shown = [r for r in report.findings if r.finding.severity in FLAGGED]
+    shown = report.flagged  # a clean pipeline row's warnings do not count (align judged them): in its JSON
     if shown:
         lines += ["", "findings (most costly first):"]
         for i, r in enumerate(shown, 1):
@@ -248,12 +248,6 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
 
 
 REPLAY_TITLE = "replay: the drafter's accept length per wiring (trained, engine, as served)"
-# engines.flagrules feature -> the name replay's "as served" variant drops (io.served)
-SERVED_NAMES = {"norm_before_fc": "norm_before_fc", "fc_norm": "fc_norm", "norm_output": "norm_output",
-                "norm_before_residual": "norm_before_residual", "own_embedding": "embed_tokens",
-                "extra_layers": "num_hidden_layers", "sliding_window": "sliding_window"}
-
-
 def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str]:
     """Replay's accept length per wiring on the capture, and, when the engine ignores a flag the drafter uses,
     the "as served" variant that drops it: the cost of ``flag-ignored`` (and of any wiring) as a number.
@@ -266,10 +260,11 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     if missing:
         return _not_run("replay", REPLAY_TITLE, missing), None, OK
     from .checks.flags import served_without
+    from .io.served import SERVED_FEATURES
     from .replay import run_replay
 
     i = art.inputs
-    dropped = sorted(SERVED_NAMES[f] for f in served_without(art) if f in SERVED_NAMES)
+    dropped = sorted(f for f in served_without(art) if f in SERVED_FEATURES)  # flagrules names = replay names
     aligned = art.memoised("aligned")  # the wiring row's alignment, when it ran
     try:
         rep = run_replay(i.drafter, art.capture, target=i.target, train=aligned if aligned is not None else i.train,
@@ -281,6 +276,7 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
         return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
             None, OK
     summary = rep.to_dict()
+    art.memo("replay-report", lambda: rep)
     parts = []
     for r in rep.results:
         tag = f" ({r.source})" if r.source else ""
@@ -295,7 +291,7 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                         data={"served_without": dropped}), summary, OK
 
 
-DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row,)
+DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row, replay_row)
 
 
 def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
@@ -319,5 +315,30 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
         outcomes.append(outcome)
         summaries[outcome.name] = summary
         extra = max(extra, level, key=_LEVEL_RANK.__getitem__)
+    outcomes = join_replay(outcomes, art.memoised("replay-report"))
     return DoctorReport(inputs, outcomes, align=summaries.get("wiring"), replay=summaries.get("replay"),
                         extra_level=extra)
+
+
+def join_replay(outcomes: list[CheckOutcome], rep: Any) -> list[CheckOutcome]:
+    """Put replay's numbers where they answer a check: the cost of the ignored flags in ``flag-ignored``'s
+    message, and whether the drafter's acc@1 reaches the vocabulary's ceiling in the coverage row's note."""
+    if rep is None or rep.trained is None:
+        return outcomes
+    trained, served = rep.trained, rep.served
+    out = []
+    for o in outcomes:
+        if o.name == "flags" and served is not None:
+            cost = (f" Replay on the capture: accept length {served.accept_length:.2f} as served (without "
+                    f"{', '.join(served.served_without)}) against {trained.accept_length:.2f} as trained "
+                    f"({served.accept_length - trained.accept_length:+.2f}).")
+            o = replace(o, findings=tuple(replace(f, message=f.message + cost)
+                                          if f.code == "flag-ignored" and f.severity == "warning" else f
+                                          for f in o.findings))
+        if o.name == "vocab-coverage" and "capture" in o.data.get("sources", {}):
+            ceiling = o.data["sources"]["capture"]
+            if ceiling["exact"] and ceiling["share"] < 1.0 and trained.acc[0] >= 0.9 * ceiling["share"]:
+                o = replace(o, note=f"{o.note}; replay's acc@1 {trained.acc[0]:.2f} reaches the capture's ceiling "
+                                    f"{ceiling['share']:.2f}: a larger draft vocabulary is what would raise it")
+        out.append(o)
+    return out

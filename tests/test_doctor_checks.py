@@ -274,3 +274,50 @@ def test_one_decode_line_at_1_00_is_not_yet_structural(tmp_path: Path) -> None:
     assert flagged(report) == []
     log = sglang_log(tmp_path / "server.log", SAMPLES / "target", SAMPLES / "drafter", accept_lens=(1.0,) * 9 + (1.25,))
     assert flagged(diagnose(DoctorInputs(log=str(log)))) == []  # a weak drafter accepts sometimes
+
+
+# ---------------------------------------------------------------- replay puts a number on the cost
+def _replayed(drafter: Path, target: Path, **inputs: object) -> dict:
+    inputs = {k: v for k, v in inputs.items() if k != "capture"}
+    report = diagnose(DoctorInputs(drafter=str(drafter), target=str(target), capture=str(SAMPLES / "capture.pt"),
+                                   train=str(SAMPLES / "record_layer_outputs.pt"), **inputs))
+    row = next(o for o in report.outcomes if o.name == "replay")
+    assert row.status == "clean", row.reason
+    rep = report.replay
+    by = {("served" if w.get("served_without") else w["source"].split(";")[0]): w["accept_length"]
+          for w in rep["wirings"]}
+    return {"trained": by["trained"], "served": by.get("served"), "report": report}
+
+
+@pytest.fixture(scope="session")
+def clean_replay() -> float:
+    return _replayed(SAMPLES / "drafter", SAMPLES / "target")["trained"]
+
+
+@pytest.mark.parametrize("defect", [d for d in DEFECTS if d.priced], ids=[d.name for d in DEFECTS if d.priced])
+def test_replay_puts_a_number_on_each_priced_defect(planted: dict, defect, clean_replay: float) -> None:  # noqa: ANN001
+    case = planted[defect.name]
+    got = _replayed(case.drafter, case.target, **case.inputs)
+    assert clean_replay > 2.5  # the sample drafter, as trained, on its own capture
+    cost = (got["served"] if got["served"] is not None else got["trained"]) - clean_replay
+    assert cost < -0.3, (defect.name, got)
+    if defect.code == "flag-ignored":  # the finding carries the number too
+        f = next(r.finding for r in got["report"].findings if r.finding.code == "flag-ignored")
+        assert f"{got['served']:.2f} as served" in f.message and abs(got["trained"] - clean_replay) < 0.05
+
+
+def test_replay_as_served_on_sglang_drops_the_random_embedding(planted: dict, clean_replay: float) -> None:
+    """SGLang replaces the drafter's embedding with the target's: served there, the random init costs nothing."""
+    case = planted["embedding-random"]
+    got = _replayed(case.drafter, case.target, engine="sglang")
+    assert got["trained"] < 1.5 and abs(got["served"] - clean_replay) < 0.05
+    severities = {r.finding.code: r.finding.severity for r in got["report"].findings}
+    assert severities["embedding-random"] == "info"
+
+
+def test_replay_refusing_a_drafter_is_a_not_run_row_with_its_reason(planted: dict) -> None:
+    case = planted["d2t-missing"]
+    report = diagnose(DoctorInputs(drafter=str(case.drafter), target=str(case.target),
+                                   capture=str(SAMPLES / "capture.pt")))
+    row = next(o for o in report.outcomes if o.name == "replay")
+    assert row.status == "not-run" and "no d2t" in row.reason and flagged(report) == ["d2t-missing"]

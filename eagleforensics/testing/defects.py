@@ -40,7 +40,7 @@ class Defect:
     code: str
     what: str
     plant: Callable[[Path, Path, Path], dict[str, Any]]  # (drafter copy, target copy, case dir) -> extra inputs
-    priced: bool = False  # replay on the sample capture can put a number on its cost
+    priced: bool = False  # replay on the sample capture puts a number on its cost (a lower accept length)
 
 
 # ---------------------------------------------------------------- file edits
@@ -254,12 +254,12 @@ def _lm_head_not_target(d: Path, t: Path, case: Path) -> dict[str, Any]:
 
 
 DEFECTS: tuple[Defect, ...] = (
+    # replay refuses a map that sends ids out of range (here: 256 + 511 > 512) or a reduced vocabulary without d2t
     Defect("d2t-absolute", "d2t-absolute", "d2t holds target ids (arange + offsets) instead of offsets",
-           _d2t_absolute, priced=True),
+           _d2t_absolute),
     Defect("d2t-missing", "d2t-missing", "d2t dropped from the checkpoint (kept in a side file d2t.pt)",
-           _d2t_missing, priced=True),
-    Defect("d2t-duplicate", "d2t-invalid", "d2t sends draft id 1 to draft id 0's target id", _d2t_duplicate,
-           priced=True),
+           _d2t_missing),
+    Defect("d2t-duplicate", "d2t-invalid", "d2t sends draft id 1 to draft id 0's target id", _d2t_duplicate),
     Defect("d2t-short", "d2t-invalid", "d2t one entry shorter than draft_vocab_size", _d2t_short),
     Defect("vocab-narrow", "vocab-coverage", "the draft vocabulary is the 256 ids the clean one left out (capture given)",
            _vocab_narrow, priced=True),
