@@ -57,8 +57,11 @@ def example(out: Path) -> int:
     case = plant(defect, out)
     spec = {"method": "eagle3", "model": str(case.drafter), "num_speculative_tokens": 3}
     log = vllm_log(case.drafter.parent / "server.log", "0.14.0", case.target, spec, max_model_len=512)
-    inputs = dict(drafter=str(case.drafter), target=str(case.target), train=str(SAMPLES / "record_layer_outputs.pt"),
-                  capture=str(SAMPLES / "capture.pt"), log=str(log))
+    import os
+
+    inputs = {k: os.path.relpath(v) for k, v in dict(
+        drafter=case.drafter, target=case.target, train=SAMPLES / "record_layer_outputs.pt",
+        capture=SAMPLES / "capture.pt", log=log).items()}
     print("$ " + shlex.join(["eagleforensics", "doctor"] + [x for k, v in inputs.items()
                                                              for x in (f"--{k}", v)]))
     report = diagnose(DoctorInputs(**inputs))
