@@ -40,6 +40,10 @@ _LAZY = {
     "diagnose": "eagleforensics.doctor",
     "DoctorInputs": "eagleforensics.checks.base",
     "DoctorReport": "eagleforensics.doctor",
+    "TargetAudit": "eagleforensics.scan.audit",
+    "audit_records": "eagleforensics.scan.audit",
+    "load_tokenizer": "eagleforensics.io.tokenizer",
+    "learn_skeleton": "eagleforensics.evidence.templates",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

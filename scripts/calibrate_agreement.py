@@ -6,8 +6,9 @@ written by anyone else. Everything below is a real transformers model trained fo
 * a byte-level BPE tokenizer with a ChatML chat template (``testing.chat``), vocabulary 512;
 * ``base``: a tiny Llama (``testing.tinymodels``) trained on chat-formatted English prose (the
   docstrings of Python's standard library: user = a passage, assistant = how it goes on);
-* ``target``: ``base`` fine-tuned for ``--finetune-steps`` steps on Python source code (a new
-  domain), the model that is served;
+* ``target``: ``base`` fine-tuned for ``--finetune-steps`` steps on ``--finetune-tokens`` tokens of
+  Python source code (a new domain; a few epochs over a small set, as domain fine-tunes are, which
+  leaves the model as confident as chat-tuned models are), the model that is served;
 * ``other``: a model of the same shape, another seed, trained on prose and code together.
 
 The prompts are held-out code passages sent as chat (the fine-tune's domain, what the target is
@@ -20,7 +21,7 @@ outside the top 5, the surprise against the target's own samples and its z, and 
 each rule flags, over ``--seeds`` different prompt draws and sampling seeds (false alarms are
 counted on the target's own data of every seed).
 
-    python scripts/calibrate_agreement.py [--steps 300] [--finetune-steps 60] [--records 48] [--seeds 3]
+    python scripts/calibrate_agreement.py [--steps 400] [--finetune-steps 150] [--records 24] [--seeds 3] [--hidden 128]
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagleforensics.evidence.agreement import AGREE_DEFICIT, SURPRISE_MAX, Z_MIN, Agreement  # noqa: E402
+from eagleforensics.evidence.agreement import SHAPE_CHI2, SHAPE_PER_TOKEN, SURPRISE_MAX, Z_MIN, Agreement  # noqa: E402
 from eagleforensics.evidence.dataaudit import AuditSummary  # noqa: E402
 from eagleforensics.io.training import from_object  # noqa: E402
 from eagleforensics.scan.audit import TargetAudit, audit_records  # noqa: E402
@@ -93,7 +94,7 @@ def train(model, tok, ids: list[int], steps: int, lr: float, seed: int, batch: i
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-        loss = float(out.loss)
+        loss = float(out.loss.detach())
         if step % 50 == 0 or step == steps - 1:
             print(f"    step {step:4d} loss {loss:.3f}", flush=True)
     model.eval()
@@ -113,12 +114,14 @@ def records_of(target, tok, prompts: list[list[int]], answers: list[list[int]], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=300, help="training steps of base and other")
-    ap.add_argument("--finetune-steps", type=int, default=60, help="fine-tune steps that make the target from base")
-    ap.add_argument("--records", type=int, default=48, help="records per origin and seed")
+    ap.add_argument("--steps", type=int, default=400, help="training steps of base and other")
+    ap.add_argument("--finetune-steps", type=int, default=150, help="fine-tune steps that make the target from base")
+    ap.add_argument("--finetune-tokens", type=int, default=60_000,
+                    help="the fine-tune's code set (a few epochs over a small domain set, as domain fine-tunes are)")
+    ap.add_argument("--records", type=int, default=24, help="records per origin and seed")
     ap.add_argument("--seeds", type=int, default=3, help="prompt draws / sampling seeds")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=96)
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for tiny models on a shared machine)")
     ap.add_argument("--json-out", type=Path, default=None, help="write every figure as JSON here")
     ap.add_argument("--keep", type=Path, default=None, help="save the tokenizer and the three models here")
@@ -142,7 +145,7 @@ def main() -> None:
     train(base, tok, prose_train, args.steps, 3e-3, seed=10)
     print("target: base fine-tuned on code", flush=True)
     target = copy.deepcopy(base)
-    ft_loss = train(target, tok, code_train, args.finetune_steps, 1e-3, seed=11)
+    ft_loss = train(target, tok, code_train[:args.finetune_tokens], args.finetune_steps, 1e-3, seed=11)
     print("other: another seed, prose and code", flush=True)
     other = build(1)
     train(other, tok, prose_train + code_train, args.steps, 3e-3, seed=12)
@@ -179,26 +182,30 @@ def main() -> None:
 
     rows = []
     head = (f"{'origin':22s} {'tokens':>6s} {'agree':>6s} {'logp':>6s} {'top5miss':>8s} {'surprise':>8s} "
-            f"{'z':>12s} {'T fit':>5s} {'agree@T':>7s} {'choice z':>12s} {'dataset':>8s} {'records flagged':>15s}")
+            f"{'z':>12s} {'T fit':>5s} {'agree@T':>7s} {'PIT chi2':>14s} {'per seed':>8s} {'pooled':>8s} "
+            f"{'records flagged':>15s}")
     print("\n" + head + "\n" + "-" * len(head))
     for name, _, _ in origins:
         merged = sum(totals[name], Agreement())
         zs = "/".join(f"{a.z:.0f}" for a in totals[name])
-        cz = "/".join(f"{a.choice_z:.0f}" for a in totals[name])
+        cz = "/".join(f"{a.shape_chi2:.0f}" for a in totals[name])
         verdicts = {a.verdict for a in totals[name]}
         dataset = "flagged" if verdicts == {"not-from-target"} else "passes" if verdicts == {"from-target"} else "mixed"
         row = {"origin": name, "records": scored[name], "tokens": merged.tokens, "agreement": merged.agreement,
                "mean_logprob": merged.mean_logprob, "top5_miss": merged.top5_miss, "surprise": merged.mean_surprise,
                "z_per_seed": [a.z for a in totals[name]], "fitted_temperature": merged.fitted_temperature,
-               "expected_agreement": merged.expected_agreement, "choice_z_per_seed": [a.choice_z for a in totals[name]],
-               "reasons": list(merged.reasons), "dataset_verdicts": sorted(verdicts), "records_flagged": flagged[name]}
+               "expected_agreement": merged.expected_agreement, "pit_chi2_per_seed": [a.shape_chi2 for a in totals[name]],
+               "reasons": list(merged.reasons), "dataset_verdicts": sorted(verdicts), "pooled_verdict": merged.verdict,
+               "records_flagged": flagged[name]}
         rows.append(row)
         print(f"{name:22s} {merged.tokens:6d} {merged.agreement:6.3f} {merged.mean_logprob:6.2f} "
               f"{merged.top5_miss:8.3f} {merged.mean_surprise:+8.3f} {zs:>12s} {merged.fitted_temperature:5.2f} "
-              f"{merged.expected_agreement:7.3f} {cz:>12s} {dataset:>8s} {flagged[name]:>6d} of {scored[name]:<5d}")
-    print(f"\nrules (z per seed): surprise > {SURPRISE_MAX} nats/token and z > {Z_MIN}, or agreement more than "
-          f"{AGREE_DEFICIT} below agree@T (the agreement the target's own samples at the fitted temperature T would "
-          f"have) with choice z > {Z_MIN}. dataset: each seed's {args.records} records of an origin together; records: "
+              f"{merged.expected_agreement:7.3f} {cz:>14s} {dataset:>8s} "
+              f"{'flagged' if merged.verdict == 'not-from-target' else 'passes':>8s} {flagged[name]:>6d} of {scored[name]:<5d}")
+    print(f"\nrules (z and PIT chi2 per seed): surprise > {SURPRISE_MAX} nats/token with z > {Z_MIN}, or the PIT "
+          f"chi-square at the fitted temperature T > {SHAPE_CHI2} and > {SHAPE_PER_TOKEN} x tokens (agree@T: the "
+          f"agreement the target's own samples at T would have). dataset: each seed's {args.records} records of an "
+          f"origin together (per seed) and all seeds' together (pooled); records: "
           f"each on its own, {ANSWER_TOKENS} answer tokens at most. {args.layers} layers, hidden {args.hidden}, "
           f"{args.steps} steps ({args.finetune_steps} fine-tune), {time.time() - t0:.0f} s on CPU.")
     if args.json_out:

@@ -496,3 +496,42 @@ def test_doctor_on_the_audit_dataset_names_the_foreign_records(audit_data) -> No
     row = next(o for o in report.outcomes if o.name == "data-origin")
     bad = {Path(r["path"]).name for r in row.data["records"] if r.get("verdict") == "not-from-target"}
     assert bad == {Path(p).name for p, k in planted.items() if k in ("human", "other-model")}
+
+
+def test_scan_with_target_on_a_dask_cluster_and_a_pool(audit_data, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit travels to Dask workers (scatter) and to spawned pool workers (pickled): same outliers."""
+    import pickle
+
+    distributed = pytest.importorskip("distributed")
+    from eagleforensics.scan import runner
+    from eagleforensics.scan.runner import scan
+
+    monkeypatch.setattr(runner, "IN_PROCESS_BELOW", 1)  # 60 records would otherwise run in this process
+    data, target, planted = audit_data
+    audit = TargetAudit.load(target)
+    back = pickle.loads(pickle.dumps(audit))
+    assert back.skeleton == audit.skeleton and back.head == audit.head and back._scorer is None
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, protocol="tcp",
+                                  dashboard_address=None) as cluster:
+        res = scan(data, target=target, scheduler=cluster.scheduler_address, progress=False)
+    assert set(res.outliers) == set(planted)
+    pooled = scan(data, target=target, workers=2, progress=False)
+    assert set(pooled.outliers) == set(planted)
+    assert pooled.training_data()["findings"] == res.training_data()["findings"]
+
+
+def test_bad_audit_inputs_are_one_stderr_line(world: World, tmp_path: Path) -> None:
+    """A broken served-prompts file or tokenizer.json: exit 2, one line naming the file."""
+    train = _conversation_records(world, tmp_path / "data", n=2)
+    served = tmp_path / "served.jsonl"
+    served.write_text("{not json\n")
+    res = CliRunner().invoke(main, ["doctor", "--train", str(train), "--target", str(world.target),
+                                    "--served-prompts", str(served)])
+    assert res.exit_code == 2 and "served.jsonl: line 1 is not JSON" in res.output
+    assert len([line for line in res.output.splitlines() if line.strip()]) == 1
+    broken = tmp_path / "broken"
+    world.model.save_pretrained(broken)
+    (broken / "tokenizer.json").write_text('{"version": "1.0", "model": 17}')
+    res = CliRunner().invoke(main, ["doctor", "--train", str(train), "--target", str(broken)])
+    assert res.exit_code == 2 and "tokenizer.json: is not a tokenizer" in res.output

@@ -24,8 +24,11 @@ def run(art: Artifacts) -> CheckResult:
     if not summary.agreement.tokens:
         reasons = ", ".join(f"{k} ({n})" for k, n in summary.agreement_skipped.items()) or "no supervised tokens"
         return CheckResult(skipped=f"no record could be scored: {reasons}")
-    data = {"agreement": summary.agreement.to_dict(), "final_state": dict(summary.final_kinds),
-            "records": [{"path": line["path"], **(line.get("agreement") or {}),
+    keep = ("tokens", "agreement", "mean_logprob", "top5_miss", "surprise", "z", "fitted_temperature",
+            "expected_agreement", "shape_chi2", "reasons", "verdict")
+    figures = {k: v for k, v in summary.agreement.to_dict().items() if k in keep}
+    data = {"agreement": figures, "origin_verdict": summary.origin_verdict, "final_state": dict(summary.final_kinds),
+            "records": [{"path": line["path"], **{k: v for k, v in (line.get("agreement") or {}).items() if k in keep},
                          "final_kind": line.get("final_kind"), "skipped": line.get("agreement_skipped")}
                         for line in lines]}
     a = summary.agreement

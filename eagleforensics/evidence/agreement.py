@@ -40,7 +40,9 @@ POST_NORM_LOG_RMS = 0.05  # |log rms(x / gain)| of a post-norm state: 0 up to bf
 # The decision (README "Target agreement", calibrated by scripts/calibrate_agreement.py):
 SURPRISE_MAX = 0.25  # nats per token above the target's own T=1 samples
 Z_MIN = 4.0  # ... and that far from chance under "sampled from the target"
-AGREE_DEFICIT = 0.1  # greedy agreement this far below what the best-fitting temperature predicts ...
+PIT_BINS = 10  # the shape test: a histogram of where each token falls in the target's distribution ...
+SHAPE_CHI2 = 33.7  # ... whose chi-square against flat (9 degrees of freedom) exceeds this (p = 1e-4) ...
+SHAPE_PER_TOKEN = 0.01  # ... and is at least this large per token (an effect, not just a large sample)
 MIN_TOKENS = 16  # fewer supervised tokens: no verdict
 # temperatures at which the likelihood of the data is computed: the best fit says how peaked the source sampled
 TEMPERATURES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0)
@@ -97,19 +99,20 @@ class TokenScores:
     var: np.ndarray  # float64 [T]
     loglik_t: np.ndarray  # float64 [T, G]: log q_T(next id), q_T = softmax(logits / T)
     top1_t: np.ndarray  # float64 [T, G]: q_T(argmax)
+    pit_t: np.ndarray  # float64 [T, G]: randomised PIT, q_T(ids rated above) + U q_T(next id): uniform for own samples
 
     @classmethod
     def empty(cls, t: int) -> "TokenScores":
         g = len(TEMPERATURES)
         return cls(np.zeros(t, bool), np.zeros(t), np.zeros(t, np.int64), np.zeros(t), np.zeros(t), np.zeros((t, g)),
-                   np.zeros((t, g)))
+                   np.zeros((t, g)), np.zeros((t, g)))
 
     def __len__(self) -> int:
         return int(self.agree.shape[0])
 
     def take(self, a: int, b: int) -> "TokenScores":
         return TokenScores(self.agree[a:b], self.logp[a:b], self.rank[a:b], self.entropy[a:b], self.var[a:b],
-                           self.loglik_t[a:b], self.top1_t[a:b])
+                           self.loglik_t[a:b], self.top1_t[a:b], self.pit_t[a:b])
 
 
 class TargetHead:
@@ -197,6 +200,7 @@ class TargetHead:
         above = np.zeros(n, np.int64)
         inv_t = 1.0 / np.asarray(TEMPERATURES)
         st = np.zeros((n, inv_t.size))  # sum of exp((z - m) / T) per temperature
+        sa = np.zeros((n, inv_t.size))  # the same over the ids rated above the next id
         zt32 = ztrue.astype(np.float32)
         rows = np.arange(n)
         buf: np.ndarray | None = None
@@ -219,8 +223,12 @@ class TargetHead:
             scale = np.exp(m - new)
             shift = (z - new[:, None].astype(np.float32))  # <= 0
             for g, k in enumerate(inv_t):
-                st[:, g] = st[:, g] * np.exp((m - new) * k) + np.exp(shift * np.float32(k)).sum(1, dtype=np.float64)
-            del shift
+                rescale = np.exp((m - new) * k)
+                e_t = np.exp(shift * np.float32(k))
+                st[:, g] = st[:, g] * rescale + e_t.sum(1, dtype=np.float64)
+                e_t *= gt
+                sa[:, g] = sa[:, g] * rescale + e_t.sum(1, dtype=np.float64)
+            del shift, e_t
             z -= centre[:, None].astype(np.float32)  # d = z - centre, in place
             e = np.exp(z - (new - centre)[:, None].astype(np.float32))
             s0 = s0 * scale + e.sum(1, dtype=np.float64)
@@ -239,6 +247,9 @@ class TargetHead:
         lse_t = m[:, None] * inv_t[None, :] + np.log(st)  # log sum exp(z / T)
         out.loglik_t[:] = ztrue[:, None] * inv_t[None, :] - lse_t
         out.top1_t[:] = np.exp(np.minimum(m[:, None] * inv_t[None, :] - lse_t, 0.0))
+        # U from the token's own logit, not a generator: the same token gets the same PIT in any batch
+        u = np.modf(np.abs(ztrue) * 7919.0 + nxt * 0.6180339887)[0][:, None]
+        out.pit_t[:] = np.clip(sa / st + u * np.exp(out.loglik_t), 0.0, 1.0 - 1e-12)
 
 
 def supervised_positions(loss_mask: Any, real: int, limit: int | None = None, *, input_ids: Any = None,
@@ -275,18 +286,23 @@ def _add(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(x + y for x, y in zip(a, b))
 
 
+def _no_pit() -> np.ndarray:
+    return np.zeros((len(TEMPERATURES), PIT_BINS), np.int64)
+
+
 @dataclass
 class Agreement:
     """Sums over scored tokens (merge records and workers with ``+``); the figures and the verdict derive from them.
 
-    Two tests, each against "the target sampled these tokens (at some temperature <= 1, greedy included)":
+    Two tests, each against "the target sampled these tokens at some temperature <= 1 (greedy included)":
 
     * **surprise**: the tokens are less likely than the target's own samples at T = 1 (mean surprise above
-      ``SURPRISE_MAX`` nats/token, z above ``Z_MIN``): flatter than anything the target would write;
-    * **choice**: at the temperature that best explains how likely the tokens are (``fitted_temperature``,
-      a maximum-likelihood fit on ``TEMPERATURES``), the target would pick its own top token more often than
-      the data does (by ``AGREE_DEFICIT`` and z above ``Z_MIN``): text as confident as the target's, but
-      preferring other tokens (another model's greedy answers, the model before a fine-tune).
+      ``SURPRISE_MAX`` nats/token and z above ``Z_MIN``): flatter than anything the target writes;
+    * **shape**: at the temperature that best explains how likely the tokens are (``fitted_temperature``, a
+      maximum-likelihood fit on ``TEMPERATURES``), where each token falls in the target's distribution
+      (its randomised PIT) is not uniform, as it is for the target's own samples (chi-square over
+      ``PIT_BINS`` bins above ``SHAPE_CHI2`` and ``SHAPE_PER_TOKEN`` per token): as confident as the target,
+      but choosing differently (another model's or the pre-fine-tune model's answers, in-domain human text).
     """
 
     tokens: int = 0
@@ -298,23 +314,24 @@ class Agreement:
     entropy: float = 0.0
     loglik_t: tuple[float, ...] = field(default_factory=_zeros)  # per temperature: sum of log q_T(next id)
     top1_t: tuple[float, ...] = field(default_factory=_zeros)  # per temperature: sum of q_T(top id)
-    top1_var_t: tuple[float, ...] = field(default_factory=_zeros)  # per temperature: sum of q_T(top)(1 - q_T(top))
+    pit: np.ndarray = field(default_factory=_no_pit)  # [temperatures, PIT_BINS] token counts
 
     @classmethod
     def of(cls, s: TokenScores) -> "Agreement":
         if not len(s):
             return cls()
-        q = s.top1_t
+        bins = np.minimum((s.pit_t * PIT_BINS).astype(np.int64), PIT_BINS - 1)  # [T, G]
+        pit = np.stack([np.bincount(bins[:, g], minlength=PIT_BINS) for g in range(bins.shape[1])])
         return cls(len(s), int(s.agree.sum()), float(s.logp.sum()), int((s.rank >= 5).sum()),
                    float((-s.logp - s.entropy).sum()), float(s.var.sum()), float(s.entropy.sum()),
-                   tuple(float(v) for v in s.loglik_t.sum(0)), tuple(float(v) for v in q.sum(0)),
-                   tuple(float(v) for v in (q * (1 - q)).sum(0)))
+                   tuple(float(v) for v in s.loglik_t.sum(0)), tuple(float(v) for v in s.top1_t.sum(0)),
+                   pit.astype(np.int64))
 
     def __add__(self, other: "Agreement") -> "Agreement":
         return Agreement(self.tokens + other.tokens, self.agree + other.agree, self.logp + other.logp,
                          self.outside_top5 + other.outside_top5, self.surprise + other.surprise,
                          self.var + other.var, self.entropy + other.entropy, _add(self.loglik_t, other.loglik_t),
-                         _add(self.top1_t, other.top1_t), _add(self.top1_var_t, other.top1_var_t))
+                         _add(self.top1_t, other.top1_t), self.pit + other.pit)
 
     def _mean(self, total: float) -> float | None:
         return total / self.tokens if self.tokens else None
@@ -361,26 +378,25 @@ class Agreement:
         return self._mean(self.top1_t[self._fit]) if self.tokens else None
 
     @property
-    def choice_z(self) -> float | None:
-        """How far the observed agreement falls below ``expected_agreement``, in standard deviations."""
+    def shape_chi2(self) -> float | None:
+        """Chi-square of the PIT histogram at ``fitted_temperature`` against flat (``PIT_BINS`` - 1 degrees of freedom)."""
         if not self.tokens:
             return None
-        g = self._fit
-        gap = self.top1_t[g] - self.agree
-        var = self.top1_var_t[g]
-        return gap / math.sqrt(var) if var > 0 else (math.inf if gap > 0.5 else 0.0)
+        h = self.pit[self._fit].astype(np.float64)
+        e = self.tokens / PIT_BINS
+        return float(((h - e) ** 2 / e).sum())
 
     @property
     def reasons(self) -> tuple[str, ...]:
-        """Which tests fail: ``surprise`` (flatter than the target's own samples), ``choice`` (other preferences)."""
+        """Which tests fail: ``surprise`` (flatter than the target's own samples), ``shape`` (other choices)."""
         if self.tokens < MIN_TOKENS:
             return ()
         out = []
         if (self.mean_surprise or 0.0) > SURPRISE_MAX and (self.z or 0.0) > Z_MIN:
             out.append("surprise")
-        exp_agree = self.expected_agreement or 0.0
-        if exp_agree - (self.agreement or 0.0) > AGREE_DEFICIT and (self.choice_z or 0.0) > Z_MIN:
-            out.append("choice")
+        chi = self.shape_chi2 or 0.0
+        if chi > SHAPE_CHI2 and chi > SHAPE_PER_TOKEN * self.tokens:
+            out.append("shape")
         return tuple(out)
 
     @property
@@ -398,11 +414,11 @@ class Agreement:
         return {"tokens": self.tokens, "agree": self.agree, "logp_sum": r(self.logp, 3),
                 "outside_top5": self.outside_top5, "surprise_sum": r(self.surprise, 3), "var_sum": r(self.var, 3),
                 "entropy_sum": r(self.entropy, 3), "loglik_t": [r(v, 3) for v in self.loglik_t],
-                "top1_t": [r(v, 3) for v in self.top1_t], "top1_var_t": [r(v, 3) for v in self.top1_var_t],
+                "top1_t": [r(v, 3) for v in self.top1_t], "pit": self.pit.tolist(),
                 "agreement": r(self.agreement), "mean_logprob": r(self.mean_logprob), "top5_miss": r(self.top5_miss),
                 "mean_entropy": r(self.mean_entropy), "surprise": r(self.mean_surprise), "z": r(self.z, 2),
                 "fitted_temperature": self.fitted_temperature, "expected_agreement": r(self.expected_agreement),
-                "choice_z": r(self.choice_z, 2), "reasons": list(self.reasons), "verdict": self.verdict}
+                "shape_chi2": r(self.shape_chi2, 2), "reasons": list(self.reasons), "verdict": self.verdict}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Agreement":
@@ -411,7 +427,16 @@ class Agreement:
             v = d.get(key)
             return tuple(float(x or 0.0) for x in v) if isinstance(v, list) and len(v) == len(TEMPERATURES) else _zeros()
 
+        pit = _no_pit()
+        raw = d.get("pit")
+        if isinstance(raw, list):
+            try:
+                arr = np.asarray(raw, dtype=np.int64)
+            except (TypeError, ValueError):
+                arr = None
+            if arr is not None and arr.shape == pit.shape:
+                pit = arr
         return cls(int(d.get("tokens") or 0), int(d.get("agree") or 0), float(d.get("logp_sum") or 0.0),
                    int(d.get("outside_top5") or 0), float(d.get("surprise_sum") or 0.0),
                    float(d.get("var_sum") or 0.0), float(d.get("entropy_sum") or 0.0), vec("loglik_t"), vec("top1_t"),
-                   vec("top1_var_t"))
+                   pit)

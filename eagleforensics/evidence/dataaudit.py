@@ -28,7 +28,7 @@ import numpy as np
 from ..arrays import as_array
 from ..results import Finding
 from . import templates as tpl
-from .agreement import AGREE_DEFICIT, MIN_TOKENS, SURPRISE_MAX, Z_MIN, Agreement
+from .agreement import MIN_TOKENS, SHAPE_CHI2, SURPRISE_MAX, Z_MIN, Agreement
 
 ORIGIN_SOURCE = ("sgl-project/SpecForge#533, sgl-project/SpecForge#128, vllm-project/speculators#751, "
                  "SafeAILab/EAGLE#98 (failure catalogue row 4)")
@@ -38,7 +38,6 @@ SHIFT_SOURCE = "sgl-project/SpecForge#885 (fix proposed in #895); vllm-project/s
 LENGTH_SOURCE = "vllm-project/speculators#684, sgl-project/sglang#6783 (failure catalogue row 7)"
 SHIFT_SHARE = 0.05  # shifted runs among the runs near the header: above this is a pipeline bug, not noise
 MAJORITY = 0.5
-LENGTH_HIST_BINS = 20
 
 
 def real_length(record: Any) -> int:
@@ -229,14 +228,15 @@ def _figures(a: Agreement, records: int) -> str:
     return (f"over {a.tokens:,} supervised tokens of {records} records: greedy agreement {a.agreement:.1%}, mean "
             f"log-probability of the next token {a.mean_logprob:.2f} nats, {a.top5_miss:.1%} outside the target's "
             f"top 5; surprise {a.mean_surprise:+.2f} nats/token against the target's own samples (z {a.z:.1f}); "
-            f"best-fitting sampling temperature {a.fitted_temperature:g}, at which the target's own samples would "
-            f"agree {a.expected_agreement:.1%} (choice z {a.choice_z:.1f})")
+            f"best-fitting sampling temperature {a.fitted_temperature:g} (its own samples there would agree "
+            f"{a.expected_agreement:.1%}), PIT chi-square {a.shape_chi2:.0f} there")
 
 
-RULE = (f"The target's own samples at temperature <= 1 (greedy included) have a surprise of 0 or less and agree as "
-        f"often as their temperature predicts. Not from the target: surprise above {SURPRISE_MAX} nats/token "
-        f"(flatter than the target's samples), or agreement {AGREE_DEFICIT:.0%} below the prediction (as confident, "
-        f"but preferring other tokens), each with z > {Z_MIN}: people, another model, or the model before a fine-tune.")
+RULE = (f"The target's own samples at temperature <= 1 (greedy included) have a surprise of 0 or less, and at their "
+        f"temperature each token falls uniformly in the target's distribution (randomised PIT). Not from the target: "
+        f"surprise above {SURPRISE_MAX} nats/token with z > {Z_MIN} (flatter than its samples), or a PIT chi-square "
+        f"above {SHAPE_CHI2} (as confident, but choosing other tokens): people, another model, or the model before a "
+        "fine-tune.")
 
 
 def origin_findings(s: AuditSummary, *, show: int = 5) -> list[Finding]:
@@ -464,4 +464,5 @@ def template_findings(s: AuditSummary, skel: TemplateFacts, served: ServedSummar
 
 
 def fmt_float(v: float | None, spec: str = ".3f") -> str:
+    """``v`` formatted, or '-' when missing or not finite."""
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)

@@ -68,9 +68,8 @@ class TargetAudit:
             controls = frozenset(tok.added_ids - specials)
         else:
             skel_err = f"no tokenizer.json in {tok_dir}: the template checks need the target's tokenizer files"
-        audit = cls(str(target), head, head_err, skel, skel_err, controls, str(tok_dir) if skel or controls else None,
-                    max_tokens)
-        return audit
+        return cls(str(target), head, head_err, skel, skel_err, controls, str(tok_dir) if skel or controls else None,
+                   max_tokens)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_scorer", "_tok")}

@@ -204,7 +204,8 @@ def _audit_reasons(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
                 reasons.setdefault(path, []).append(
                     f"answers not written by the target ({' and '.join(a.reasons)}): greedy agreement "
                     f"{a.agreement:.2f} (its own samples at T {a.fitted_temperature:g}: {a.expected_agreement:.2f}), "
-                    f"surprise {a.mean_surprise:+.2f} nats/token (z {a.z:.1f}) over {a.tokens} tokens")
+                    f"surprise {a.mean_surprise:+.2f} nats/token (z {a.z:.1f}), PIT chi-square {a.shape_chi2:.0f}, "
+                    f"over {a.tokens} tokens")
     return reasons
 
 
