@@ -535,3 +535,18 @@ def test_bad_audit_inputs_are_one_stderr_line(world: World, tmp_path: Path) -> N
     (broken / "tokenizer.json").write_text('{"version": "1.0", "model": 17}')
     res = CliRunner().invoke(main, ["doctor", "--train", str(train), "--target", str(broken)])
     assert res.exit_code == 2 and "tokenizer.json: is not a tokenizer" in res.output
+
+
+def test_template_check_not_run_without_its_libraries(world: World, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without jinja2 the template row is not run and names the extra to install; the agreement still runs."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jinja2" else real(name, *a))
+    train = _conversation_records(world, tmp_path / "data", n=2)
+    report = diagnose(DoctorInputs(train=str(train), target=str(world.target)),
+                      checks=[get_check("template"), get_check("data-origin")], pipelines=())
+    rows = {o.name: o for o in report.outcomes}
+    assert rows["template"].status == "not-run" and "eagleforensics[audit]" in rows["template"].reason
+    assert rows["data-origin"].status != "not-run"

@@ -202,12 +202,16 @@ def learn_skeleton(tok: Any) -> Skeleton:
     if opener is not None and closer is not None:
         think_open = next((t for t in opener[0][len(header):] if t in added), None)
         think_close = next((t for t in closer[0] if t in added), None)
-    if think_open is None:
+    if think_open is None:  # the template ignores reasoning_content: read the think tokens off its scaffolds
         for tails in gen_tails.values():
             for tail in tails:
                 extra = [t for t in tail[len(header):] if t in added]
                 if len(extra) >= 2:
                     think_open, think_close = extra[0], extra[-1]
+                elif len(extra) == 1 and think_open is None:  # an opened block (DeepSeek-R1: "<think>\n")
+                    text = tok.decode([extra[0]])
+                    if text.startswith("<") and text.endswith(">") and not text.startswith("</"):
+                        think_open, think_close = extra[0], tok.token_id("</" + text[1:])
     scaffolds: dict[tuple[int, ...], set[str]] = {(): {"rendered"}}
     generation: dict[str, tuple[int, ...]] = {}
     for mode, tails in gen_tails.items():

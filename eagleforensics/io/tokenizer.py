@@ -30,7 +30,7 @@ MAX_TEMPLATE_BYTES = 1024 * 1024  # the longest real chat templates are about 20
 MAX_RENDER_CHARS = 1 << 20  # a probe conversation renders to a few hundred characters
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json")
-INSTALL_HINT = "pip install 'eagleforensics[capture]' (it brings tokenizers and jinja2)"
+INSTALL_HINT = "pip install 'eagleforensics[audit]' (tokenizers and jinja2)"
 
 
 def _token_text(value: Any) -> str | None:

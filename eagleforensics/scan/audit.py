@@ -11,6 +11,7 @@ once per record).
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,11 @@ class TargetAudit:
         skel = skel_err = None
         controls: frozenset[int] = frozenset()
         tok_dir = Path(tokenizer) if tokenizer is not None else Path(target)
-        if has_tokenizer(tok_dir):
+        missing = [m for m in ("tokenizers", "jinja2") if importlib.util.find_spec(m) is None]
+        if missing:
+            skel_err = (f"reading the target's tokenizer and chat template needs {' and '.join(missing)}: "
+                        "pip install 'eagleforensics[audit]'")
+        elif has_tokenizer(tok_dir):
             tok = load_tokenizer(tok_dir)
             if tok.chat_template is None:
                 skel_err = "the target's tokenizer has no chat template (a base model?): nothing to compare records with"
