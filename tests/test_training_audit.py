@@ -550,3 +550,23 @@ def test_template_check_not_run_without_its_libraries(world: World, tmp_path: Pa
     rows = {o.name: o for o in report.outcomes}
     assert rows["template"].status == "not-run" and "eagleforensics[audit]" in rows["template"].reason
     assert rows["data-origin"].status != "not-run"
+
+
+def test_opened_think_generation_prompt_without_reasoning_support(tmp_path: Path) -> None:
+    """A DeepSeek-R1-style template (no user end of turn, '<think>\\n' in the generation prompt, reasoning_content
+    ignored): the think tokens come off the scaffold and the served state is thinking."""
+    r1 = ("{{- bos_token }}{%- for m in messages %}{%- if m.role == 'user' %}{{- '<|im_start|>' + m.content }}"
+          "{%- elif m.role == 'assistant' %}{{- '<|im_end|>' + m.content.split('</think>')[-1] + '<|endoftext|>' }}"
+          "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_end|><think>\\n' }}{%- endif %}")
+    d = chat.write_tokenizer(tmp_path, "chatml")
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg.update(chat_template=r1, bos_token="<|begin_of_text|>")
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = load_tokenizer(d)
+    skel = tpl.learn_skeleton(tok)
+    assert tok.decode(skel.header) == "<|im_end|>" and skel.think_open == tok.token_id("<think>")
+    assert skel.think_close == tok.token_id("</think>") and skel.served_state["default"] == "reasoning"
+    prompt = tok.encode(tok.render([{"role": "user", "content": "Why?"}], add_generation_prompt=True))
+    ids = prompt + tok.encode("Because it is.\n</think>\n\nIt is.") + [tok.token_id("<|endoftext|>")]
+    (run,) = tpl.classify_runs(ids, [0] * len(prompt) + [1] * (len(ids) - len(prompt)), skel, decode=tok.decode)
+    assert run.start_kind == "after-header" and run.state == "reasoning" and run.end_kind == "eot"
