@@ -44,6 +44,10 @@ _LAZY = {
     "parse_server_args_line": "eagleforensics.engines.serverargs",
     "ServerArgs": "eagleforensics.engines.serverargs",
     "SERVED_FEATURES": "eagleforensics.io.served",
+    "TargetAudit": "eagleforensics.scan.audit",
+    "audit_records": "eagleforensics.scan.audit",
+    "load_tokenizer": "eagleforensics.io.tokenizer",
+    "learn_skeleton": "eagleforensics.evidence.templates",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

@@ -173,6 +173,8 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     if missing:
         return _not_run(check.name, check.title, missing)
     result = check.run(art)
+    if result.skipped:
+        return CheckOutcome(check.name, check.title, NOT_RUN, reason=result.skipped, data=dict(result.data))
     stray = [f.code for f in result.findings if f.code not in check.codes]
     if stray:
         raise RuntimeError(f"doctor check {check.name!r} emitted codes outside its contract: {stray}")
@@ -183,10 +185,11 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
 def check_inputs(inputs: DoctorInputs) -> None:
     """Bad inputs are one line before any check runs (and before a report's kernel starts)."""
     if not any(v is not None for v in (inputs.drafter, inputs.target, inputs.train, inputs.capture,
-                                       inputs.draft_config, inputs.log)):
-        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log")
+                                       inputs.draft_config, inputs.log, inputs.served_prompts)):
+        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log, "
+                             "--served-prompts")
     for name, want_dir in (("drafter", True), ("target", True), ("train", None), ("capture", None),
-                           ("draft_config", None), ("log", False)):
+                           ("draft_config", None), ("log", False), ("served_prompts", False)):
         value = getattr(inputs, name)
         if value is None:
             continue
