@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 NOTEBOOK = "doctor.ipynb"
 PATH_PARAMS = {"drafter": False, "target": False, "train": False, "capture": False, "draft_config": False,
-               "log": True}  # name -> must be a file
+               "log": True, "served_prompts": True}  # name -> must be a file
 
 
 @dataclass(frozen=True)
