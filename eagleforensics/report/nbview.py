@@ -342,4 +342,4 @@ def doctor_checks(report: DoctorReport) -> None:
     """One row per check, most severe first: found / clean / not run and why (escaped by pandas)."""
     from .doctorreport import checks_table
 
-    table(checks_table(report), sortable=False)
+    table(checks_table(report))
