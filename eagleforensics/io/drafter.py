@@ -214,7 +214,7 @@ def _weight_files(d: Path) -> dict[str, Path]:
             out[str(name)] = f
         return out
     single = d / "model.safetensors"
-    if single.is_file():
+    if single.exists():  # not is_file(): a FIFO or device of this name is refused by the header's guard, not skipped
         return {name: single for name in read_safetensors_header(single) if name != "__metadata__"}
     others = sorted(d.glob("*.safetensors"))
     if not others:
