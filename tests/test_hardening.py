@@ -139,7 +139,7 @@ def test_disk_full_while_writing_a_report_keeps_the_previous_report(tmp_path: Pa
     out.write_text("<html>the previous good report</html>")
     before = hostile.fingerprint_of([out])
 
-    def fake_execute(notebook, work, parameters, cwd):  # type: ignore[no-untyped-def]
+    def fake_execute(notebook, work, parameters, cwd, **_):  # type: ignore[no-untyped-def]
         nb = nbformat.v4.new_notebook()
         cell = nbformat.v4.new_code_cell("")
         cell.outputs = [nbformat.v4.new_output("display_data", data={"text/plain": "x"}, metadata={
