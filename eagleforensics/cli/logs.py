@@ -45,7 +45,7 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
     Exit 0: done. 2: bad input. 3: the report notebook crashed.
     """
 
-    def body() -> tuple[list[dict], ReportOutcome | None]:
+    def body() -> tuple[dict, ReportOutcome | None]:
         from ..report.runs import (
             build_runs_report,
             load_runs,
@@ -60,21 +60,24 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
             raise ForensicsError(f"--baseline {baseline!r} is not one of the run labels: {', '.join(mapping)}")
         if report_path is None:
             params = validate_params(mapping, baseline, title)
-            return runs_summary(summarize(load_runs(params), params), params)["runs"], None
+            return runs_summary(summarize(load_runs(params), params), params), None
         if report_path and not report_path.lower().endswith((".html", ".htm")):
             raise ForensicsError(f"--report expects an .html file name, got {report_path!r} "
                                  "(a bare --report goes after the logs)")
         outcome = build_runs_report(mapping, report_path or None, baseline=baseline, title=title,
                                     with_input=with_input, keep_notebook=keep_notebook)
-        return outcome.summary["runs"], outcome
+        return outcome.summary, outcome
 
-    records, outcome = run_guarded(body)
+    summary, outcome = run_guarded(body)
+    records = summary["runs"]
     from ..engines.logs import SUMMARY_COLUMNS
 
     if as_json:
         echo_text(json.dumps([{k: r.get(k) for k in SUMMARY_COLUMNS} for r in records], indent=2, default=str))
     else:
         echo_text(_table(records))
+    for note in summary.get("notes", []):  # why a speed-up is n/a; on stderr with --json (stdout stays one document)
+        echo_text(f"note: {printable(note)}", err=as_json)
     if outcome is not None:  # on stderr with --json, so stdout stays one JSON document
         for line in (f"VERDICT: {outcome.verdict}", f"report: {printable(outcome.html)}",
                      *([f"notebook: {printable(outcome.notebook)}"] if outcome.notebook is not None else [])):
