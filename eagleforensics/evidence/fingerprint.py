@@ -50,7 +50,7 @@ FIRST_VALUES = 8
 CHUNK_ROWS = 256
 _MASK = (1 << 64) - 1
 MAX_SKETCH = 4096  # sketch width a fingerprint may claim (written with SKETCH_DIM = 64)
-MAX_PROJECTION = 1 << 26  # H x k values of the projection (256 MiB as float32): H = 16384 with k up to 4096
+MAX_PROJECTION = 1 << 25  # H x k values of the projection (128 MiB as float32): H = 16384 with k up to 2048
 _PROJECTION_ROWS = 4096  # rows of the projection generated at a time (bounded temporaries)
 
 
@@ -75,7 +75,7 @@ def projection(hidden: int, k: int = SKETCH_DIM, seed: int = 0) -> np.ndarray:
 
 
 def projection_digest(r: Any) -> str:
-    return hashlib.sha256(np.ascontiguousarray(as_array(r)).tobytes()).hexdigest()[:16]
+    return hashlib.sha256(np.ascontiguousarray(as_array(r))).hexdigest()[:16]  # the buffer itself, no bytes copy
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
