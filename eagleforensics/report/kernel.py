@@ -3,8 +3,9 @@
 ``kernel_manager_class(workdir)`` gives papermill a kernel manager whose ``python3`` kernel is
 this interpreter's ipykernel, talking over Unix sockets, whose connection file (it holds the
 session key) is written inside the work folder instead of the temp dir's root, and whose
-stdout/stderr go to ``kernel.log`` there (the kernel's own noise on an interrupt, "Parent
-appears to have exited", never reaches the user's terminal). ``work_folder`` is the temporary
+process stdout/stderr go to ``kernel.log`` there, or nowhere without a work folder (the
+kernel's own noise on an interrupt, "Parent appears to have exited", never reaches the
+user's terminal; what cells print comes over the kernel's sockets as before). ``work_folder`` is the temporary
 folder of one report run: on every way out (success, error, Ctrl-C, SIGTERM) any kernel still
 running is killed and the folder, with the half-run notebook, the connection file and the
 sockets, is removed, with signals held so a second Ctrl-C cannot cut that short.
@@ -129,10 +130,10 @@ def kernel_manager_class(workdir: WorkFolder | Path | None = None) -> type:
         async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
             if folder is not None:
                 folder.kernels.append(self)
-            if where is None:
-                return await super()._async_launch_kernel(kernel_cmd, **kw)
-            with open(where / KERNEL_LOG, "ab") as log:  # the child keeps its own copy of the descriptor
-                kw.setdefault("stdout", log)
+            # the kernel process's own output (not the cells': those come over its sockets) never reaches
+            # the user's terminal: into kernel.log in the work folder, else nowhere
+            with (open(where / KERNEL_LOG, "ab") if where is not None else open(os.devnull, "wb")) as log:
+                kw.setdefault("stdout", log)  # the child keeps its own copy of the descriptor
                 kw.setdefault("stderr", log)
                 return await super()._async_launch_kernel(kernel_cmd, **kw)
 
