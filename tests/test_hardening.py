@@ -328,3 +328,78 @@ def _ppid(pid: int) -> int:
             return int(fh.read().split(") ")[-1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+# ---------------------------------------------------------------- issue 19: the shared parsers and bounds
+
+def _depth(obj) -> int:  # type: ignore[no-untyped-def]
+    if isinstance(obj, (list, dict)):
+        kids = obj.values() if isinstance(obj, dict) else obj
+        return 1 + max((_depth(k) for k in kids), default=0)
+    return 0
+
+
+def test_nesting_depth_is_exact_across_strings_escapes_and_chunks(monkeypatch) -> None:
+    """The linear scan (issue 19: the regex was quadratic on \\" runs) gives a parser's exact depth."""
+    import random
+
+    from eagleforensics.io import guards
+
+    rng = random.Random(0)
+
+    def value(level: int):  # type: ignore[no-untyped-def]
+        r = rng.random()
+        if level > 6 or r < 0.3:
+            return rng.choice(['a\\"[', "\\\\", "{x}", 1, None, '"]]"', '\\\\\\"[{'])
+        if r < 0.65:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {f"k[{i}\\": value(level + 1) for i in range(rng.randint(0, 3))}
+
+    docs = [value(0) for _ in range(400)]
+    for chunk in (1 << 20, 7, 1):  # the chunked scan carries its state across any boundary
+        monkeypatch.setattr(guards, "_DEPTH_CHUNK", chunk)
+        for doc in docs:
+            text = json.dumps(doc).encode()
+            assert guards.nesting_depth(text) == _depth(doc), text
+
+
+def test_parse_json_turns_every_failure_into_one_line() -> None:
+    from eagleforensics.io.guards import parse_json
+
+    with pytest.raises(ForensicsError, match="not valid JSON .*digits"):
+        parse_json(b'{"a": ' + b"9" * 5000 + b"}", "x.json", "config")
+    with pytest.raises(ForensicsError, match="not UTF-8"):
+        parse_json(b'{"a": "\xff"}', "x.json", "config")
+    with pytest.raises(ForensicsError, match="nested 5000 levels"):
+        parse_json(b"[" * 5000, "x.json", "config")
+    with pytest.raises(json.JSONDecodeError):  # left to the caller, who names the format
+        parse_json(b'{"a": ', "x.json", "config")
+
+
+def test_claimed_numbers_are_whole_and_bounded() -> None:
+    from eagleforensics.io.sizecheck import MAX_EMPTY_DIM, check_shape, claimed_int, key_number
+
+    assert check_shape([2, 3], "t", "f") == [2, 3] and check_shape([0, MAX_EMPTY_DIM], "t", "f") == [0, MAX_EMPTY_DIM]
+    for bad in ([1.5], [float("inf")], ["3"], [True], [-1], "3", None, [0, MAX_EMPTY_DIM + 1]):
+        with pytest.raises(ForensicsError):
+            check_shape(bad, "t", "f")
+    assert claimed_int(7, "n", "f", lo=1, hi=7) == 7
+    with pytest.raises(ForensicsError, match="between 1 and 7"):
+        claimed_int(8, "n", "f", lo=1, hi=7)
+    assert key_number("12", "layer_12", "f") == 12
+    for text in ("111111111111", "9" * 5000):
+        with pytest.raises(ForensicsError, match="claims position"):
+            key_number(text, f"layer_{text}", "f")
+
+
+def test_a_directory_holding_a_fifo_is_refused_without_opening_it(tmp_path: Path) -> None:
+    from eagleforensics.io.guards import check_regular_tree, open_regular_fd
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "sub").mkdir()
+    check_regular_tree(tmp_path)
+    os.mkfifo(tmp_path / "tokenizer.json")
+    with pytest.raises(ForensicsError, match="tokenizer.json: is not a regular file"):
+        check_regular_tree(tmp_path, "model directory")
+    with pytest.raises(ForensicsError, match="is not a regular file"):
+        open_regular_fd(tmp_path / "tokenizer.json")  # O_NONBLOCK: a FIFO with no writer does not block
