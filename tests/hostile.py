@@ -457,17 +457,35 @@ def json_bytes(header: dict) -> bytes:
     return json.dumps(header).encode()
 
 
+def output_is_a_fifo_scan(d: Path) -> Case:
+    """scan -o FIFO: opening the results file for writing waited for a reader for ever."""
+    ds = d / "ds" / "rows_0"
+    ds.mkdir(parents=True)
+    (ds / "data_0.ckpt").write_bytes(CKPT.read_bytes())
+    os.mkfifo(d / "results.fifo")
+    return Case("not-a-regular-file", ["scan", str(d / "ds"), "-o", str(d / "results.fifo"), "--workers", "1"],
+                ("results.fifo", "is not a regular file"), [ds / "data_0.ckpt"])
+
+
+def output_is_a_fifo_fingerprint(d: Path) -> Case:
+    """fingerprint -o FIFO: the finished file was renamed onto the FIFO (as root, -o /dev/null replaced the device)."""
+    os.mkfifo(d / "out.fifo")
+    return Case("not-a-regular-file", ["fingerprint", str(CAP), "-o", str(d / "out.fifo")],
+                ("out.fifo", "is not a regular file"), [])
+
+
 # builders whose old behaviour is a hang or gigabytes: run as a process (timeout, peak memory) in the tests
 AS_PROCESS = {"fifo_model_safetensors_in_drafter", "fifo_shard_in_target", "fifo_safetensors_in_unindexed_target",
               "fifo_in_model_dir", "fifo_in_draft_dir", "fifo_in_draft_dir_align", "fingerprint_claims_wide_model",
               "fingerprint_empty_probes_wide", "config_claims_huge_vocab", "key_claims_position_10_to_12",
-              "quadratic_json_header"}
+              "quadratic_json_header", "output_is_a_fifo_scan"}
 ISSUE_19 = [fifo_model_safetensors_in_drafter, fifo_shard_in_target, fifo_safetensors_in_unindexed_target,
             fifo_in_model_dir, metadata_is_a_string, metadata_is_a_list, metadata_string_nested_deep,
             metadata_layers_infinite, shape_not_integer, shape_fraction, number_of_5000_digits,
             empty_tensor_huge_dimension, key_claims_position_10_to_12, fingerprint_claims_wide_model,
             fingerprint_empty_probes_wide, config_claims_huge_vocab, wiring_superscript, input_ids_superscript,
-            input_id_past_int64, npy_of_records, quadratic_json_header]
+            input_id_past_int64, npy_of_records, quadratic_json_header, output_is_a_fifo_scan,
+            output_is_a_fifo_fingerprint]
 
 
 # docs/errors.md rows whose tests live in tests/test_hardening.py (the catalogue test checks both ways)

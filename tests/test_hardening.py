@@ -403,3 +403,16 @@ def test_a_directory_holding_a_fifo_is_refused_without_opening_it(tmp_path: Path
         check_regular_tree(tmp_path, "model directory")
     with pytest.raises(ForensicsError, match="is not a regular file"):
         open_regular_fd(tmp_path / "tokenizer.json")  # O_NONBLOCK: a FIFO with no writer does not block
+
+
+def test_an_output_that_is_a_fifo_or_device_is_refused_before_anything_runs(tmp_path: Path, monkeypatch) -> None:
+    """report -o FIFO: refused before the kernel starts (the atomic rename would have replaced it); the FIFO stays."""
+    import stat as stat_mod
+
+    from eagleforensics.report import pipeline
+
+    fifo = tmp_path / "r.html"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(pipeline, "execute", lambda *a, **k: pytest.fail("the notebook ran"))
+    assert_one_line_error(*run_cli("report", hostile.REC, hostile.CAP, "-o", fifo), "r.html", "is not a regular file")
+    assert stat_mod.S_ISFIFO(os.stat(fifo).st_mode)

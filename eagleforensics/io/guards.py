@@ -79,6 +79,24 @@ def open_regular(path: str | Path, what: str = "file") -> IO[bytes]:
     return os.fdopen(open_regular_fd(path, what), "rb")
 
 
+def check_output_target(path: str | Path, what: str = "output") -> None:
+    """Refuse to write ``path`` when it exists and is not a regular file.
+
+    Opening a FIFO for writing blocks until a reader comes, and renaming a finished output onto
+    a device (``-o /dev/null`` run as root) would replace the device by a file.
+    """
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return  # nothing there yet (or a dangling link: the write names what is wrong)
+    if stat.S_ISDIR(mode):
+        raise ForensicsError(f"is a directory; give the {what} a file name", path=p)
+    if not stat.S_ISREG(mode):
+        raise ForensicsError(f"is not a regular file (a device, pipe or socket): the {what} is written to files only",
+                             path=p)
+
+
 def check_regular_tree(directory: str | Path, what: str = "directory") -> None:
     """Refuse a directory holding a FIFO, device or socket, before a library that opens by name (transformers) reads it.
 

@@ -168,6 +168,10 @@ def check_model_size(d: Path) -> None:
         raise ForensicsError(f"cannot build the model its config.json describes: {' '.join(str(exc).split())[:200]}",
                              path=d) from None
     claimed = sum(p.numel() for p in skeleton.parameters())
+    budget = memory_limit() // 2
+    if claimed * 4 > budget:
+        raise ForensicsError(f"config.json describes {claimed:,} parameters ({human_bytes(claimed * 4)} as float32), "
+                             f"past {human_bytes(budget)} (half the memory this process may use)", path=d)
     wanted = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
     stored = 0
     for f in sorted(d.glob("*.safetensors")):
@@ -179,10 +183,6 @@ def check_model_size(d: Path) -> None:
                 raise ForensicsError(f"tensor {name[:80]!r} has shape {list(info['shape'])} in {f.name} but config.json "
                                      f"implies {list(wanted[name])}: the config does not belong to these weights",
                                      path=d)
-    budget = memory_limit() // 2
-    if claimed * 4 > budget:
-        raise ForensicsError(f"config.json describes {claimed:,} parameters ({human_bytes(claimed * 4)} as float32), "
-                             f"past {human_bytes(budget)} (half the memory this process may use)", path=d)
     if stored and claimed > 2 * stored + (1 << 20):
         raise ForensicsError(f"config.json describes {claimed:,} parameters but the safetensors files hold "
                              f"{stored:,}: the config does not belong to these weights", path=d)

@@ -24,7 +24,7 @@ from ..engines.crosscheck import check_request
 from ..engines.rules import ENGINES as SERVING_ENGINES
 from ..errors import ForensicsError
 from ..io.atomic import write_bytes_atomic
-from ..io.guards import check_not_input
+from ..io.guards import check_not_input, check_output_target
 from .kernel import INSTALL_HINT, WorkFolder, kernel_manager_class, work_folder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -350,6 +350,7 @@ def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schem
     inputs = list(inputs)
     for p in (html_path, executed_path, failed_path):  # by device+inode, and never inside an input directory
         check_not_input(p, inputs, "report")
+        check_output_target(p, "report")  # never a device or pipe: checked before the kernel starts
     with work_folder() as folder:  # removed on every way out, with the kernel's connection file and sockets
         work = folder.path / f"{notebook.stem}.executed.ipynb"
         try:
