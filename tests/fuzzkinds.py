@@ -268,12 +268,16 @@ def apply_tweaks(case: KindCase, data: bytes) -> bytes:
                 continue
             import math
 
-            info["shape"] = {"zero-huge": [0, HUGE], "huge-zero": [HUGE, 0], "neg": [-1] + shape[1:],
-                             "fraction": [shape[0] + 0.5] + shape[1:], "text": [str(d) for d in shape],
-                             "bool": [True] + shape[1:], "extra-dim": [1] + shape, "flatten": [math.prod(shape)],
-                             "swap": shape[::-1], "empty-list": []}[trick]
+            dims = [d if isinstance(d, int) and not isinstance(d, bool) else 1 for d in shape]  # after another trick
+            info["shape"] = {"zero-huge": lambda: [0, HUGE], "huge-zero": lambda: [HUGE, 0],
+                             "neg": lambda: [-1] + dims[1:], "fraction": lambda: [dims[0] + 0.5] + dims[1:],
+                             "text": lambda: [str(d) for d in dims], "bool": lambda: [True] + dims[1:],
+                             "extra-dim": lambda: [1] + dims, "flatten": lambda: [math.prod(dims)],
+                             "swap": lambda: dims[::-1], "empty-list": lambda: []}[trick]()
         elif tweak[0] == "offsets":
-            start, end = info.get("data_offsets", [0, 0])
+            offsets = info.get("data_offsets")
+            start, end = offsets if isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(x, int) for x in offsets) else (0, 0)
             other = header[keys[(tweak[1] + 1) % len(keys)]].get("data_offsets", [0, 0])
             info["data_offsets"] = {"alias": list(other), "reverse": [end, start], "shift": [start + 2, end + 2],
                                     "huge": [start, HUGE], "fraction": [start + 0.5, end]}[tweak[2]]
@@ -466,10 +470,19 @@ def run(case: KindCase, scratch: Path) -> tuple[str, str, str]:
         if "\n" in text:
             return "failure", f"multi-line ForensicsError: {text!r}", "multi-line message"
         return "clean-error", text, ""
+    except OSError as exc:  # the OS refusing a named path (a name too long): the CLI's one line (errors.path_error)
+        from eagleforensics.errors import path_error
+
+        bad = path_error(exc)
+        return ("clean-error", str(bad), "") if bad is not None else _failure(case, exc)
     except Exception as exc:  # noqa: BLE001 - anything that is not a clean end is what the fuzzer looks for
-        tb = traceback.extract_tb(exc.__traceback__)
-        where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb) if "eagleforensics" in f.filename),
-                     "?")
-        return ("failure", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                f"{case.kind}: {type(exc).__name__} at {where}")
+        return _failure(case, exc)
     return "result", case.kind, ""
+
+
+def _failure(case: KindCase, exc: BaseException) -> tuple[str, str, str]:
+    """A ``failure`` entry whose signature names the kind, the exception type and the innermost line of ours."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb) if "eagleforensics" in f.filename), "?")
+    return ("failure", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+            f"{case.kind}: {type(exc).__name__} at {where}")

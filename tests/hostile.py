@@ -474,6 +474,24 @@ def output_is_a_fifo_fingerprint(d: Path) -> Case:
                 ("out.fifo", "is not a regular file"), [])
 
 
+def name_too_long(d: Path) -> Case:
+    """A path of 5000 characters: Path.exists() raises (ENAMETOOLONG) instead of answering False."""
+    return Case("unusable-path", ["align", "a" * 5000, str(CAP)], ("aaaa...", "cannot be used: File name too long"))
+
+
+def shard_name_too_long(d: Path) -> Case:
+    """Found by scripts/fuzz.py: a target's shard index naming a shard of 5000 characters."""
+    import json
+
+    target = _copy_dir(TARGET, d / "target")
+    index = target / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"] = {k: ("m" * 5000 + ".safetensors") for k in doc["weight_map"]}
+    index.write_text(json.dumps(doc))
+    return Case("unusable-path", ["replay", str(DRAFTER), str(CAP), "--target", str(target)],
+                ("mmmm...", "cannot be used: File name too long"), [index])
+
+
 # builders whose old behaviour is a hang or gigabytes: run as a process (timeout, peak memory) in the tests
 AS_PROCESS = {"fifo_model_safetensors_in_drafter", "fifo_shard_in_target", "fifo_safetensors_in_unindexed_target",
               "fifo_in_model_dir", "fifo_in_draft_dir", "fifo_in_draft_dir_align", "fingerprint_claims_wide_model",
@@ -485,13 +503,13 @@ ISSUE_19 = [fifo_model_safetensors_in_drafter, fifo_shard_in_target, fifo_safete
             empty_tensor_huge_dimension, key_claims_position_10_to_12, fingerprint_claims_wide_model,
             fingerprint_empty_probes_wide, config_claims_huge_vocab, wiring_superscript, input_ids_superscript,
             input_id_past_int64, npy_of_records, quadratic_json_header, output_is_a_fifo_scan,
-            output_is_a_fifo_fingerprint]
+            output_is_a_fifo_fingerprint, name_too_long, shard_name_too_long]
 
 
 # docs/errors.md rows whose tests live in tests/test_hardening.py (the catalogue test checks both ways)
 CATALOGUE_IDS = {"output-is-input", "not-a-results-file", "not-a-regular-file", "yaml-alias-bomb", "log-line-too-long",
                  "decompression-bomb", "truncated-zip", "nested-too-deep", "control-characters", "disk-full",
-                 "interrupted", "not-a-number", "absurd-size"}
+                 "interrupted", "not-a-number", "absurd-size", "unusable-path"}
 
 BUILDERS: list[Callable[[Path], Case]] = [
     report_into_capture_dir, report_over_hard_link, scan_output_is_reference, scan_resume_other_file,

@@ -171,8 +171,14 @@ def test_redacted_report_and_kept_notebook_name_no_directory(tmp_path: Path) -> 
 
 
 def test_failed_notebook_is_written_redacted(tmp_path: Path, monkeypatch) -> None:
+    """The error way out: the failed notebook is kept, redacted; the work folder and connection file are gone."""
+    import tempfile
+
     cwd, secret = _secret_layout(tmp_path)
     monkeypatch.chdir(cwd)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     crash = tmp_path / "crash.ipynb"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("shard = capture = None"),
                                          nbformat.v4.new_code_cell("print(shard, capture)\nraise RuntimeError(shard)")])
@@ -182,6 +188,7 @@ def test_failed_notebook_is_written_redacted(tmp_path: Path, monkeypatch) -> Non
     with pytest.raises(pipeline.NotebookFailed):
         pipeline.build_report("../secret-dir/hidden-sub/record_layer_outputs.pt", "linked/capture.pt", "r.html",
                               notebook=crash, redact_paths=True)
+    assert sorted(tmp.iterdir()) == []  # no work folder, no kernel connection file
     failed = (cwd / "r.failed.ipynb").read_text(encoding="utf-8")
     assert "record_layer_outputs.pt capture.pt" in failed  # the printed parameters, by name
     assert _leaks(failed, tmp_path) == [], _leaks(failed, tmp_path)

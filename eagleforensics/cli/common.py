@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from ..errors import ForensicsError, printable
+from ..errors import ForensicsError, path_error, printable
 from ..interrupts import exit_code, sigterm_unwinds, what
 
 T = TypeVar("T")
@@ -37,13 +37,24 @@ def run_guarded(fn: Callable[[], T]) -> T:
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
         click.echo(f"eagleforensics: {what(exc)}", err=True)
         sys.exit(exit_code(exc))
+    except OSError as exc:  # the OS refused a path the user gave (a name too long, no permission): bad input
+        bad = path_error(exc)
+        if bad is None or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            _internal(exc)
+        click.echo(f"eagleforensics: error: {printable(bad)}", err=True)
+        sys.exit(bad.exit_code)
     except Exception as exc:  # last resort: a bug must not dump a traceback on the user
-        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-            raise
-        text = " ".join(printable(exc).split())[:300]
-        click.echo(f"eagleforensics: internal error: {type(exc).__name__}: {text} "
-                   f"(a bug; set {TRACEBACK_ENV}=1 for the traceback and report it)", err=True)
-        sys.exit(INTERNAL_EXIT)
+        _internal(exc)
+
+
+def _internal(exc: BaseException) -> None:
+    """One ``internal error`` line and exit 3 (with ``EAGLEFORENSICS_TRACEBACK=1``: the traceback)."""
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        raise exc
+    text = " ".join(printable(exc).split())[:300]
+    click.echo(f"eagleforensics: internal error: {type(exc).__name__}: {text} "
+               f"(a bug; set {TRACEBACK_ENV}=1 for the traceback and report it)", err=True)
+    sys.exit(INTERNAL_EXIT)
 
 
 def echo_text(text: str, err: bool = False) -> None:
