@@ -67,6 +67,7 @@ def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None
                        float(np.nanmax(sm.tokens_used[i]) if sm.tokens_used.size else 0), bar)
                 for i in range(n_slots)], [None] * n_slots
     real = set(sm.column_norms)
+    damaged = frozenset(p for p, rows in sm.nonfinite_capture.items() if rows)
     step_of = known_first(sm.steps, step_reader(cap.read_rows, tok.capture_start, tok.length))
     picks, ids = [], []
     for i in range(n_slots):
@@ -75,7 +76,7 @@ def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None
                       bar.norm_tol, int(cap.num_layers), step_of, alpha=bar.paired_alpha,
                       step_ratio=bar.step_ratio, min_votes=bar.min_votes,
                       extra_bad=(bad_rows or [0] * n_slots)[i], unknown=unknown,
-                      distinct=None if slot_norms is None else _distinct(sm, tok, slot_norms[i]))
+                      distinct=None if slot_norms is None else _distinct(sm, tok, slot_norms[i]), damaged=damaged)
         picks.append(_as_choice(ident, sm, i))
         ids.append(ident)
     return picks, ids

@@ -62,8 +62,9 @@ def parse_wiring(text: str) -> tuple[Position, ...]:
         body = part[1:] if part[:1] in ("p", "P") else part
         normed = body.endswith("n")
         body = body[:-1] if normed else body
-        if not body.isdigit():
-            raise ForensicsError(f"--wiring {text!r}: {part!r} is not a position (write p3,p7,p10 or 3,7,10)")
+        if not (body.isascii() and body.isdigit() and len(body) <= 6):  # not '²' (isdigit, yet int() refuses it)
+            raise ForensicsError(f"--wiring {str(text)[:60]!r}: {part[:20]!r} is not a position (write p3,p7,p10 or "
+                                 "3,7,10)")
         out.append(Position(int(body), normed))
     if not out:
         raise ForensicsError(f"--wiring {text!r} names no position")

@@ -29,7 +29,7 @@ from eagleforensics.errors import ForensicsError
 from eagleforensics.positions import Position
 from eagleforensics.io.training import load_training
 
-from .mutations import Case, baseline, cases, relabelled, run_case, sample_path, wrong_placements, write_case
+from .mutations import Case, Edit, baseline, cases, relabelled, run_case, sample_path, wrong_placements, write_case
 from .realdata import N, forward
 
 FAST = settings(deadline=None, database=None, derandomize=True, print_blob=True,
@@ -294,3 +294,19 @@ def test_odd_shapes_and_dtypes_are_a_result_or_a_clean_error(t: torch.Tensor, wh
         if m.confident and m.key in ("hidden_states", "layer_3") and m.index in (0, None):
             assert m.position == Position(3) or (m.role == "final" and m.position == Position(N, True))
     assert all(math.isfinite(m.score) or not m.confident for m in r.matches)
+
+
+def test_a_capture_shifted_mid_file_never_places_a_slot_next_to_corrupted_neighbours(scratch: Path) -> None:
+    """Found by the round-three fuzz: 11 bytes deleted early and inserted late in the capture sweep, so the
+    positions between are shifted garbage with NaN rows. The embedding (intact) then sat 'far' from its
+    corrupted neighbour p1, and aux_hidden_state[0] (truly p2, itself corrupted) was placed at p0 'under
+    drift'; a neighbour with non-finite rows now counts as not captured whole."""
+    case = Case(train="data_0.ckpt", capture="capture_sweep.safetensors", side="capture",
+                edits=(Edit("insert", 0.99814, 11, 11), Edit("delete", 0.13829, 0, 11)))
+    out = run_case(case, scratch / "shifted_capture")
+    assert out.kind == "result", out.detail
+    clean = baseline(case.train, case.capture, str(scratch / "clean"))
+    assert any(f.code == "nonfinite-capture" for f in out.result.findings)  # the corruption is visible
+    assert wrong_placements(out.result, clean) == []
+    placed = {m.name: m.identity_verdict for m in out.result.matches}
+    assert placed["aux_hidden_state[0]"] == "best-among-captured"

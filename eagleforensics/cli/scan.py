@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import ForensicsError, printable
+from ..interrupts import exit_code, what
 from .common import echo_text, run_guarded
 
 CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
@@ -68,10 +69,10 @@ def scan(dataset_dir: str, reference: str | None, reference_convention: str, tar
                             scheduler=scheduler, allow_unsafe=allow_unsafe_pickle, convention=reference_convention,
                             target=target, served_prompts=served_prompts, served_len=served_len,
                             agreement_tokens=agreement_tokens)
-        except KeyboardInterrupt:
-            click.echo(f"eagleforensics: interrupted; the records scanned so far are in {printable(out)}: "
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (interrupts.Terminated)
+            click.echo(f"eagleforensics: {what(exc)}; the records scanned so far are in {printable(out)}: "
                        "run the same command with --resume to continue", err=True)
-            sys.exit(130)
+            sys.exit(exit_code(exc))
 
     result = run_guarded(body)
     echo_text(json.dumps(result.to_dict(), indent=2) if as_json else result.to_text() + f"\n\nresults: {printable(out)}")

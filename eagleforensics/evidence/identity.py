@@ -138,7 +138,8 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
           tokens: int, min_tokens: int, copy_gap: float, norm_tol: float, num_layers: int,
           step_of: Callable[[int, int], float] | None, alpha: float = PAIRED_ALPHA, step_ratio: float = STEP_RATIO,
           min_votes: float = MIN_VOTES, extra_bad: int = 0, unknown: frozenset[Position] = frozenset(),
-          distinct: Callable[[Position], np.ndarray | None] | None = None) -> Identity:
+          distinct: Callable[[Position], np.ndarray | None] | None = None,
+          damaged: frozenset[Position] = frozenset()) -> Identity:
     """Decide one slot's identity from its per-token scores [columns, tokens] (see module doc).
 
     ``real``: the columns the capture holds (others are fitted). ``step_of(p, q)``: the
@@ -146,10 +147,12 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
     fingerprint). ``copy_gap``: 1 - score within which a match is a copy at the dtype's rounding.
     ``unknown``: stored columns whose labels do not count (``evidence.labels``); a fitted column
     of such a position does not count either. ``distinct(pos)``: which compared tokens are
-    distinct against column ``pos`` (bool mask; None or all True: every one).
+    distinct against column ``pos`` (bool mask; None or all True: every one). ``damaged``: stored
+    columns with non-finite rows; as neighbours they count as not captured, since a corrupted
+    neighbour's layer step says nothing about how far apart real neighbours sit.
     """
     args = (columns, real, norm_ratio, tokens, min_tokens, copy_gap, norm_tol, num_layers, step_of, alpha,
-            step_ratio, min_votes, extra_bad, unknown)
+            step_ratio, min_votes, extra_bad, unknown, damaged)
     first = _judge(per_token, *args)
     keep = distinct(first.best) if distinct is not None and first.best is not None else None
     if keep is None or keep.all():
@@ -171,7 +174,8 @@ def _finite_tokens(per_token: np.ndarray, columns: list[Position], best: Positio
 def _judge(per_token: np.ndarray, columns: list[Position], real: set[Position], norm_ratio: np.ndarray,
            tokens: int, min_tokens: int, copy_gap: float, norm_tol: float, num_layers: int,
            step_of: Callable[[int, int], float] | None, alpha: float, step_ratio: float,
-           min_votes: float, extra_bad: int, unknown: frozenset[Position]) -> Identity:
+           min_votes: float, extra_bad: int, unknown: frozenset[Position],
+           damaged: frozenset[Position] = frozenset()) -> Identity:
     """``judge`` on one set of tokens."""
     robust = np.array([_robust(per_token[j]) for j in range(len(columns))])
     ok = eligible_columns(columns, real, robust, copy_gap)
@@ -190,7 +194,7 @@ def _judge(per_token: np.ndarray, columns: list[Position], real: set[Position], 
     votes = _votes(per_token, columns, ok, best.p)
     pm, pb = paired(per_token[jb], per_token[jr], alpha) if jr is not None else (float("nan"), float("nan"))
     unlabelled = best in unknown or Position(best.p) in unknown and best not in real
-    step, step_to, missing = _neighbours(best, columns, real - unknown, num_layers,
+    step, step_to, missing = _neighbours(best, columns, real - unknown - damaged, num_layers,
                                          None if unlabelled else step_of)
     fid = judge_fidelity(per_token[jb], copy_gap, norm_ratio[jb], norm_tol, step, extra_bad)
     gap = max(1.0 - rb, 0.0)
@@ -213,16 +217,17 @@ def _judge(per_token: np.ndarray, columns: list[Position], real: set[Position], 
                     f"robust score {rb:.4f}), but that reading does not give a position (see the capture's label "
                     "findings), so neither does the match")
     if missing and fid.kind != "copy":
-        where = " / ".join(f"p{q}" for q in missing)
+        where = " / ".join(f"p{q}" + (" (captured with non-finite rows)" if Position(q) in damaged else "")
+                           for q in missing)
         return make("best-among-captured", f"best among the captured positions; {where} "
-                    f"{'was' if len(missing) == 1 else 'were'} not captured and could fit better "
+                    f"{'was' if len(missing) == 1 else 'were'} not captured whole and could fit better "
                     f"(the match, {rb:.4f}, is not a copy)")
     if step == step and (1.0 - step) < step_ratio * resolution:
         q = Position(step_to) if step_to is not None else runner
         return make("ambiguous", f"ambiguous between {best.label} and {q.label if q else '-'}: the capture's "
                     f"neighbouring positions sit at cosine {step:.6f}, closer than this match resolves "
                     f"({rb:.6f})", other=q)
-    frac, near = _between(per_token, columns, jb, best, real - unknown, step_of) if fid.kind != "copy" else (
+    frac, near = _between(per_token, columns, jb, best, real - unknown - damaged, step_of) if fid.kind != "copy" else (
         float("nan"), None)
     if frac == frac and frac >= BETWEEN_MIN and near is not None:
         lo, hi = sorted((best, near))

@@ -18,7 +18,6 @@ handed out is a numpy array (bf16 as ``arrays.BF16``); no capture format imports
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -31,7 +30,9 @@ from ..arrays import dtype_name, is_float, numpy_dtype
 from ..errors import ForensicsError
 from ..positions import Position
 from .filerows import PositionSource, file_locator, safetensors_rows
+from .guards import parse_json
 from .safeload import check_file, load_object, open_safetensors, read_tensor, sniff
+from .sizecheck import key_number
 
 CAPTURE_FORMAT = "eagleforensics-capture-v1"
 META_KEY = "eagleforensics"  # safetensors metadata key holding the capture helper's JSON
@@ -257,7 +258,7 @@ def _numbered_keys(keys: list[str], path: str) -> dict[int, str]:
         m = _INT_SUFFIX.match(k)
         if not m:
             continue
-        num = int(m.group("num"))
+        num = key_number(m.group("num"), k, path)
         if num in out:
             raise ForensicsError(f"keys {out[num]!r} and {k!r} both claim position {num}", path=path)
         out[num] = k
@@ -343,8 +344,9 @@ def _own_metadata(meta: dict[str, Any], p: Path) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        own = json.loads(raw)
-        int(own["num_hidden_layers"])
+        own = parse_json(raw, p, f"{META_KEY!r} metadata")  # nesting bounded: the string is the file's to write
+        if not re.fullmatch(r"[0-9]{1,6}", str(own["num_hidden_layers"])):  # written as text by write_capture
+            raise ValueError
     except (ValueError, TypeError, KeyError):
         raise ForensicsError(f"corrupt {META_KEY!r} metadata in the capture file", path=p) from None
     return own if own.get("format") == CAPTURE_FORMAT else None
@@ -365,7 +367,7 @@ def _from_own_format(p: Path, handle: Any, header: dict[str, Any], meta: dict[st
     for key in header:
         m = re.fullmatch(r"hidden\.(\d+)", key)
         if m:
-            readers[int(m.group(1))] = key
+            readers[key_number(m.group(1), key, path)] = key
     _refuse_integer_states({k: header[k].get("dtype") for k in [*readers.values(), "final_norm"]
                             if k in header and header[k].get("dtype") not in _ST_DTYPES}, path, numbered_only=False)
     if n < 1 or (readers and max(readers) != n):
@@ -400,7 +402,7 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
             continue
         m = _INT_SUFFIX.match(stem)
         if m:
-            numbered[int(m.group("num"))] = f
+            numbered[key_number(m.group("num"), f.name, str(d))] = f
     if not numbered:
         raise ForensicsError("directory holds no files named with a position number (like layer_3.pt)", path=d)
     cache: dict[int, Any] = {}

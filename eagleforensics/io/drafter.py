@@ -345,12 +345,12 @@ def _weight_files(d: Path) -> dict[str, Path]:
                 raise ForensicsError(f"weight_map entry {name!r} names {shard!r}; expected a .safetensors file in "
                                      "the same directory", path=index)
             f = (root / shard)
-            if not f.is_file():
+            if not f.exists():  # a FIFO or device is refused by the header's guard when read, never skipped
                 raise ForensicsError(f"weight_map names shard {shard!r}, which is missing", path=index)
             out[str(name)] = f
         return out
     single = d / "model.safetensors"
-    if single.is_file():
+    if single.exists():  # not is_file(): a FIFO or device of this name is refused by the header's guard, not skipped
         return {name: single for name in read_safetensors_header(single) if name != "__metadata__"}
     others = sorted(d.glob("*.safetensors"))
     if not others:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..arrays import as_array, dtype_name, numpy_dtype
 from ..errors import ForensicsError
+from .guards import open_regular_fd
 
 RowReader = Callable[..., np.ndarray]  # (start, stop, out=None) -> [stop-start, H]
 IOV_BATCH = 512
@@ -42,10 +43,7 @@ class FileRows:
     def _open(self) -> int:
         with self._lock:
             if self._fd is None:
-                try:
-                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-                except OSError as exc:
-                    raise ForensicsError(f"cannot open for reading ({exc.strerror})", path=self.path) from None
+                self._fd = open_regular_fd(self.path, "file")  # a FIFO swapped in is refused, never waited on
             return self._fd
 
     def read(self, start: int = 0, stop: int | None = None, out: Any = None) -> np.ndarray:

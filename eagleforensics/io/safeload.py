@@ -11,6 +11,7 @@ torch imported; its tensors become arrays right there (``arrays.as_array``, zero
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -28,14 +29,8 @@ import numpy as np
 from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
 from .filerows import FileRows
-from .guards import (
-    MAX_DEPTH,
-    check_expansion,
-    check_zip_members,
-    expansion_limit,
-    parse_json,
-)
-from .sizecheck import check_legacy_torch, check_npy, human_bytes
+from .guards import MAX_DEPTH, check_expansion, check_zip_members, expansion_limit, open_regular, parse_json
+from .sizecheck import check_legacy_torch, check_npy, check_shape, claimed_int, human_bytes
 
 UNSAFE_HINT = (
     "pass --allow-unsafe-pickle only if you trust where the file came from: "
@@ -76,7 +71,7 @@ def check_file(path: str | Path) -> Path:
 
 def sniff(path: Path) -> str:
     """Name the container format from the first bytes: gzip, torch-zip, npz, npy, pickle, safetensors."""
-    with path.open("rb") as fh:
+    with open_regular(path) as fh:
         head = fh.read(16)
     if head[:2] == b"\x1f\x8b":
         return "gzip"
@@ -84,7 +79,7 @@ def sniff(path: Path) -> str:
         return "npy"
     if head[:4] == b"PK\x03\x04":
         try:
-            with zipfile.ZipFile(path) as zf:
+            with open_regular(path) as fh, zipfile.ZipFile(fh) as zf:
                 names = zf.namelist()
         except Exception as exc:  # zipfile raises many types for one cause (bad bytes)
             raise ForensicsError(f"truncated or corrupt zip archive ({' '.join(str(exc).split())[:120]})",
@@ -118,8 +113,19 @@ def _torch_load(source: Any, path: Path, *, allow_unsafe: bool, mmap: bool) -> A
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
     """Parse and validate a safetensors header (names, dtypes, shapes, offsets) without reading data."""
-    size = path.stat().st_size
-    with path.open("rb") as fh:
+    return _read_header(path)[0]
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The validated header and the byte offset of the data section (8 + the header length).
+
+    The file is opened once through the regular-file guard and measured on that descriptor.
+    Every claim is checked as the safetensors library checks it: ``__metadata__`` an object
+    of strings, each entry an object whose shape and offsets are whole numbers, whose bytes
+    match its shape and dtype, the entries tiling the data section exactly.
+    """
+    with open_regular(path, "safetensors file") as fh:
+        size = os.fstat(fh.fileno()).st_size
         raw = fh.read(8)
         if len(raw) < 8:
             raise ForensicsError("truncated safetensors file (no header length)", path=path)
@@ -131,38 +137,40 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             )
         try:
             header = parse_json(fh.read(hlen), path, "safetensors header")
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except json.JSONDecodeError as exc:
             raise ForensicsError(f"corrupt safetensors header ({exc})", path=path) from None
     if not isinstance(header, dict):
         raise ForensicsError("corrupt safetensors header (not a JSON object)", path=path)
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ForensicsError(f"corrupt safetensors header (__metadata__ must be an object of strings, got "
+                             f"{type(meta).__name__ if not isinstance(meta, dict) else 'an object of other values'})",
+                             path=path)
     data_len = size - 8 - hlen
     spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            start, end = (int(x) for x in info["data_offsets"])
-            shape = [int(d) for d in info["shape"]]
-        except (TypeError, KeyError, ValueError):
-            raise ForensicsError(f"corrupt safetensors entry {name!r}", path=path) from None
-        if not (0 <= start <= end <= data_len) or any(d < 0 for d in shape):
-            raise ForensicsError(
-                f"safetensors entry {name!r} points past the end of the file: truncated or corrupt",
-                path=path,
-            )
+        what = f"safetensors entry {name[:80]!r}"
+        if not isinstance(info, dict) or not isinstance(info.get("data_offsets"), list) \
+                or len(info["data_offsets"]) != 2 or "shape" not in info:
+            raise ForensicsError(f"corrupt {what} (expected dtype, shape and two data_offsets)", path=path)
+        start, end = (claimed_int(x, f"{what} data offset", path) for x in info["data_offsets"])
+        shape = check_shape(info["shape"], what, path)
+        if not (start <= end <= data_len):
+            raise ForensicsError(f"{what} points past the end of the file: truncated or corrupt", path=path)
         if str(info.get("dtype")) not in _ST_KNOWN:
-            raise ForensicsError(f"safetensors entry {name!r} has unknown dtype {str(info.get('dtype'))[:40]!r}: "
-                                 "corrupt header", path=path)
+            raise ForensicsError(f"{what} has unknown dtype {str(info.get('dtype'))[:40]!r}: corrupt header", path=path)
         item = _ST_ITEMSIZE.get(str(info.get("dtype")))
         if item is not None and math.prod(shape) * item != end - start:
             raise ForensicsError(
-                f"safetensors entry {name!r} claims shape {shape} {info.get('dtype')} "
+                f"{what} claims shape {shape} {info.get('dtype')} "
                 f"({human_bytes(math.prod(shape) * item)}) but holds {human_bytes(end - start)}: corrupt header",
                 path=path,
             )
         spans.append((start, end, str(name)))
     _check_tiling(spans, data_len, path)
-    return header
+    return header, 8 + hlen
 
 
 def _check_tiling(spans: list[tuple[int, int, str]], data_len: int, path: Path) -> None:
@@ -180,9 +188,11 @@ def _check_tiling(spans: list[tuple[int, int, str]], data_len: int, path: Path) 
 
 def safetensors_data_start(path: Path) -> int:
     """Byte offset of a safetensors file's data section (8 + the header length)."""
-    with path.open("rb") as fh:
-        (hlen,) = struct.unpack("<Q", fh.read(8))
-    return 8 + hlen
+    with open_regular(path, "safetensors file") as fh:
+        raw = fh.read(8)
+    if len(raw) < 8:
+        raise ForensicsError("truncated safetensors file (no header length)", path=path)
+    return 8 + struct.unpack("<Q", raw)[0]
 
 
 class SafetensorsFile:
@@ -191,13 +201,13 @@ class SafetensorsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.header = read_safetensors_header(path)
-        self.data_start = safetensors_data_start(path)
+        self.header, self.data_start = _read_header(path)
 
     def keys(self) -> list[str]:
         return [k for k in self.header if k != "__metadata__"]
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, str]:
+        """The header's ``__metadata__`` (an object of strings: checked when the header was read)."""
         return dict(self.header.get("__metadata__") or {})
 
     def dtype(self, name: str) -> np.dtype:
@@ -248,7 +258,7 @@ def gunzip(p: Path, limit: int | None = None) -> bytes:
     packed = p.stat().st_size
     out = bytearray()
     try:
-        with gzip.open(p, "rb") as fh:
+        with open_regular(p, "gzip file") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as fh:
             while chunk := fh.read(1 << 22):
                 out += chunk
                 if len(out) > cap:
@@ -263,7 +273,8 @@ def gunzip(p: Path, limit: int | None = None) -> bytes:
 def _check_zip(source: Any, p: Path, where: str = "") -> None:
     """Bound every member of the zip archive ``source`` (a path or a buffer) before torch or numpy expands it."""
     try:
-        with zipfile.ZipFile(source) as zf:
+        with (open_regular(source) if isinstance(source, (str, Path)) else contextlib.nullcontext(source)) as fh, \
+                zipfile.ZipFile(fh) as zf:
             check_zip_members(zf, p, where)
     except ForensicsError:
         raise
@@ -304,8 +315,8 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
             return torchfile.load(p, payload, lazy=lazy)
         return to_arrays(_torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False), p)
     if kind == "pickle":
-        with p.open("rb") as fh:
-            check_legacy_torch(fh, p.stat().st_size, p)
+        with open_regular(p) as fh:
+            check_legacy_torch(fh, os.fstat(fh.fileno()).st_size, p)
     if kind in ("torch-zip", "npz"):
         _check_zip(p, p)
     if kind in ("torch-zip", "pickle"):
@@ -321,9 +332,10 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
             out[name] = read_tensor(handle, name, p)
         return out
     if kind == "npy":
-        return _plain_array(_np_load(p), p)
+        with open_regular(p) as fh:
+            return _plain_array(_np_load(p, fh), p)
     # npz: members are read lazily, so a damaged one fails here, not in np.load
-    with _np_load(p) as archive:
+    with open_regular(p) as fh, _np_load(p, fh) as archive:
         out = {}
         for name in archive.files:
             try:
@@ -336,10 +348,11 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         return out
 
 
-def _np_load(p: Path) -> Any:
+def _np_load(p: Path, fh: Any) -> Any:
+    """``np.load`` of the regular file ``fh`` (opened from ``p`` through the guard) once its headers are checked."""
     _check_np_headers(p)
     try:
-        return np.load(p, allow_pickle=False, mmap_mode=None)
+        return np.load(fh, allow_pickle=False, mmap_mode=None)
     except ValueError as exc:
         if "pickle" in str(exc):
             raise ForensicsError(f"numpy file holds Python objects; {UNSAFE_HINT}", path=p) from None
@@ -351,11 +364,11 @@ def _np_load(p: Path) -> Any:
 def _check_np_headers(p: Path) -> None:
     """Validate the .npy header(s) of ``p`` against the bytes present before numpy allocates."""
     if sniff(p) == "npy":
-        with p.open("rb") as fh:
-            check_npy(fh, p.stat().st_size, p)
+        with open_regular(p) as fh:
+            check_npy(fh, os.fstat(fh.fileno()).st_size, p)
         return
     try:
-        with zipfile.ZipFile(p) as zf:
+        with open_regular(p) as raw, zipfile.ZipFile(raw) as zf:
             for info in zf.infolist():
                 with zf.open(info) as fh:
                     check_npy(_Counted(fh), info.file_size, p, member=info.filename)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ForensicsError, printable
-from ..io.guards import check_not_input, open_regular, parse_json
+from ..io.guards import check_not_input, check_output_target, open_regular, parse_json
 from .summary import compact
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def open_results(output: Path, header: dict[str, Any], resume: bool) -> dict[str
 
     The file is verified (header line, dataset, reference) before anything in it is changed.
     """
+    check_output_target(output, "results file")  # a FIFO would block the first write for ever
     if output.exists() and output.stat().st_size > 0:
         if not resume:
             raise ForensicsError("results file exists; pass --resume to continue that scan, or choose another -o",
