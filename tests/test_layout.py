@@ -28,8 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "checks": BOTTOM | {"io", "evidence", "engines", "scan"},
     "alignment": BOTTOM | {"io", "evidence", "engines"},
     "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment"},
-    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor"},
-    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor", "report"},
+    "plan": BOTTOM | {"io", "evidence", "engines"},
+    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor", "plan"},
+    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor", "plan", "report"},
     "__init__": BOTTOM,
     "__main__": {"cli"},
 }
