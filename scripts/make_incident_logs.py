@@ -8,7 +8,9 @@ are accept lengths 1.19 and 1.47); one verify pass of 2 tokens is 95% of 1.19 / 
 multiplies it by 0.73; the per-token growth of the verify pass is what makes 2 steps reach
 exactly 94 tok/s after tuning. The drafter's conditional acceptance is taken as 0.47 at every
 step (0.19 for the wiring the engine fed before the fix). Every log is simulated round by round
-with 3% noise on each round's time (``eagleforensics.testing.runlogs``), fixed seeds, so this
+with 3% noise on each round's time (``eagleforensics.testing.runlogs``), 120 lines of 40 rounds;
+the seeds are fixed, chosen among 1-79 as the ones whose totals land nearest the incident's
+figures (so the printed 54.8 and 94.0 are the figures, not a noise draw around them), and this
 script writes the same bytes every time (a test checks it).
 
     python scripts/make_incident_logs.py [--out data_samples/incident]
@@ -65,12 +67,12 @@ def runs() -> dict[str, SimRun]:
                       seed=seed, header=head + what, **common)
 
     return {
-        "baseline": SimRun(decode_step_s=t["decode_step_s"], seed=1, header=head + "no speculation", **common),
-        "broken": spec(1, broken, False, 2, "EAGLE3, 1 step, the engine feeding its default layers"),
-        "fixed": spec(1, fixed, False, 3, "EAGLE3, 1 step, the trained layers"),
-        "tuned": spec(1, fixed, True, 4, "EAGLE3, 1 step, after NCCL tuning"),
-        "tuned_3steps": spec(3, fixed, True, 5, "EAGLE3, 3 steps, after NCCL tuning"),
-        "tuned_2steps": spec(2, fixed, True, 6, "EAGLE3, 2 steps, after NCCL tuning (the sweep's pick)"),
+        "baseline": SimRun(decode_step_s=t["decode_step_s"], seed=31, header=head + "no speculation", **common),
+        "broken": spec(1, broken, False, 55, "EAGLE3, 1 step, the engine feeding its default layers"),
+        "fixed": spec(1, fixed, False, 60, "EAGLE3, 1 step, the trained layers"),
+        "tuned": spec(1, fixed, True, 37, "EAGLE3, 1 step, after NCCL tuning"),
+        "tuned_3steps": spec(3, fixed, True, 56, "EAGLE3, 3 steps, after NCCL tuning"),
+        "tuned_2steps": spec(2, fixed, True, 45, "EAGLE3, 2 steps, after NCCL tuning (the sweep's pick)"),
     }
 
 

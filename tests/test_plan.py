@@ -398,3 +398,37 @@ def test_a_log_without_arguments_needs_launch(tmp_path: Path) -> None:
 def test_draft_tokens_rule() -> None:
     assert [draft_tokens_for(k, 1) for k in (1, 3, 8)] == [2, 4, 9]
     assert draft_tokens_for(5, 4) == 9 and draft_tokens_for(1, 8) == 9 and draft_tokens_for(2, 2) == 4
+
+
+def test_suspects_read_each_engine_s_arguments() -> None:
+    from eagleforensics.engines.serverargs import parse_server_args_line
+    from eagleforensics.engines.suspects import SUSPECTS, match_suspects
+
+    vllm = parse_server_args_line(
+        "(APIServer pid=1) INFO 11-29 12:58:00 [startup.py:96] non-default args: {'model_tag': 'm', "
+        "'speculative_config': {'method': 'eagle3', 'model': 'd', 'num_speculative_tokens': 3}, "
+        "'enforce_eager': True, 'enable_prefix_caching': False, 'kv_transfer_config': {'kv_role': 'kv_consumer'}}")
+    got = {m.suspect.code: (m.status, m.this_run) for m in match_suspects(vllm)}
+    assert got["cuda-graph"] == ("matches", "CUDA graphs off in this run (enforce_eager=True): the drafter ran "
+                                            "eagerly; compare a run with graphs on")
+    assert got["prefix-cache"][0] == "ruled-out" and got["pd-disaggregation"][0] == "matches"
+    assert "page-size" not in got and got["model-runner-v2"][0] == "unknown"  # vLLM >= 0.10.0: runner depends
+    sgl = parse_server_args_line("[2026-11-29 10:00:00] server_args={'model_path': 'm', 'speculative_algorithm': "
+                                 "'EAGLE3', 'speculative_num_steps': 5, 'speculative_eagle_topk': 4, "
+                                 "'speculative_num_draft_tokens': 8, 'disaggregation_mode': 'decode', "
+                                 "'page_size': 64, 'disable_cuda_graph': False, 'disable_radix_cache': True}")
+    got = {m.suspect.code: m.status for m in match_suspects(sgl)}
+    assert got == {"cuda-graph": "matches", "prefix-cache": "ruled-out", "pd-disaggregation": "matches",
+                   "tree": "matches", "page-size": "matches", "release": "matches"}
+    assert all(m.status == "unknown" for m in match_suspects(None))
+    for s in SUSPECTS:  # every suspect rests on public threads
+        assert s.sources and all("/" in src and "#" in src for src in s.sources)
+
+
+def test_runs_from_two_deployments_do_not_fit_one_cost() -> None:
+    """Before and after NCCL tuning at the same launch: two round times for one configuration, said, not averaged away."""
+    rep = make_plan(PlanInputs({n: str(INCIDENT / f"{n}.log") for n in ("baseline", "fixed", "tuned")}))
+    bad = next(f for f in rep.findings if f.code == "fit-residual")
+    assert "fixed" in bad.message and "tuned" in bad.message and rep.exit_code == 1
+    same = make_plan(PlanInputs({n: str(INCIDENT / f"{n}.log") for n in ("baseline", "broken", "fixed")}))
+    assert not any(f.code == "fit-residual" for f in same.findings)  # other drafter, same costs: they agree

@@ -171,6 +171,8 @@ def match_suspects(args: ServerArgs | None) -> list[SuspectMatch]:
         if args is None:
             out.append(SuspectMatch(s, UNKNOWN, "the log has no arguments line"))
             continue
+        if s.engine is not None and s.engine != args.engine:
+            continue
         status, note = _CHECKS[s.code](args)
         out.append(SuspectMatch(s, status, note))
     order = {MATCHES: 0, UNKNOWN: 1, RULED_OUT: 2}
