@@ -432,3 +432,18 @@ def test_runs_from_two_deployments_do_not_fit_one_cost() -> None:
     assert "fixed" in bad.message and "tuned" in bad.message and rep.exit_code == 1
     same = make_plan(PlanInputs({n: str(INCIDENT / f"{n}.log") for n in ("baseline", "broken", "fixed")}))
     assert not any(f.code == "fit-residual" for f in same.findings)  # other drafter, same costs: they agree
+
+
+def test_newer_replay_json_sampled_figure_and_tree_are_read(tmp_path: Path) -> None:
+    """A replay run with --temperature: the gap is tested against the lower of its greedy and sampled figures."""
+    doc = replay_doc(CHAIN, TREE, 1 + sum(TREE_REACH))
+    sampled = chain_reach([0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25])
+    doc["wirings"][0]["sampling"] = {"temperature": 0.7, "top_p": 1.0,
+                                     "greedy_drafts": {"reach": CHAIN, "accept_length": 1 + sum(CHAIN)},
+                                     "sampled_drafts": {"reach": sampled, "accept_length": 1 + sum(sampled)}}
+    (tmp_path / "replay.json").write_text(json.dumps(doc))
+    logs = write_runs(tmp_path, "sglang", "0.5.23", [(3, 1, None)], lines=60,
+                      reach_for={(3, 1, None): sampled})
+    rep = make_plan(PlanInputs(logs, replay=str(tmp_path / "replay.json")))
+    assert rep.gap.expected == pytest.approx(1 + sum(sampled[:3])) and not rep.gap.found
+    assert "temperature 0.7" in rep.gap_note

@@ -85,9 +85,8 @@ class RoundConfig:
 
     @property
     def label(self) -> str:
-        if self.chain:
-            return f"{self.steps} step{'s' if self.steps != 1 else ''}"
-        return f"{self.steps} steps, topk {self.topk}, {self.verified} draft tokens"
+        steps = f"{self.steps} step{'s' if self.steps != 1 else ''}"
+        return steps if self.chain else f"{steps}, topk {self.topk}, {self.verified} draft tokens"
 
     def to_dict(self) -> dict[str, int]:
         return {"steps": self.steps, "topk": self.topk, "draft_tokens": self.verified}
