@@ -426,12 +426,14 @@ def _roles(runs: list[RunFacts], inputs: PlanInputs) -> tuple[list[RunFacts], Ru
     for name, value in (("--baseline", inputs.baseline), ("--served", inputs.served)):
         if value is not None and value not in labels:
             raise ForensicsError(f"{name} {value!r} is not one of the runs: {', '.join(labels)}")
-    plain = [r for r in runs if not r.speculative]
+    plain = [r for r in runs if not r.speculative and math.isfinite(r.tok_s) and r.tok_s > 0]
     if inputs.baseline is not None:
         base = next(r for r in runs if r.label == inputs.baseline)
         if base.speculative:
             raise ForensicsError(f"--baseline {base.label!r} ran with speculation ({base.launch_text}); the baseline "
                                  "is a run without it", path=base.path)
+        if not (math.isfinite(base.tok_s) and base.tok_s > 0):
+            raise ForensicsError(f"--baseline {base.label!r}: its log has no tok/s while requests ran", path=base.path)
     else:
         base = plain[0] if plain else None
     out = []
