@@ -385,6 +385,8 @@ def _facts(label: str, path: str, sub: pd.DataFrame, args: ServerArgs | None,
     config, config_from = None, ""
     if launch is not None:
         config, config_from = launch, "--launch"
+    elif args is not None and args.speculative and args.num_steps and args.engine == "vllm" and args.topk is None:
+        pass  # a vLLM speculative_token_tree: its shape is not three numbers; --launch gives it
     elif args is not None and args.speculative and args.num_steps:
         topk = args.topk or 1
         config = RoundConfig(args.num_steps, topk, args.num_draft_tokens or draft_tokens_for(args.num_steps, topk))
@@ -443,7 +445,8 @@ def _roles(runs: list[RunFacts], inputs: PlanInputs) -> tuple[list[RunFacts], Ru
         elif not r.speculative:
             out.append(replace(r, role="excluded", note="no speculation, and not the baseline"))
         elif r.config is None:
-            out.append(replace(r, role="excluded", note="its log gives no step count (no arguments line): pass "
+            out.append(replace(r, role="excluded", note="its log gives no step count (no arguments line, or a vLLM "
+                                                         "token tree): pass "
                                                          f"--launch {r.label}=STEPS[,TOPK,DRAFT_TOKENS]"))
         elif not (math.isfinite(r.accept_length) and math.isfinite(r.tok_s) and r.tok_s > 0):
             out.append(replace(r, role="excluded", note="its log has no accept length or no tok/s to fit"))

@@ -447,3 +447,14 @@ def test_newer_replay_json_sampled_figure_and_tree_are_read(tmp_path: Path) -> N
     rep = make_plan(PlanInputs(logs, replay=str(tmp_path / "replay.json")))
     assert rep.gap.expected == pytest.approx(1 + sum(sampled[:3])) and not rep.gap.found
     assert "temperature 0.7" in rep.gap_note
+
+
+def test_a_vllm_token_tree_is_not_taken_for_a_chain(tmp_path: Path) -> None:
+    logs = write_runs(tmp_path, "vllm", "0.33.0", [(3, 1, None)], lines=5)
+    path = Path(logs["k3"])
+    path.write_text(path.read_text().replace("'num_speculative_tokens': 3}",
+                                             "'num_speculative_tokens': 3, 'speculative_token_tree': '[(0,), (1,)]'}"))
+    res = CliRunner().invoke(plan_cmd, [f"{k}={v}" for k, v in logs.items()])
+    assert res.exit_code == 2 and "vLLM token tree" in res.output and "--launch k3=" in res.output
+    code, out = _cli(*[f"{k}={v}" for k, v in logs.items()], "--launch", "k3=3")
+    assert code in (0, 1) and "k3 (served)" in out
