@@ -560,10 +560,13 @@ def _best(preds: list[Prediction]) -> Prediction | None:
 
 
 def _best_across_costs(fit: CostFit, preds: list[Prediction]) -> list[RoundConfig]:
-    """The best configuration at each extreme point of the costs the runs allow (point acceptance)."""
+    """The best configuration at each extreme point of the costs the runs allow (point acceptance), and at the
+    point costs with the least and the largest accept lengths the evidence allows (where those are assumed)."""
     found: list[RoundConfig] = []
-    for v in fit.vertices:
-        scored = [(p.batch * p.accept / v.round_s(p.config), p.config) for p in preds if p.accept is not None]
+    scenarios = [(v, "accept") for v in fit.vertices] + [(fit.point, "accept_lo"), (fit.point, "accept_hi")]
+    for costs, which in scenarios:
+        scored = [(p.batch * getattr(p, which) / costs.round_s(p.config), p.config) for p in preds
+                  if getattr(p, which) is not None]
         if scored:
             c = max(scored, key=lambda s: s[0])[1]
             if c not in found:
@@ -704,8 +707,8 @@ def make_plan(inputs: PlanInputs) -> PlanReport:
     if len(best_range) > 1:
         findings.append(Finding(
             "pick-depends", "warning",
-            "the best configuration depends on costs the runs leave open: "
-            f"{', '.join(c.label for c in best_range)} across them",
+            "the best configuration depends on what the runs leave open (costs, or accept lengths past what was "
+            f"measured): {', '.join(c.label for c in best_range)} across them",
             fix=_measure_next(fit, served, best)))
     if baseline is not None and best is not None and best.tok_s is not None and best.tok_s < baseline.tok_s:
         findings.append(Finding(
