@@ -53,13 +53,15 @@ FINDING_CODES = {
                    "serving path",
     "wiring-loss": "replay: the wiring the engine feeds accepts well below the trained wiring",
     "slower-than-baseline": "no predicted configuration beats the run without speculation",
-    "pick-depends": "the best configuration changes across the costs the runs allow: measure one more",
+    "pick-depends": "the best configuration changes across the costs (or accept lengths) the evidence allows",
     "under-determined": "the runs do not pin every cost: the assumptions used and the range they leave",
     "verify-overhead": "the verify pass costs well above a plain decode step",
     "fit-residual": "a run's round time does not fit the others' costs (something else changed)",
     "batch-differs": "runs logged at different batch sizes (costs depend on the batch)",
     "extrapolated": "acceptance past the measured steps is assumed",
     "no-tree-acceptance": "topk > 1 has no acceptance figure: only the break-even accept length is given",
+    "serving-gap-above": "the server accepts more than replay expects, past the bar",
+    "fit-note": "the fit held a cost at its floor, or dropped the decode-step floor",
 }
 
 

@@ -458,3 +458,17 @@ def test_a_vllm_token_tree_is_not_taken_for_a_chain(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "vLLM token tree" in res.output and "--launch k3=" in res.output
     code, out = _cli(*[f"{k}={v}" for k, v in logs.items()], "--launch", "k3=3")
     assert code in (0, 1) and "k3 (served)" in out
+
+
+def test_every_finding_code_is_documented_in_the_readme() -> None:
+    import re
+
+    from eagleforensics.plan import FINDING_CODES, TODO_CODES
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Planning the step count"):text.index("### The incident, worked through")]
+    documented = set(re.findall(r"^\| `([a-z-]+)` \| (?:warning|info)", section, re.M))
+    assert documented == set(FINDING_CODES) and set(TODO_CODES) <= documented
+    source = (ROOT / "eagleforensics" / "plan.py").read_text()
+    emitted = set(re.findall(r'Finding\(\s*"([a-z-]+)"', source))
+    assert emitted == set(FINDING_CODES), emitted ^ set(FINDING_CODES)
