@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .engines.serverargs import ServerArgs
     from .engines.suspects import SuspectMatch
-    from .io.replayfile import ReplayFile, ReplayWiring
+    from .io.replayfile import ReplayWiring
 
 SCHEMA = "eagleforensics-plan-v1"
 MAX_STEPS = 8
