@@ -1,25 +1,32 @@
-"""Benchmark ``eagleforensics align`` at Kimi-K2 and Llama-8B shapes: throughput, start-up, peak memory.
+"""Benchmark ``eagleforensics align`` as a user runs it: one process per run, against ``cat`` of the same files.
 
-    python benchmarks/bench_align.py                   # both shapes, T = 512 and 2048, every CPU mode
-    python benchmarks/bench_align.py --device cuda     # adds the GPU mode (and the host-to-device copy rate)
+    python benchmarks/bench_align.py                       # Kimi-K2 shape, .ckpt and safetensors records
+    python benchmarks/bench_align.py --shapes kimi-k2 llama-8b --modes cli numpy torch-loop
+    python benchmarks/bench_align.py --device cuda         # adds the GPU mode (and the host-to-device copy rate)
+    python benchmarks/bench_align.py --dir /tmp/efbench --keep --repeat 7   # reuse the synthetic files
 
-Reports, per shape, in one run, side by side for each way of scoring: ``cat`` of the file; a plain
-torch loop (``torchloop.py``: the same sums as one torch operation each, the baseline); the numpy
-path (``EAGLEFORENSICS_FUSED=0``); the compiled numba kernels (the default for large captures);
-GPU mode where there is a GPU. The training record is read from safetensors, so the CPU modes of
-``align`` never import torch (``--record pt`` reads the ``.pt`` copy instead):
+For each shape (Kimi-K2: N=61, 62 raw positions of H=7168 plus the post-norm final, bf16) the
+script writes synthetic sweeps at T=512 and T=2048 (``synth.py``) and the training record as
+SpecForge's ``.ckpt`` and as safetensors. Then, in one run:
 
-* marginal throughput: (capture bytes at T=2048 - at T=512) / (align seconds at 2048 - at 512),
-  so interpreter start-up and imports cancel; as a ratio to the page-cache read rate of the
-  same file (``cat FILE > /dev/null`` after a warm read, best of 3) measured in the same run;
-* peak RSS of the align process (``wait4`` rusage) over the capture's size;
-* whether align placed the three aux slots and the post-norm final where they were drawn from.
+* ``cat``: the page-cache read rate of the same files (capture and record: what align reads),
+  ``cat CAPTURE RECORD > /dev/null`` after a warm read, best of ``--repeat``;
+* ``align``: ``python -m eagleforensics align RECORD CAPTURE --json``, each run a fresh process,
+  T=512 and T=2048 interleaved, ``--repeat`` times each; best and median wall time, CPU time
+  (user + sys) and peak RSS (``peakrss.py``);
+* the marginal throughput: (input bytes at T=2048 - at T=512) / (wall at 2048 - at 512), so
+  start-up cancels, and its ratio to the ``cat`` rate (target >= 0.6x); peak RSS over the
+  capture at T=2048 (target <= 0.3x); align's wall at T=512 with the .ckpt record (target <= 1 s);
+  whether torch was imported (``-X importtime``, one extra run per record);
+* the verdict: align must place the three aux slots and the post-norm final where they were drawn from;
+* start-up: ``eagleforensics --help`` and ``align`` on the samples (safetensors pair, target < 0.3 s;
+  the SpecForge .ckpt sample with the .pt capture).
 
-And once: ``eagleforensics --help``, ``align`` on the two safetensors samples (start-up: by default,
-on the numpy path, and with the kernels forced, from an empty numba cache folder, so they compile,
-then from the filled one). Each align run is
-repeated (best wall time kept). Synthetic files go to a temporary folder (or ``--dir``),
-checked against free disk space first, and are deleted afterwards unless ``--keep``.
+``--modes`` adds other ways of scoring as columns: ``numpy`` (``EAGLEFORENSICS_FUSED=0``),
+``fused`` (kernels forced), ``torch-loop`` (``torchloop.py``, a plain torch loop: the baseline),
+``gpu`` (``--device cuda``). ``--inproc`` also times align inside this process after a warm-up.
+``--fingerprint`` fingerprints the large sweep and aligns against it. Files go to a temporary
+folder (or ``--dir``), checked against free disk space first, and are deleted unless ``--keep``.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,22 +51,25 @@ from synth import SHAPES, Sweep, write_sweep  # noqa: E402
 
 CLI = [sys.executable, "-m", "eagleforensics"]
 FP_CLI = [sys.executable, "-c", "from eagleforensics.cli.fingerprint import fingerprint; fingerprint()"]
-
-
 PEAKRSS = Path(__file__).resolve().parent / "peakrss.py"
-
+TORCH_LOOP = [sys.executable, str(Path(__file__).resolve().parent / "torchloop.py")]
 MODES = {  # name -> (environment, --device); "torch-loop" runs torchloop.py instead of align
-    "torch-loop": ({}, "cpu"),
+    "cli": ({}, "cpu"),
     "numpy": ({"EAGLEFORENSICS_FUSED": "0"}, "cpu"),
     "fused": ({"EAGLEFORENSICS_FUSED": "1"}, "cpu"),
     "gpu": ({}, "cuda"),
+    "torch-loop": ({}, "cpu"),
 }
-TORCH_LOOP = [sys.executable, str(Path(__file__).resolve().parent / "torchloop.py")]
-SAMPLE = ["data_samples/record_layer_outputs.safetensors", "data_samples/capture_sweep.safetensors"]
+RECORDS = ("ckpt", "safetensors", "pt")
+SAMPLES = {
+    "safetensors": ["data_samples/record_layer_outputs.safetensors", "data_samples/capture_sweep.safetensors"],
+    "ckpt": ["data_samples/data_0.ckpt", "data_samples/capture.pt"],
+}
+TARGETS = {"ratio": 0.6, "rss": 0.3, "t512_ckpt": 1.0, "sample": 0.3}
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str, float]:
-    """Wall seconds, exit code, peak RSS in bytes (the child's own, via peakrss.py), CPU seconds, stdout."""
+def run(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One child process: wall seconds, exit code, its own peak RSS (bytes, via peakrss.py), CPU seconds, stdout."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, str(PEAKRSS), *cmd], stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
@@ -68,31 +79,32 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, 
         proc.stdout.close()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
-        if code not in (0, 1):
-            err.seek(0)
-            raise SystemExit(f"{' '.join(cmd)} failed ({code}): {err.read().decode()[-2000:]}")
+        code = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        peak_kib = int(err.read().decode().rstrip().rsplit("peak_rss_kib=", 1)[1])
-    return wall, code, peak_kib * 1024, out.decode(), usage.ru_utime + usage.ru_stime
+        text = err.read().decode()
+        if code not in (0, 1):
+            raise SystemExit(f"{' '.join(cmd)} failed ({code}): {text[-2000:]}")
+        peak_kib = int(text.rstrip().rsplit("peak_rss_kib=", 1)[1])
+    return {"wall": wall, "rc": code, "rss": peak_kib * 1024, "out": out.decode(),
+            "cpu": usage.ru_utime + usage.ru_stime}
 
 
-def best(cmd: list[str], repeat: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    runs = [run(cmd, env) for _ in range(repeat)]
-    wall = min(r[0] for r in runs)
-    return {"wall": wall, "rc": runs[0][1], "rss": max(r[2] for r in runs), "out": runs[0][3],
-            "cpu": min(r[4] for r in runs)}
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    walls = [r["wall"] for r in runs]
+    return {"wall": min(walls), "median": statistics.median(walls), "walls": walls, "rc": runs[0]["rc"],
+            "rss": max(r["rss"] for r in runs), "cpu": min(r["cpu"] for r in runs), "out": runs[0]["out"]}
 
 
-def read_rate(path: Path, repeat: int = 3) -> float:
-    """Page-cache read rate (bytes/s) of ``cat FILE > /dev/null`` after a warm read."""
-    subprocess.run(f"cat '{path}' > /dev/null", shell=True, check=True)
+def cat_rate(paths: list[Path], repeat: int) -> tuple[float, float]:
+    """(bytes/s, best seconds) of ``cat PATHS > /dev/null`` after a warm read."""
+    cmd = "cat " + " ".join(f"'{p}'" for p in paths) + " > /dev/null"
+    subprocess.run(cmd, shell=True, check=True)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        subprocess.run(f"cat '{path}' > /dev/null", shell=True, check=True)
+        subprocess.run(cmd, shell=True, check=True)
         times.append(time.perf_counter() - t0)
-    return path.stat().st_size / min(times)
+    return sum(p.stat().st_size for p in paths) / min(times), min(times)
 
 
 def placed_right(out: str, sweep: Sweep) -> bool | None:
@@ -104,15 +116,28 @@ def placed_right(out: str, sweep: Sweep) -> bool | None:
     return got == want
 
 
-def inproc_seconds(sweep: Sweep, device: str, repeat: int) -> float:
+def imports_torch(cmd: list[str], env: dict[str, str]) -> bool:
+    """Whether the command imports torch (one extra run under ``-X importtime``)."""
+    res = subprocess.run([sys.executable, "-X", "importtime", *cmd[1:]], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, **env})
+    return any(line.rstrip().endswith((" torch", "| torch")) for line in res.stderr.splitlines())
+
+
+def command(mode: str, record: Path, capture: Path, sweep: Sweep) -> list[str]:
+    if mode == "torch-loop":
+        return [*TORCH_LOOP, str(capture), str(sweep.record_safetensors)]
+    return [*CLI, "align", str(record), str(capture), "--json", "--device", MODES[mode][1]]
+
+
+def inproc_seconds(record: Path, capture: Path, device: str, repeat: int) -> float:
     """Best wall time of ``align`` called in this process (imports and CUDA start-up already paid)."""
     from eagleforensics.alignment import align
 
-    align(sweep.record, sweep.capture, device=device)  # warm: CUDA context, kernels, page cache
+    align(record, capture, device=device)  # warm: CUDA context, kernels, page cache
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        align(sweep.record, sweep.capture, device=device)
+        align(record, capture, device=device)
         times.append(time.perf_counter() - t0)
     return min(times)
 
@@ -138,181 +163,196 @@ def h2d_rate(nbytes: int = 1 << 30) -> dict[str, float]:
     return out
 
 
-def compile_seconds(repeat: int) -> dict[str, float]:
-    """``align`` on the two safetensors samples: by default (numpy: the capture is small), and with
-    the kernels forced from an empty numba cache folder (compiles), then with it filled."""
-    cmd = [*CLI, "align", *SAMPLE]
-    auto = best(cmd, max(repeat, 5))
-    with tempfile.TemporaryDirectory(prefix="ef-numba-") as cache:
-        env = {"NUMBA_CACHE_DIR": cache, "EAGLEFORENSICS_FUSED": "1"}
-        first = run(cmd, env)[0]
-        cached = best(cmd, repeat, env)["wall"]
-    numpy_path = best(cmd, repeat, MODES["numpy"][0])["wall"]
-    return {"first": first, "cached": cached, "numpy_path": numpy_path, "auto": auto["wall"], "auto_rss": auto["rss"]}
+def startup(repeat: int) -> dict[str, Any]:
+    """``--help`` and align on the samples, each a fresh process: best and median of ``repeat`` (after one untimed run)."""
+    run([*CLI, "--help"])
+    out = {"help": summary([run([*CLI, "--help"]) for _ in range(repeat)])}
+    for name, files in SAMPLES.items():
+        run([*CLI, "align", *files])
+        out[name] = summary([run([*CLI, "align", *files]) for _ in range(repeat)])
+        out[name]["torch"] = imports_torch([*CLI, "align", *files], {})
+    return {k: {kk: vv for kk, vv in v.items() if kk != "out"} for k, v in out.items()}
+
+
+def bench_shape(shape: str, args: argparse.Namespace, folder: Path, columns: list[tuple[str, str]]) -> dict[str, Any]:
+    small_t, large_t = args.tokens
+    sweeps = {t: write_sweep(folder, shape, t) for t in args.tokens}
+    res: dict[str, Any] = {"columns": {}, "bytes": {}, "cat": {}}
+    for rec in sorted({r for _, r in columns}):
+        for t in args.tokens:
+            files = [sweeps[t].capture, sweeps[t].record_as(rec)]
+            res["bytes"][f"{rec}/{t}"] = sum(f.stat().st_size for f in files)
+            rate, secs = cat_rate(files, args.repeat)
+            res["cat"][f"{rec}/{t}"] = {"rate": rate, "wall": secs}
+    for mode, rec in columns:
+        env = MODES[mode][0]
+        sw = sweeps[small_t]  # warm-up, not timed: numba's cache filled (a changed kernel compiles), files in the page cache
+        run(command(mode, sw.record_as(rec), sw.capture, sw), env)
+        runs: dict[int, list[dict[str, Any]]] = {t: [] for t in args.tokens}
+        for _ in range(args.repeat):  # interleaved, so a slow spell of the machine hits both sizes
+            for t in args.tokens:
+                sw = sweeps[t]
+                runs[t].append(run(command(mode, sw.record_as(rec), sw.capture, sw), env))
+        col: dict[str, Any] = {"by_tokens": {}}
+        for t in args.tokens:
+            s = summary(runs[t])
+            s["placed_right"] = placed_right(s.pop("out"), sweeps[t])
+            col["by_tokens"][str(t)] = s
+            if mode == "gpu" or args.inproc and mode != "torch-loop":
+                os.environ.update(env)
+                from eagleforensics.evidence import fused
+
+                fused.AVAILABLE = mode != "numpy" and importlib.util.find_spec("numba") is not None
+                fused.MIN_BYTES = 0 if mode in ("fused", "gpu") else fused.MIN_BYTES
+                s["inproc_s"] = inproc_seconds(sweeps[t].record_as(rec), sweeps[t].capture, MODES[mode][1],
+                                               args.repeat)
+        a, b = col["by_tokens"][str(small_t)], col["by_tokens"][str(large_t)]
+        extra = res["bytes"][f"{rec}/{large_t}"] - res["bytes"][f"{rec}/{small_t}"]
+        cat = max(res["cat"][f"{rec}/{t}"]["rate"] for t in args.tokens)  # the faster cat: the harder bar
+        col["marginal"] = extra / max(b["wall"] - a["wall"], 1e-9)
+        col["marginal_median"] = extra / max(b["median"] - a["median"], 1e-9)
+        col["marginal_cpu"] = extra / max(b["cpu"] - a["cpu"], 1e-9)
+        col["measurable"] = b["wall"] - a["wall"] > 0.02
+        col["ratio"], col["ratio_median"] = col["marginal"] / cat, col["marginal_median"] / cat
+        col["cat_rate"] = cat
+        col["rss_over_capture"] = b["rss"] / sweeps[large_t].capture_bytes
+        col["right"] = None if a["placed_right"] is None else bool(a["placed_right"] and b["placed_right"])
+        if "inproc_s" in b:
+            col["inproc_marginal"] = extra / max(b["inproc_s"] - a["inproc_s"], 1e-9)
+        if mode != "torch-loop":
+            sw = sweeps[small_t]
+            col["torch"] = imports_torch(command(mode, sw.record_as(rec), sw.capture, sw), env)
+        res["columns"][f"{mode}/{rec}"] = col
+    if args.fingerprint:
+        sw = sweeps[large_t]
+        fp = folder / f"{shape}-T{large_t}.fp.json"
+        made = run([*FP_CLI, str(sw.capture), "-o", str(fp)])
+        est = run([*CLI, "align", str(sw.record_safetensors), str(fp), "--json"])
+        res["fingerprint"] = {"write_s": made["wall"], "bytes": fp.stat().st_size, "align_s": est["wall"],
+                              "right": placed_right(est["out"], sw)}
+    res["capture_bytes"] = {str(t): sweeps[t].capture_bytes for t in args.tokens}
+    return res
+
+
+def print_shape(shape: str, r: dict[str, Any], tokens: list[int]) -> None:
+    n, h = SHAPES[shape]
+    small, large = (str(t) for t in tokens)
+    cols = list(r["columns"])
+    recs = sorted({c.split("/")[1] for c in cols})
+    cap = r["capture_bytes"]
+    print(f"\n{shape} (N={n}: {n + 1} raw positions + the post-norm final, H={h}, bf16): capture "
+          f"{cap[small] / 1e9:.2f} / {cap[large] / 1e9:.2f} GB at T={small} / {large}; record "
+          + ", ".join(f".{rec} {(r['bytes'][f'{rec}/{small}'] - cap[small]) / 1e6:.0f} / "
+                      f"{(r['bytes'][f'{rec}/{large}'] - cap[large]) / 1e6:.0f} MB" for rec in recs))
+    w = 26
+    heads = [f"cat (+.{rec})" for rec in recs] + [f"{c.split('/')[0]} .{c.split('/')[1]}" for c in cols]
+    print(f"  {'':<34}" + "".join(f"{x:>{w}}" for x in heads))
+
+    def line(label: str, cats: list[str], cells: list[str]) -> None:
+        print(f"  {label:<34}" + "".join(f"{x:>{w}}" for x in cats + cells))
+
+    for t in (small, large):
+        line(f"T={t}: wall s best / median", [f"{r['cat'][f'{rec}/{t}']['wall']:.3f}" for rec in recs],
+             [f"{r['columns'][c]['by_tokens'][t]['wall']:.3f} / {r['columns'][c]['by_tokens'][t]['median']:.3f}"
+              for c in cols])
+        line(f"T={t}: CPU s", [""] * len(recs), [f"{r['columns'][c]['by_tokens'][t]['cpu']:.2f}" for c in cols])
+    line("marginal GB/s best (median)", [f"{r['cat'][f'{rec}/{large}']['rate'] / 1e9:.2f}" for rec in recs],
+         [f"{r['columns'][c]['marginal'] / 1e9:.2f} ({r['columns'][c]['marginal_median'] / 1e9:.2f})"
+          if r["columns"][c]["measurable"] else "not measurable" for c in cols])
+    line(f"  / cat (target >= {TARGETS['ratio']}x)", ["1.00x"] * len(recs),
+         [f"{r['columns'][c]['ratio']:.2f}x ({r['columns'][c]['ratio_median']:.2f}x)"
+          if r["columns"][c]["measurable"] else "" for c in cols])
+    line("  per CPU-second, GB", [""] * len(recs), [f"{r['columns'][c]['marginal_cpu'] / 1e9:.2f}" for c in cols])
+    if any("inproc_marginal" in r["columns"][c] for c in cols):
+        line("  in-process marginal / cat", [""] * len(recs), [
+            f"{r['columns'][c]['inproc_marginal'] / r['columns'][c]['cat_rate']:.2f}x"
+            if "inproc_marginal" in r["columns"][c] else "" for c in cols])
+    line(f"peak RSS / capture T={large} (<= {TARGETS['rss']}x)", [""] * len(recs), [
+        f"{r['columns'][c]['rss_over_capture']:.2f}x ({r['columns'][c]['by_tokens'][large]['rss'] / 2**20:.0f} MiB)"
+        for c in cols])
+    line("torch imported", [""] * len(recs), ["-" if "torch" not in r["columns"][c] else
+                                              ("YES" if r["columns"][c]["torch"] else "no") for c in cols])
+    line("verdict", [""] * len(recs), ["-" if r["columns"][c]["right"] is None else
+                                       "right" if r["columns"][c]["right"] else "WRONG" for c in cols])
+    if "fingerprint" in r:
+        f = r["fingerprint"]
+        print(f"  fingerprint of T={large}: {f['write_s']:.2f} s, {f['bytes'] / 1e6:.1f} MB; align on it "
+              f"{f['align_s']:.2f} s, verdict {'right' if f['right'] else 'WRONG'}")
+    sys.stdout.flush()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=["kimi-k2"], choices=list(SHAPES))
     ap.add_argument("--tokens", nargs=2, type=int, default=[512, 2048], metavar=("T_SMALL", "T_LARGE"))
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
-                    help="cuda/auto add the GPU mode beside the CPU ones")
-    ap.add_argument("--modes", nargs="+", default=None, choices=list(MODES),
-                    help="which ways of scoring to time (default: torch-loop, numpy and fused, plus gpu with "
-                         "--device cuda)")
-    ap.add_argument("--record", choices=("safetensors", "pt"), default="safetensors",
-                    help="which copy of the training record align reads (pt imports torch)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--records", nargs="+", default=["ckpt", "safetensors"], choices=RECORDS,
+                    help="which copies of the training record align reads (each a column)")
+    ap.add_argument("--modes", nargs="+", default=["cli"], choices=list(MODES),
+                    help="ways of scoring, each a column: cli (align as installed: the kernels for large "
+                         "captures), numpy, fused (kernels forced), torch-loop (a plain torch loop), gpu")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="cuda: adds the gpu mode")
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=None, help="where the synthetic files go (default: a temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic files")
     ap.add_argument("--json-out", type=Path, default=None)
-    ap.add_argument("--no-fingerprint", action="store_true", help="skip fingerprinting the large sweep")
-    ap.add_argument("--inproc", action="store_true",
-                    help="also time align inside this process after a warm-up (always for the GPU mode: CUDA "
-                         "start-up varies by seconds between processes, more than the whole sweep takes)")
+    ap.add_argument("--inproc", action="store_true", help="also time align inside this process after a warm-up")
+    ap.add_argument("--fingerprint", action="store_true", help="also fingerprint the large sweep and align on it")
+    ap.add_argument("--no-startup", action="store_true", help="skip --help and the samples")
     args = ap.parse_args()
-    modes = args.modes or ["torch-loop", "numpy", "fused"] + (["gpu"] if args.device != "cpu" else [])
+    modes = list(dict.fromkeys(args.modes + (["gpu"] if args.device != "cpu" else [])))
+    columns = [(m, "safetensors" if m == "torch-loop" else r) for m in modes for r in args.records]
+    columns = list(dict.fromkeys(columns))
 
-    need = sum(62 * t * h * 2 * 1.1 + 4 * t * h * 2 for s in args.shapes for n, h in [SHAPES[s]] for t in args.tokens)
+    need = sum(62 * t * h * 2 * 1.1 + 12 * t * h * 2 for s in args.shapes for n, h in [SHAPES[s]] for t in args.tokens)
     folder = args.dir or Path(tempfile.mkdtemp(prefix="ef-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
     if free < need * 1.2:
         raise SystemExit(f"{folder}: {free / 1e9:.1f} GB free, the synthetic sweeps need {need / 1e9:.1f} GB")
-    report: dict[str, Any] = {"device": args.device, "modes": modes, "cpus": os.cpu_count(), "shapes": {},
-                              "load_before": os.getloadavg()}
+    report: dict[str, Any] = {"cpus": os.cpu_count(), "load_before": os.getloadavg(), "shapes": {},
+                              "python": sys.version.split()[0]}
+    # pip compiles a package's bytecode when it installs it; an editable install run with
+    # PYTHONDONTWRITEBYTECODE=1 would compile every module's source in every run (~0.05 s of start-up)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "eagleforensics")], check=True,
+                   stdout=subprocess.DEVNULL)
     try:
-        report["help_s"] = best([*CLI, "--help"], 5)["wall"]
-        report["compile"] = compile_seconds(args.repeat)
-        report["import_torch_rss"] = best([sys.executable, "-c", "import torch"], 1)["rss"]
         if "gpu" in modes:
             import torch
 
             if torch.cuda.is_available():
                 report["h2d"] = h2d_rate()
             else:
-                modes.remove("gpu")
+                columns = [c for c in columns if c[0] != "gpu"]
+        if not args.no_startup:
+            report["startup"] = startup(max(args.repeat, 5))
         for shape in args.shapes:
-            rows: dict[str, Any] = {}
-            sweeps = {}
-            for t in args.tokens:
-                t0 = time.perf_counter()
-                sweep = sweeps[t] = write_sweep(folder, shape, t)
-                row: dict[str, Any] = {"bytes": sweep.capture_bytes, "write_s": time.perf_counter() - t0,
-                                       "read_rate": read_rate(sweep.capture), "modes": {}}
-                record = sweep.record if args.record == "pt" else sweep.record_safetensors
-                for mode in modes:
-                    env, device = MODES[mode]
-                    cmd = [*TORCH_LOOP, str(sweep.capture), str(sweep.record_safetensors)] if mode == "torch-loop" \
-                        else [*CLI, "align", str(record), str(sweep.capture), "--json", "--device", device]
-                    res = best(cmd, args.repeat, env)
-                    row["modes"][mode] = {"wall": res["wall"], "cpu": res["cpu"], "rss": res["rss"], "rc": res["rc"],
-                                          "placed_right": placed_right(res["out"], sweep), "out": res["out"]}
-                rows[str(t)] = row
-            small, large = (rows[str(t)] for t in args.tokens)
-            if args.inproc or "gpu" in modes:
-                for mode in modes:
-                    if mode == "torch-loop":
-                        continue
-                    if mode == "gpu" or args.inproc:
-                        for t in args.tokens:
-                            os.environ.update(MODES[mode][0])
-                            from eagleforensics.evidence import fused
-
-                            fused.AVAILABLE = mode != "numpy" and importlib.util.find_spec("numba") is not None
-                            fused.MIN_BYTES = 0
-                            rows[str(t)]["modes"][mode]["inproc_s"] = inproc_seconds(
-                                sweeps[t], MODES[mode][1], args.repeat)
-            if not args.no_fingerprint:
-                fp = folder / f"{shape}-T{args.tokens[1]}.fp.json"
-                made = best([*FP_CLI, str(sweeps[args.tokens[1]].capture), "-o", str(fp)], 1)
-                est = best([*CLI, "align", str(sweeps[args.tokens[1]].record_safetensors), str(fp), "--json"], 1)
-                full = next(large["modes"][m]["out"] for m in modes if m != "torch-loop")
-                same = json.loads(est["out"])["verdict"] == json.loads(full)["verdict"]
-                large["fingerprint"] = {"write_s": made["wall"], "bytes": fp.stat().st_size, "align_s": est["wall"],
-                                        "same_verdict": same}
-            extra_bytes = large["bytes"] - small["bytes"]
-            rate = max(small["read_rate"], large["read_rate"])  # the faster cat: the harder bar
-            summary: dict[str, Any] = {"by_tokens": rows, "read_rate": rate, "modes": {}}
-            for mode in modes:
-                a, b = small["modes"][mode], large["modes"][mode]
-                m = {"marginal_bytes_per_s": extra_bytes / max(b["wall"] - a["wall"], 1e-9),
-                     "marginal_bytes_per_cpu_s": extra_bytes / max(b["cpu"] - a["cpu"], 1e-9),
-                     "rss_over_capture": b["rss"] / large["bytes"],
-                     "rss_over_capture_small": a["rss"] / small["bytes"],
-                     "all_right": None if a["placed_right"] is None else a["placed_right"] and b["placed_right"]}
-                m["ratio"] = m["marginal_bytes_per_s"] / rate
-                if "inproc_s" in b:
-                    m["inproc_marginal_bytes_per_s"] = extra_bytes / max(b["inproc_s"] - a["inproc_s"], 1e-9)
-                summary["modes"][mode] = m
-            report["shapes"][shape] = summary
-            _print_shape(shape, summary, report, args.tokens)
+            report["shapes"][shape] = bench_shape(shape, args, folder, columns)
+            print_shape(shape, report["shapes"][shape], args.tokens)
     finally:
         if args.dir is None and not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     report["load_after"] = os.getloadavg()
     print(f"\nload average (1/5/15 min) before {'/'.join(f'{x:.1f}' for x in report['load_before'])}, after "
-          f"{'/'.join(f'{x:.1f}' for x in report['load_after'])} on {report['cpus']} CPUs: other processes "
-          "share these cores and slow every figure")
-    c = report["compile"]
-    print(f"start-up: eagleforensics --help {report['help_s']:.3f} s; align on the two safetensors samples "
-          f"{c['auto']:.2f} s by default ({c['auto_rss'] / 2**20:.0f} MiB peak RSS; numpy path "
-          f"{c['numpy_path']:.2f} s); with the kernels forced {c['cached']:.2f} s (numba cache filled), "
-          f"{c['first']:.2f} s with an empty cache (compiling); bare `import torch` peak RSS "
-          f"{report['import_torch_rss'] / 2**20:.0f} MiB")
+          f"{'/'.join(f'{x:.1f}' for x in report['load_after'])} on {report['cpus']} CPUs (other processes on "
+          "these cores slow every figure; quote figures from a quiet machine)")
+    if "startup" in report:
+        s = report["startup"]
+        print(f"start-up (best / median of {len(s['help']['walls'])}): eagleforensics --help "
+              f"{s['help']['wall']:.3f} / {s['help']['median']:.3f} s; align on the safetensors samples "
+              f"{s['safetensors']['wall']:.3f} / {s['safetensors']['median']:.3f} s (target < {TARGETS['sample']} s, "
+              f"{s['safetensors']['rss'] / 2**20:.0f} MiB, torch {'IMPORTED' if s['safetensors']['torch'] else 'not imported'}); "
+              f"on the .ckpt sample and capture.pt {s['ckpt']['wall']:.3f} / {s['ckpt']['median']:.3f} s "
+              f"(torch {'IMPORTED' if s['ckpt']['torch'] else 'not imported'})")
+    for shape, r in report["shapes"].items():
+        small = str(args.tokens[0])
+        for c, col in r["columns"].items():
+            if c.startswith("cli/ckpt"):
+                print(f"{shape}: align with the .ckpt record at T={small}: {col['by_tokens'][small]['wall']:.3f} s "
+                      f"(target <= {TARGETS['t512_ckpt']} s)")
     if "h2d" in report:
         print("host-to-device copy: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in report["h2d"].items()))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2))
-
-
-def _print_shape(shape: str, r: dict[str, Any], report: dict[str, Any], tokens: list[int]) -> None:
-    n, h = SHAPES[shape]
-    modes = list(r["modes"])
-    rate = r["read_rate"]
-    by = r["by_tokens"]
-    small, large = by[str(tokens[0])], by[str(tokens[1])]
-    width = 24
-    print(f"\n{shape} (N={n}, H={h}): capture {small['bytes'] / 1e9:.2f} / {large['bytes'] / 1e9:.2f} GB at "
-          f"T={tokens[0]} / {tokens[1]}")
-    print(f"  {'':<30}{'cat':>{width}}" + "".join(f"{m:>{width}}" for m in modes))
-
-    def line(label: str, cat: str, cells: list[str]) -> None:
-        print(f"  {label:<30}{cat:>{width}}" + "".join(f"{c:>{width}}" for c in cells))
-
-    for t in tokens:
-        row = by[str(t)]
-        line(f"T={t}: wall s (CPU s)", f"{row['bytes'] / row['read_rate']:.2f}",
-             [f"{row['modes'][m]['wall']:.2f} ({row['modes'][m]['cpu']:.2f})" for m in modes])
-    def extra(m: str) -> float:
-        return large["modes"][m]["wall"] - small["modes"][m]["wall"]
-
-    line("marginal GB/s", f"{rate / 1e9:.2f}", [
-        f"{r['modes'][m]['marginal_bytes_per_s'] / 1e9:.2f}" if extra(m) > 0.05 else "not measurable" for m in modes])
-    line("  / cat read rate", "1.00x", [f"{r['modes'][m]['ratio']:.2f}x" if extra(m) > 0.05 else "" for m in modes])
-    def extra_cpu(m: str) -> float:
-        return large["modes"][m]["cpu"] - small["modes"][m]["cpu"]
-
-    line("  per CPU-second, GB", "", [f"{r['modes'][m]['marginal_bytes_per_cpu_s'] / 1e9:.2f}" if extra_cpu(m) > 0.05
-                                     else "not measurable" for m in modes])
-    if any("inproc_marginal_bytes_per_s" in r["modes"][m] for m in modes):
-        line("in-process marginal / cat", "", [
-            f"{r['modes'][m]['inproc_marginal_bytes_per_s'] / rate:.2f}x" if "inproc_marginal_bytes_per_s"
-            in r["modes"][m] else "" for m in modes])
-    line(f"peak RSS / capture T={tokens[0]}", "", [f"{r['modes'][m]['rss_over_capture_small']:.2f}x" for m in modes])
-    line(f"peak RSS / capture T={tokens[1]}", "", [
-        f"{r['modes'][m]['rss_over_capture']:.2f}x ({large['modes'][m]['rss'] / 2**20:.0f} MiB)" for m in modes])
-    line("verdict", "", ["-" if r["modes"][m]["all_right"] is None else "right" if r["modes"][m]["all_right"]
-                         else "WRONG" for m in modes])
-    for t, row in by.items():
-        for m in modes:
-            row["modes"][m].pop("out", None)
-        f = row.get("fingerprint")
-        if f:
-            print(f"  fingerprint of T={t}: written in {f['write_s']:.2f} s, {f['bytes'] / 1e6:.1f} MB "
-                  f"({f['bytes'] / row['bytes']:.1%} of the capture); align on it {f['align_s']:.2f} s, "
-                  f"verdict {'the same as' if f['same_verdict'] else 'DIFFERENT from'} the full capture's", flush=True)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ Each position is a random-walk step from the previous one (neighbouring layers s
 p=2 on, and the post-norm final is an RMSNorm with a random gain of the last raw state. The
 file is the capture helper's safetensors format (``hidden.0..N``, ``final_norm``,
 ``input_ids``, metadata), written without ever holding the sweep in memory. The training
-record holds three positions and the post-norm final, bf16, list layout, written twice: as
-``.pt`` (reading it imports torch) and as safetensors (read without torch).
+record holds three positions and the post-norm final, bf16, written three times: in SpecForge's
+layout as its ``.ckpt`` (``input_ids``, ``loss_mask``, ``hidden_state`` [1, S, H], ``aux_hidden_state``
+[1, S, 3H], as ``torch.save`` writes it), and in the list layout as ``.pt`` and as safetensors.
 
 These tensors are hand-made on purpose: they exist to measure speed and memory at shapes no
 test can afford. Matching behaviour is tested on real forward passes (tests/).
@@ -41,8 +42,17 @@ class Sweep:
 
     @property
     def record_safetensors(self) -> Path:
-        """The same record as safetensors (list layout ``hidden_states.0..3``): read without torch."""
+        """The same record as safetensors (list layout ``hidden_states.0..3``)."""
         return self.record.with_suffix(".safetensors")
+
+    @property
+    def record_ckpt(self) -> Path:
+        """The same record in SpecForge's layout, as its ``.ckpt`` (a torch zip archive)."""
+        return self.record.with_suffix("").with_suffix(".ckpt")
+
+    def record_as(self, kind: str) -> Path:
+        """The record file of ``kind``: ckpt, safetensors or pt."""
+        return {"ckpt": self.record_ckpt, "safetensors": self.record_safetensors, "pt": self.record}[kind]
 
     @property
     def capture_bytes(self) -> int:
@@ -78,7 +88,7 @@ def write_sweep(folder: Path, shape: str, tokens: int, seed: int = 0) -> Sweep:
     rec = folder / f"{shape}-T{tokens}.record.pt"
     aux = record_positions(n)
     sweep = Sweep(cap, rec, n, h, tokens, aux)
-    if cap.exists() and rec.exists() and sweep.record_safetensors.exists():
+    if cap.exists() and rec.exists() and sweep.record_safetensors.exists() and sweep.record_ckpt.exists():
         return sweep
     gen = torch.Generator().manual_seed(seed)
     head, names = _header(n, tokens, h)
@@ -108,4 +118,7 @@ def write_sweep(folder: Path, shape: str, tokens: int, seed: int = 0) -> Sweep:
     torch.save({"hidden_states": states, "input_ids": ids.clone()}, rec)
     save_file({**{f"hidden_states.{i}": s.contiguous() for i, s in enumerate(states)}, "input_ids": ids.clone()},
               str(sweep.record_safetensors))
+    torch.save({"input_ids": ids.clone(), "loss_mask": torch.ones(tokens, dtype=torch.int64),
+                "hidden_state": final[None].clone(), "aux_hidden_state": torch.cat(states[:3], -1)[None].clone()},
+               sweep.record_ckpt)
     return sweep

@@ -8,7 +8,7 @@
 Heavy modules load on first use, so ``import eagleforensics`` stays cheap.
 
 The package is grouped in rooms by role; imports point down only (tests/test_layout.py):
-``cli``, ``report`` > ``doctor`` > ``alignment`` (the pipelines) > ``checks`` (the doctor's, one per cause)
+``cli``, ``report`` > ``doctor`` > ``replay`` > ``alignment`` (the pipelines) > ``checks`` (the doctor's, one per cause)
 > ``engines``, ``evidence``, ``scan`` > ``io``
 > ``results``, ``positions``, ``errors``, ``arrays`` (numpy everywhere; torch only at the edges).
 ``testing`` holds tiny models for tests, not the product.
@@ -36,7 +36,7 @@ _LAZY = {
     "sweep": "eagleforensics.io.sweep",
     "write_capture": "eagleforensics.io.sweep",
     "load_drafter": "eagleforensics.io.drafter",
-    "run_replay": "eagleforensics.report.replay",
+    "run_replay": "eagleforensics.replay",
     "diagnose": "eagleforensics.doctor",
     "DoctorInputs": "eagleforensics.checks.base",
     "DoctorReport": "eagleforensics.doctor",
@@ -46,6 +46,11 @@ _LAZY = {
     "find_server_args": "eagleforensics.engines.serverargs",
     "parse_server_args_line": "eagleforensics.engines.serverargs",
     "ServerArgs": "eagleforensics.engines.serverargs",
+    "SERVED_FEATURES": "eagleforensics.io.served",
+    "TargetAudit": "eagleforensics.scan.audit",
+    "audit_records": "eagleforensics.scan.audit",
+    "load_tokenizer": "eagleforensics.io.tokenizer",
+    "learn_skeleton": "eagleforensics.evidence.templates",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

@@ -20,15 +20,17 @@ from .engines.advice import engine_advice, serving_advice
 from .engines.crosscheck import check_request, crosscheck, serving_audit
 from .errors import ForensicsError
 from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
-from .evidence.findings import identity_findings, slot_findings
-from .evidence.identity import Identity, judge, step_reader
+from .evidence.findings import identity_findings, slot_findings, token_evidence_findings
+from .evidence.identity import Identity, judge, step_reader, unverified_rows
+from .evidence.labels import LabelCheck, check_labels, massive_ratio, norm_kind
 from .evidence.match import ScoreMatrix, score_slots
 from .evidence.norms import looks_post_norm, norm_cv, row_summary
 from .evidence.steps import known_first
 from .evidence.tokens import (
     TokenAlignment,
     align_tokens,
-    detect_shift,
+    candidate_offsets,
+    distinct_pairs,
     trailing_padding,
 )
 from .io.capture import Capture, load_capture
@@ -36,8 +38,9 @@ from .io.training import Slot, TrainingRecord, load_training
 from .positions import Position
 from .results import AlignmentResult, Finding, SlotMatch
 
-SHIFT_MIN_CORR = 0.9
-SHIFT_MIN_GAIN = 0.05
+SHIFT_MIN_CORR = 0.5  # a candidate row offset's norm-profile correlation must reach this to be scored
+MAX_SHIFT = 1024  # row offsets tried by content when the ids cannot pair the rows
+OFFSET_CANDIDATES = 3  # offsets besides the current pairing scored by content on the aux slots
 
 
 def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c0: float) -> TokenAlignment:
@@ -50,7 +53,8 @@ def _shifted(tok: TokenAlignment, d: int, usable: int, cap_len: int, c: float, c
 
 
 def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None = None, tok: TokenAlignment | None = None,
-             bad_rows: list[int] | None = None) -> tuple[list[Choice], list[Identity | None]]:
+             bad_rows: list[int] | None = None, unknown: frozenset[Position] = frozenset(),
+             slot_norms: list[np.ndarray] | None = None) -> tuple[list[Choice], list[Identity | None]]:
     """Each slot's choice; identity (evidence.identity) decides it when the capture's rows can be read."""
     if sm.error is not None:  # estimates from a fingerprint: confident only clear of their error
         from .evidence.fpmatch import choose_estimated
@@ -70,10 +74,28 @@ def _choices(sm: ScoreMatrix, n_slots: int, bar: Thresholds, cap: Capture | None
         ident = judge(sm.per_token[i], sm.columns, real, sm.norm_ratio[i], tokens, bar.min_tokens, bar.copy_gap,
                       bar.norm_tol, int(cap.num_layers), step_of, alpha=bar.paired_alpha,
                       step_ratio=bar.step_ratio, min_votes=bar.min_votes,
-                      extra_bad=(bad_rows or [0] * n_slots)[i])
+                      extra_bad=(bad_rows or [0] * n_slots)[i], unknown=unknown,
+                      distinct=None if slot_norms is None else _distinct(sm, tok, slot_norms[i]))
         picks.append(_as_choice(ident, sm, i))
         ids.append(ident)
     return picks, ids
+
+
+def _distinct(sm: ScoreMatrix, tok: TokenAlignment, slot_norms: np.ndarray):
+    """``distinct(pos)`` for ``judge``: which compared tokens are distinct (slot row, capture row) pairs
+    against column ``pos`` (a fitted column by its raw position's rows)."""
+    y = slot_norms[tok.train_start:tok.train_start + tok.length]
+
+    def distinct(pos: Position) -> np.ndarray | None:
+        col = sm.column_norms.get(pos, sm.column_norms.get(Position(pos.p)))
+        if col is None:
+            return None
+        x = col[tok.capture_start:tok.capture_start + tok.length]
+        if x.shape[0] != y.shape[0] or x.shape[0] != sm.per_token.shape[-1]:
+            return None
+        return distinct_pairs(y, x)
+
+    return distinct
 
 
 def _as_choice(ident: Identity, sm: ScoreMatrix, i: int) -> Choice:
@@ -120,15 +142,15 @@ def align(
         vllm_runner=vllm_runner)
     slots = record.slots(cap.hidden_size)
     padding = trailing_padding(record.input_ids, record.loss_mask)
-    tok = align_tokens(record.input_ids, record.num_tokens, padding, cap.input_ids, cap.num_tokens)
+    tok = align_tokens(record.input_ids, record.num_tokens, padding, cap.input_ids, cap.num_tokens, MIN_TOKENS)
     usable = record.num_tokens - padding
     if usable <= 0:
         raise ForensicsError("zero tokens left after dropping trailing padding", path=record.path)
     if max_tokens is not None and tok.length > max_tokens:
         tok = replace(tok, length=max_tokens, note=tok.note + f"; limited to the first {max_tokens}")
     if tok.length == 0:
-        raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note} (if one side has an "
-                             "extra BOS or template token, drop it so both start at the same token)", path=record.path)
+        raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note}, and they share no "
+                             f"run of {MIN_TOKENS} ids anywhere (capture the record's own prompt)", path=record.path)
     slot_data = [as_array(s.data) for s in slots]
     summaries = [row_summary(d) for d in slot_data]  # per-token norms and NaN/Inf rows, one pass each
     norms = [n[:usable] for n, _ in summaries]
@@ -144,18 +166,33 @@ def align(
         return score_slots(slot_data, fit, cap.positions, cap,
                            t.train_start, t.capture_start, t.length, progress, device=device)
 
+    labels = LabelCheck()
+
     def decide(t: TokenAlignment, sm: ScoreMatrix) -> tuple[list[Choice], list[Identity | None]]:
-        return _choices(sm, len(slots), thr, None if isinstance(cap, Fingerprint) else cap, t, bad_rows)
+        return _choices(sm, len(slots), thr, None if isinstance(cap, Fingerprint) else cap, t, bad_rows,
+                        labels.unknown, norms)
 
     sm = run(tok)
     picks, idents = decide(tok, sm)
-    if not any(c.confident for c in picks) and (tok.method == "position" or tok.length >= 2 * MIN_TOKENS):
-        tok, sm, picks, idents = _try_shift(tok, sm, picks, idents, slots, norms, usable, cap, decide, run)
+    if isinstance(cap, Capture):  # content over labels (evidence.labels): relabel and rescore, or unknown
+        labels = _check_labels(cap, sm, tok, record, picks)
+        if labels.relabel:
+            cap = replace(cap, readers={labels.relabel.get(p, p): r for p, r in cap.readers.items()})
+            sm = run(tok)
+        if labels.relabel or labels.unknown:
+            picks, idents = decide(tok, sm)
+    if not any(c.confident and c.best is not None and not c.best.normed for c in picks) and (
+            tok.method == "position" or tok.length >= 2 * MIN_TOKENS):
+        tok, sm, picks, idents = _try_offsets(tok, sm, picks, idents, slots, norms, usable, cap, decide, run)
+    idents = _final_rows_check(tok, idents, slots)
+    picks = [_as_choice(d, sm, i) if d is not None else c for i, (c, d) in enumerate(zip(picks, idents))]
     matches = [_slot_match(s, c, sm, i, n, fit[i] and looks_post_norm(n), bad_rows[i], idents[i])
                for i, (s, c, n) in enumerate(zip(slots, picks, norms))]
     matches = [_resolve_role(m, cap.num_layers) for m in matches]
-    findings = _token_findings(tok, record, sm, slots, [b for _, b in summaries]) + slot_findings(matches, cap.num_layers)
-    findings += identity_findings(matches) + _capture_findings(cap, sm, slots)
+    findings = _token_findings(tok, record, sm, slots, [b for _, b in summaries], cap.input_ids)
+    findings += slot_findings(matches, cap.num_layers)
+    findings += [Finding(code, "warning", msg) for code, msg in labels.notes]
+    findings += identity_findings(matches) + token_evidence_findings(matches, tok) + _capture_findings(cap, sm, slots, labels)
     findings += _row_findings(matches, sm, tok, thr)
     rule_type = model_type if model_type is not None else (audit.model_type if audit is not None else None)
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers, rule_type, engine, engine_version,
@@ -178,23 +215,80 @@ def align(
     return replace(result, serving=check, findings=findings + check.findings, advice=serving_advice(check))
 
 
-def _try_shift(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], idents: list[Identity | None],
-               slots: list[Slot], norms: list[np.ndarray], usable: int, cap: Capture,
-               decide: Callable[[TokenAlignment, ScoreMatrix], tuple[list[Choice], list[Identity | None]]],
-               run: Callable[[TokenAlignment], ScoreMatrix]
-               ) -> tuple[TokenAlignment, ScoreMatrix, list[Choice], list[Identity | None]]:
-    """When nothing matched, test whether the rows are offset by a few tokens; rescore if so."""
+def _check_labels(cap: Capture, sm: ScoreMatrix, tok: TokenAlignment, record: TrainingRecord,
+                  picks: list[Choice]) -> LabelCheck:
+    """``evidence.labels.check_labels`` on this capture's compared rows (the ids of either side name them)."""
+    cs, lw = tok.capture_start, tok.length
+    if cap.input_ids is not None:
+        row_ids = cap.input_ids[cs:cs + lw]
+    elif record.input_ids is not None:
+        row_ids = record.input_ids[tok.train_start:tok.train_start + lw]
+    else:
+        row_ids = None
+    stored = [p for p in cap.positions if p in sm.column_norms]
+    return check_labels(stored, sm.column_norms, getattr(cap, "label_kind", "sweep"), cap.convention,
+                        int(cap.num_layers), lambda pos: cap.read_rows(pos, cs, cs + lw), row_ids,
+                        [c.best for c in picks])
+
+
+def _raw_placed(picks: list[Choice]) -> int:
+    """Slots placed confidently at a raw position (content that vouches for the row pairing)."""
+    return sum(bool(c.confident and c.best is not None and not c.best.normed) for c in picks)
+
+
+def _try_offsets(tok: TokenAlignment, sm: ScoreMatrix, picks: list[Choice], idents: list[Identity | None],
+                 slots: list[Slot], norms: list[np.ndarray], usable: int, cap: Capture,
+                 decide: Callable[[TokenAlignment, ScoreMatrix], tuple[list[Choice], list[Identity | None]]],
+                 run: Callable[[TokenAlignment], ScoreMatrix]
+                 ) -> tuple[TokenAlignment, ScoreMatrix, list[Choice], list[Identity | None]]:
+    """When no raw slot is placed, score a few other row offsets by content on the aux slots.
+
+    Candidates are the offsets whose per-token norm profiles correlate best (the first token's
+    massive activation marks where a request starts); each is scored, and the offset where the
+    aux slots are placed best (most confident raw slots, then the highest robust scores) wins.
+    The final state does not vote: post-norm states of different tokens look alike."""
     cols = [v for p, v in sm.column_norms.items() if not p.normed]
-    # every slot votes; a post-norm slot's flat norm profile simply correlates poorly
-    d, c, c0 = max((detect_shift(n, cols) for n in norms), key=lambda t: t[1] if t[1] == t[1] else -2.0)
-    if d == 0 or not c >= SHIFT_MIN_CORR or (c0 == c0 and c - c0 < SHIFT_MIN_GAIN):
+    aux = [n for s, n in zip(slots, norms) if s.role != "final"] or list(norms)
+    if not cols:
         return tok, sm, picks, idents
-    shifted = _shifted(tok, d, usable, cap.num_tokens, c, c0)
-    sm2 = run(shifted)
-    picks2, idents2 = decide(shifted, sm2)
-    if sum(p.confident for p in picks2) > 0:
-        return shifted, sm2, picks2, idents2
-    return tok, sm, picks, idents
+    here = tok.offset
+    ranked = candidate_offsets(aux, cols, MAX_SHIFT, None)
+    cands = [(d, c) for d, c in ranked if d != here and c >= SHIFT_MIN_CORR][:OFFSET_CANDIDATES]
+    corr0 = dict(ranked).get(here, float("nan"))
+    tried: list[tuple[int, float]] = []
+
+    def merit(p: list[Choice], d: list[Identity | None]) -> tuple[int, float]:
+        rob = [x.robust for x, s in zip(d, slots) if x is not None and s.role != "final" and x.robust == x.robust]
+        return _raw_placed(p), float(np.mean(rob)) if rob else -1.0
+
+    best = (tok, sm, picks, idents, merit(picks, idents))
+    for d, c in cands:
+        shifted = _shifted(tok, d, usable, cap.num_tokens, c, corr0)
+        if shifted.length < MIN_TOKENS:
+            continue
+        sm2 = run(shifted)
+        p2, i2 = decide(shifted, sm2)
+        m = merit(p2, i2)
+        tried.append((d, m[1]))
+        if m > best[4]:
+            best = (shifted, sm2, p2, i2, m)
+    tried = [(here, merit(picks, idents)[1])] + tried
+    chosen, sm2, p2, i2, m = best
+    if chosen is tok or m[0] == 0:
+        return replace(tok, candidates=tuple(tried)) if len(tried) > 1 else tok, sm, picks, idents
+    return replace(chosen, candidates=tuple(tried)), sm2, p2, i2
+
+
+def _final_rows_check(tok: TokenAlignment, idents: list[Identity | None], slots: list[Slot]) -> list[Identity | None]:
+    """A final (post-norm) slot on rows no ids vouch for and no raw slot confirms is never confident:
+    post-norm states of different tokens look alike, and a fitted norm absorbs much of the rest."""
+    if tok.vouched or any(d is not None and d.confident and d.best is not None and not d.best.normed for d in idents):
+        return idents
+    out = []
+    for d, s in zip(idents, slots):
+        final_like = s.role == "final" or (d is not None and d.best is not None and d.best.normed)
+        out.append(unverified_rows(d, tok.method) if d is not None and d.confident and final_like else d)
+    return out
 
 
 def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: np.ndarray, post: bool, bad: int,
@@ -211,7 +305,8 @@ def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: np.ndarray, 
     return replace(m, identity=ident.verdict, other=ident.other, robust_score=ident.robust, vote_share=ident.votes,
                    paired_mean=ident.paired_mean, paired_bound=ident.paired_bound, neighbour_step=ident.step,
                    neighbour=ident.step_to, missing_neighbours=ident.missing, fidelity=f.kind,
-                   fidelity_cause=f.cause, fidelity_text=f.text, differing_tokens=f.differing)
+                   fidelity_cause=f.cause, fidelity_text=f.text, differing_tokens=f.differing,
+                   distinct_tokens=ident.distinct, between_fraction=ident.between)
 
 
 def _resolve_role(m: SlotMatch, n: int) -> SlotMatch:
@@ -224,7 +319,7 @@ def _resolve_role(m: SlotMatch, n: int) -> SlotMatch:
 
 
 def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix, slots: list[Slot],
-                    bad_rows: list[np.ndarray]) -> list[Finding]:
+                    bad_rows: list[np.ndarray], capture_ids: np.ndarray | None = None) -> list[Finding]:
     out = [Finding("tokens-compared", "info",
                    f"compared {tok.length} tokens (training has {tok.train_tokens}, capture {tok.capture_tokens}"
                    f"{f', {tok.padding_dropped} trailing padding rows dropped' if tok.padding_dropped else ''}): {tok.note}")]
@@ -233,12 +328,14 @@ def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix
                            f"training and capture token ids share only {tok.length} leading tokens: they are "
                            "not the same prompt, so no slot can be placed. Capture the record's own prompt."))
     if tok.method == "content-shift":
-        both = record.input_ids is not None
+        both = record.input_ids is not None and capture_ids is not None
         out.append(Finding("token-misalignment", "error" if both else "warning",
                            f"hidden-state rows are offset from the capture: {tok.note}. "
                            + ("The token ids agree, so the record's hidden states are misaligned with its own "
                               "input_ids: the drafter learned each token from a neighbour's state."
-                              if both else "Check the dumper's token handling (BOS, chat template).")))
+                              if both else "The capture holds other rows before the record's (another request "
+                              "flattened into it, padding, a template or an extra BOS): check the dumper's token "
+                              "handling, or store the ids on both sides so rows pair by id.")))
     bad_slots = {s.name: np.flatnonzero(b).tolist() for s, b in zip(slots, bad_rows)}
     bad_slots = {k: v for k, v in bad_slots.items() if v}
     if bad_slots:
@@ -256,31 +353,37 @@ def _token_findings(tok: TokenAlignment, record: TrainingRecord, sm: ScoreMatrix
     return out
 
 
-def _capture_findings(cap: Capture, sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:
-    """How the capture's integers were read, content that contradicts the convention, swapped arguments."""
+def _capture_findings(cap: Capture, sm: ScoreMatrix, slots: list[Slot], labels: LabelCheck | None = None) -> list[Finding]:
+    """How the capture's integers were read, content that contradicts the convention but did not decide
+    (``evidence.labels`` relabels or un-positions the entries where it does), swapped arguments."""
     out = [Finding("capture-read-as-labelled", "warning", note) for note in getattr(cap, "notes", [])]
+    acted = set(labels.relabel) | set(labels.relabel.values()) | set(labels.unknown) if labels is not None else set()
     normed_real = [p for p in sm.column_norms if p.normed]
     for p in normed_real:
-        cv = norm_cv(sm.column_norms[p])
-        if cv == cv and not looks_post_norm(sm.column_norms[p]):
+        if p not in acted and norm_kind(sm.column_norms[p]) == "raw":
             out.append(Finding("convention-content", "warning",
-                               f"capture entry {p.label} is read as the post-norm final (convention "
-                               f"{cap.convention}), but its per-token norms vary like a raw state (coefficient of "
-                               f"variation {cv:.2f}); if it is the raw last layer, use --capture-convention vllm"))
+                               f"capture entry {p.label} is read as the post-norm final (convention {cap.convention}), "
+                               f"but holds a row {massive_ratio(sm.column_norms[p]):.0f}x the median per-token norm like "
+                               "a raw state; if it is the raw last layer, use --capture-convention vllm"))
     raw_top = Position(cap.num_layers)
-    if not normed_real and raw_top in sm.column_norms and cap.num_layers > 0:
+    if not normed_real and raw_top in sm.column_norms and raw_top not in acted and cap.num_layers > 0:
         norms = sm.column_norms[raw_top]
-        if looks_post_norm(norms):
+        if norm_kind(norms) == "post-norm":
             out.append(Finding("convention-content", "warning",
                                f"capture entry {raw_top.label} is read as a raw state, but its per-token norms are "
-                               f"nearly constant like a post-norm state (coefficient of variation {norm_cv(norms):.2f})"
-                               "; if it is HF's post-norm last entry, use --capture-convention hf"))
-    raw_positions = [p for p in sm.column_norms if not p.normed]
-    if sm.error is None and len(slots) >= 5 and len(slots) > len(raw_positions) + len(normed_real):
-        out.append(Finding("possibly-swapped", "warning",
-                           f"the training record holds {len(slots)} slots but the capture only "
-                           f"{len(raw_positions) + len(normed_real)} positions: did you swap TRAIN and CAPTURE?"))
-    return out
+                               f"nearly constant like a post-norm state (coefficient of variation {norm_cv(norms):.2f}, "
+                               "and no row of the capture shows the massive activation that would decide it); if it is "
+                               "HF's post-norm last entry, use --capture-convention hf"))
+    return out + _swapped(sm, slots)
+
+
+def _swapped(sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:
+    """More slots than the capture has positions: the arguments may be swapped."""
+    held = len(sm.column_norms)
+    if sm.error is None and len(slots) >= 5 and len(slots) > held:
+        return [Finding("possibly-swapped", "warning", f"the training record holds {len(slots)} slots but the capture "
+                        f"only {held} positions: did you swap TRAIN and CAPTURE?")]
+    return []
 
 
 def _row_findings(matches: list[SlotMatch], sm: ScoreMatrix, tok: TokenAlignment, bar: Thresholds) -> list[Finding]:

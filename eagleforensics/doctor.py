@@ -149,6 +149,8 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     if missing:
         return _not_run(check.name, check.title, missing)
     result = check.run(art)
+    if result.skipped:
+        return CheckOutcome(check.name, check.title, NOT_RUN, reason=result.skipped, data=dict(result.data))
     stray = [f.code for f in result.findings if f.code not in check.codes]
     if stray:
         raise RuntimeError(f"doctor check {check.name!r} emitted codes outside its contract: {stray}")
@@ -159,7 +161,7 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
 def _check_paths(inputs: DoctorInputs) -> None:
     """Bad paths are one line before any check runs."""
     for name, want_dir in (("drafter", True), ("target", True), ("train", None), ("capture", None),
-                           ("draft_config", None), ("log", False)):
+                           ("draft_config", None), ("log", False), ("served_prompts", False)):
         value = getattr(inputs, name)
         if value is None:
             continue
@@ -213,8 +215,9 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
     ``pipelines`` are the rows that run a whole pipeline on the same artifacts (align's wiring verdict).
     """
     if not any(v is not None for v in (inputs.drafter, inputs.target, inputs.train, inputs.capture,
-                                       inputs.draft_config, inputs.log)):
-        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log")
+                                       inputs.draft_config, inputs.log, inputs.served_prompts)):
+        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log, "
+                             "--served-prompts")
     _check_paths(inputs)
     art = Artifacts(inputs)
     outcomes = [run_check(c, art) for c in (all_checks() if checks is None else checks)]

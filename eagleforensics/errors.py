@@ -5,6 +5,8 @@ CLI can print it as-is and exit with code 2.
 """
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 
@@ -17,6 +19,25 @@ class ForensicsError(Exception):
         self.path = None if path is None else str(path)
         self.detail = " ".join(str(message).split())  # always one line
         super().__init__(f"{self.path}: {self.detail}" if self.path else self.detail)
+
+
+# What the OS says about a path it refuses (a name too long, no permission, a loop of links): the user's to fix.
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR, errno.ENOENT,
+                errno.EISDIR, errno.EROFS, errno.ENXIO, errno.ENODEV, errno.EIO}
+
+
+def path_error(exc: BaseException) -> ForensicsError | None:
+    """The one-line ForensicsError for an OSError the OS raised about a named path (exit 2), or None for others.
+
+    ``Path.exists()`` and friends raise for a name too long or a folder without permission
+    instead of answering False; whichever call met the path first, the user reads one line
+    naming it, never an internal error.
+    """
+    if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _PATH_ERRNOS:
+        name = exc.filename if isinstance(exc.filename, str) else os.fsdecode(exc.filename)
+        shown = name if len(name) <= 200 else name[:200] + "..."
+        return ForensicsError(f"cannot be used: {exc.strerror or exc}", path=shown)
+    return None
 
 
 # Characters that move the cursor, recolour the terminal or break a line: C0/C1 controls, DEL,

@@ -479,7 +479,13 @@ def _replay_expected(w: ReplayWiring, config: RoundConfig) -> tuple[float, float
         tree = w.tree
         if tree and tree["topk"] == config.topk and tree["draft_tokens"] == config.verified and \
                 tree["steps"] == config.steps and tree["accept_length"] is not None:
-            return float(tree["accept_length"]), math.nan, "replay's tree figure"
+            how = "replay's tree figure"
+            walk, forced = tree.get("chain_accept_length"), tree.get("teacher_forced_chain")
+            if walk is not None and forced is not None and abs(walk - forced) > 0.05:
+                how += (f" (from its own decode walk, where the chain gives {walk:.2f} against the teacher-forced "
+                        f"{forced:.2f} the chain rows use: the capture is not the target's greedy text, so compare "
+                        "tree and chain rows with care)")
+            return float(tree["accept_length"]), math.nan, how
         return None
     reach = []
     for r in w.reach:

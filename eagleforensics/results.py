@@ -73,7 +73,7 @@ class SlotMatch:
     looks_post_norm: bool
     nonfinite_rows: int
     # identity: which position, judged from evidence measured on this data (evidence.identity)
-    identity: str = ""  # confident / ambiguous / best-among-captured / none ("" = not judged: a fingerprint)
+    identity: str = ""  # one of evidence.identity.VERDICTS ("" = not judged: a fingerprint)
     other: Position | None = None  # the position it is ambiguous with, else the runner-up
     robust_score: float = float("nan")  # median per-token score at ``best``
     vote_share: float = float("nan")  # share of tokens whose own best is best.p
@@ -88,6 +88,8 @@ class SlotMatch:
     fidelity_cause: str = ""  # routing / uniform / corrupted / scale
     fidelity_text: str = ""
     differing_tokens: int = 0
+    distinct_tokens: int = -1  # distinct (slot row, capture row) pairs the identity rests on (-1: not counted)
+    between_fraction: float = float("nan")  # fraction of the layer step from best toward its neighbour ``other``
 
     @property
     def identity_verdict(self) -> str:
@@ -103,9 +105,10 @@ class SlotMatch:
     def identity_text(self) -> str:
         """Identity in a few words for tables: ``confident``, ``ambiguous p5/p6``, ``best among captured``."""
         v = self.identity_verdict
-        if v == "ambiguous" and self.best is not None and self.other is not None:
-            return f"ambiguous {self.best.label}/{self.other.label}"
-        return {"best-among-captured": "best among captured"}.get(v, v)
+        if v in ("ambiguous", "between") and self.best is not None and self.other is not None:
+            return f"{v} {self.best.label}/{self.other.label}"
+        return {"best-among-captured": "best among captured", "position-unknown": "position unknown",
+                "rows-unverified": "rows unverified"}.get(v, v)
 
     @property
     def name(self) -> str:
@@ -120,8 +123,11 @@ class SlotMatch:
         """One ``mapping`` entry of the JSON. Beside the placement keys:
 
         ``fitted``: the best column is a gain-fitted post-norm state, not a captured one.
-        ``identity``: ``verdict`` (confident / ambiguous / best-among-captured / none), ``other``
-        (the position it is ambiguous with, else the runner-up), ``robust_score`` (median
+        ``identity``: ``verdict`` (confident / ambiguous / best-among-captured / between /
+        position-unknown / rows-unverified / none), ``other`` (the position it is ambiguous with or
+        sits between, else the runner-up), ``distinct_tokens`` (distinct slot row / capture row
+        pairs it rests on), ``between_fraction`` (how far from the best position toward its
+        closer neighbour the slot sits, as a share of the layer step), ``robust_score`` (median
         per-token score), ``vote_share`` (share of tokens whose own best is this position),
         ``paired_mean`` / ``paired_bound`` (best minus runner-up over the same tokens: mean, and
         the lower confidence bound of the median), ``neighbour_step`` (the capture's own cosine
@@ -151,6 +157,8 @@ class SlotMatch:
                 "paired_mean": _num(self.paired_mean), "paired_bound": _num(self.paired_bound),
                 "neighbour_step": _num(self.neighbour_step), "neighbour": self.neighbour,
                 "missing_neighbours": list(self.missing_neighbours),
+                "distinct_tokens": None if self.distinct_tokens < 0 else self.distinct_tokens,
+                "between_fraction": _num(self.between_fraction),
             },
             "fidelity": {"kind": self.fidelity or None, "cause": self.fidelity_cause or None,
                          "differing_tokens": self.differing_tokens, "text": self.fidelity_text or None},
@@ -170,6 +178,15 @@ def _evidence_notes(matches: list[SlotMatch]) -> str:
         elif m.identity == "best-among-captured" and m.best is not None:
             out.append(f"{m.name}: {m.best.label} is only the best among the captured positions "
                        f"({' / '.join(f'p{q}' for q in m.missing_neighbours)} not captured).")
+        elif m.identity == "between" and m.best is not None and m.other is not None:
+            lo, hi = sorted((m.best, m.other))
+            out.append(f"{m.name} sits between {lo.label} and {hi.label} (a mid-layer state).")
+        elif m.identity == "rows-unverified":
+            out.append(f"{m.name} matched on rows no ids or aux slot vouch for.")
+    unknown = [m.name for m in matches if m.identity == "position-unknown"]
+    if unknown:
+        out.append(f"{', '.join(unknown)} {'matches a capture entry' if len(unknown) == 1 else 'match capture entries'} "
+                   "whose position is unknown.")
     drift = [m for m in matches if m.confident and m.fidelity == "drift"]
     if drift:
         out.append("Placed under drift, not copies: " + "; ".join(

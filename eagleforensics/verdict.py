@@ -97,6 +97,14 @@ def _loose_todo(m: SlotMatch) -> str:
     if m.identity == "ambiguous":
         return (f"{m.name}: {m.reason}. The capture cannot tell these positions apart; check in the dumper's code "
                 "which layer it read, and set the ids for that one.")
+    if m.identity == "between":
+        return (f"{m.name}: {m.reason}. Check where the dumper reads it (a hook inside the decoder layer, or the "
+                "residual returned by a fused add-norm) and dump a layer boundary instead.")
+    if m.identity == "position-unknown":
+        return (f"{m.name}: {m.reason}. Capture a full sweep (p = 0..N, e.g. with eagleforensics capture), or pass "
+                "--capture-convention for what the capture's integers mean.")
+    if m.identity == "rows-unverified":
+        return (f"{m.name}: {m.reason}. Store the token ids with the record and the capture, so rows pair by id.")
     return (f"{m.name}: best candidate {cand} is not confident ({m.reason}); capture the record's own prompt on "
             "the model the record was dumped from.")
 
@@ -113,6 +121,13 @@ def judge(result: AlignmentResult) -> Verdict:
         return Verdict(PROBLEM, f"only {r.tokens.length} tokens could be paired ({r.tokens.note}), too few to place "
                                 "any slot.", todo=["Capture the same prompt the record holds (a longer one), so at "
                                                    f"least {r.thresholds.min_tokens} tokens pair up."])
+    open_kinds = {m.identity for m in loose} & {"position-unknown", "between", "rows-unverified"}
+    if loose and len(loose) == n and open_kinds:
+        why = {"position-unknown": "slots match capture entries whose labels give no position",
+               "between": "slots sit between two positions (mid-layer states)",
+               "rows-unverified": "the rows were paired without ids and nothing vouches for them"}
+        return Verdict(PROBLEM, "no slot has a confident position: " + "; ".join(why[k] for k in sorted(open_kinds))
+                       + ".", todo=[_loose_todo(m) for m in loose])
     if loose and len(loose) == n:
         return Verdict(PROBLEM, "no slot has a confident match: this record and this capture do not come from the "
                                 "same model and prompt, or the capture misses the layers the record holds.",

@@ -10,7 +10,16 @@ Runs three sets of alignments and prints the figures docs/calibration.md quotes:
   write dampings (neighbour cosines ~0.97 to ~0.9998): false-confident = a confident slot
   at a wrong position;
 * drift pairs (the true positions captured): how many slots are placed, and at which
-  robust score, paired bound and fidelity.
+  robust score, paired bound and fidelity;
+* mid-layer states (issue 20): each decoder layer's residual after attention, before the MLP
+  (the input of ``post_attention_layernorm``, what a fused add-norm returns as ``residual``) as a
+  record slot against the full sweep: how many are called ``between`` the right two positions,
+  and how many are still placed (at the nearer neighbour, as drift) with the fraction of the step
+  they sit at;
+* label and row cases (issue 20): a partial dict with the post-norm final at key N, a raw sweep
+  read as HF against a speculators-style record, a list of the three aux states, flattened
+  multi-request, left-padded and template-prefixed captures, with and without ids, and rows that
+  all repeat one token: confident slots at a wrong position must be 0.
 
 Not part of the test suite (tests/test_drift.py runs a slice). Usage:
     PYTHONPATH=$PWD python scripts/calibrate.py [--pairs 1000] [--seed 0] [--json out.json]
@@ -85,7 +94,7 @@ def _slot_rows(r, truth: list[Position], kind: str) -> list[dict]:
         out.append({"kind": kind, "identity": m.identity_verdict, "confident": m.confident,
                     "right": m.best == want, "fidelity": m.fidelity, "cause": m.fidelity_cause,
                     "robust": m.robust_score, "bound": m.paired_bound, "step": m.neighbour_step,
-                    "votes": m.vote_share, "tokens": m.tokens})
+                    "votes": m.vote_share, "tokens": m.tokens, "fraction": m.between_fraction})
     return out
 
 
@@ -160,6 +169,96 @@ def drifted(pool: Pool, tmp: Path) -> list[dict]:
     return rows
 
 
+def _mid_states(model: torch.nn.Module, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Every decoder layer's residual after attention, before the MLP (post_attention_layernorm's input)."""
+    grabbed: dict[int, torch.Tensor] = {}
+    hooks = [layer.post_attention_layernorm.register_forward_pre_hook(
+        lambda _m, args, i=i: grabbed.__setitem__(i, args[0][0].detach().float().clone()))
+        for i, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            model(ids[None], use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return grabbed
+
+
+def mid_layer(pool: Pool, tmp: Path) -> list[dict]:
+    """Mid-layer states of layers 1..N-2 (both neighbours in an HF sweep) as bf16 record slots."""
+    rows = []
+    ids = prompt_ids(T, seed=0)
+    for family in FAMILIES:
+        for damping in (0.25, 0.1, 0.05):
+            for mseed in range(2):
+                pool.get(family, mseed, 0, "float32", damping)
+                model = pool.models[(family, mseed, damping)]
+                s = pool.get(family, mseed, 0, "float32", damping)
+                mids = _mid_states(model, ids)
+                cap = _save_capture(tmp / "m_cap.pt", s, ids)
+                for k in range(1, N - 1):
+                    torch.save({"hidden_states": [_bf16(mids[k])], "input_ids": ids.clone()}, tmp / "m_rec.pt")
+                    r = align(tmp / "m_rec.pt", cap)
+                    m = r.matches[0]
+                    pair = {m.best, m.other} == {Position(k), Position(k + 1)}
+                    rows.append({"kind": "mid-layer", "family": family, "damping": damping, "seed": mseed, "layer": k,
+                                 "identity": m.identity_verdict, "confident": m.confident, "right_pair": pair,
+                                 "nearer": m.best.p if m.best is not None else None, "fraction": m.between_fraction,
+                                 "fidelity": m.fidelity})
+    return rows
+
+
+def label_and_row_cases(pool: Pool, tmp: Path) -> list[dict]:
+    """The label and row families of issue 20 on every model family (3 model seeds)."""
+    rows = []
+    truth = [Position(p) for p in AUX] + [Position(N, True)]
+
+    def check(case: str, r, want: list[Position], family: str, seed: int) -> None:
+        for m, w in zip(r.matches, want):
+            rows.append({"kind": "cases", "case": case, "family": family, "seed": seed, "confident": m.confident,
+                         "right": m.best == w, "identity": m.identity_verdict})
+
+    for family in FAMILIES:
+        for mseed in range(3):
+            s = pool.get(family, mseed, 0, "float32")
+            model = pool.models[(family, mseed, 0.25)]
+            ids = prompt_ids(T, seed=0)
+            rec = _save_record(tmp / "c_rec.pt", s, ids, AUX)
+            rec_noids = _save_record(tmp / "c_rec0.pt", s, None, AUX)
+            torch.save({f"h.{p}": s.raw[p] for p in AUX} | {f"h.{N}": s.normed, "input_ids": ids.clone()}, tmp / "c.pt")
+            check("partial dict, post-norm at key N", align(rec, tmp / "c.pt"), truth, family, mseed)
+            torch.save({"token_ids": ids.clone(), "hidden_states": torch.stack(
+                [_bf16(s.raw[p]) for p in AUX + [N]], 1).contiguous()}, tmp / "c_spec.pt")
+            torch.save({f"h.{p}": s.raw[p] for p in range(N + 1)} | {"input_ids": ids.clone()}, tmp / "c.pt")
+            check("speculators record vs raw sweep read as hf", align(tmp / "c_spec.pt", tmp / "c.pt"),
+                  [Position(p) for p in AUX + [N]], family, mseed)
+            torch.save({"hidden_states": [s.raw[p][None] for p in AUX], "input_ids": ids.clone()}, tmp / "c.pt")
+            check("list of three aux states", align(rec, tmp / "c.pt"), truth, family, mseed)
+            reqs = [prompt_ids(23, seed=11), ids, prompt_ids(17, seed=12)]
+            sts = [D.forward_states(model, q) for q in reqs]
+            flat = D.States([torch.cat([x.raw[p] for x in sts]) for p in range(N + 1)],
+                            torch.cat([x.normed for x in sts]), {})
+            for with_ids in (True, False):
+                tag = "ids" if with_ids else "no ids"
+                cap = _save_capture(tmp / "c.pt", flat, torch.cat(reqs) if with_ids else None)
+                check(f"flattened, {tag}", align(rec if with_ids else rec_noids, cap), truth, family, mseed)
+                pad = 5
+                padded = torch.cat([torch.zeros(pad, dtype=torch.long), ids])
+                mask = torch.cat([torch.zeros(pad), torch.ones(T)]).long()
+                with torch.no_grad():
+                    hs = model(padded[None], attention_mask=mask[None], output_hidden_states=True).hidden_states
+                torch.save({"hidden_states": [h.float() for h in hs]} | ({"input_ids": padded} if with_ids else {}),
+                           tmp / "c.pt")
+                check(f"left-padded, {tag}", align(rec if with_ids else rec_noids, tmp / "c.pt"), truth, family, mseed)
+                templ = torch.cat([torch.tensor([1, 7, 8, 9, 10, 11]), ids[1:]])
+                cap = _save_capture(tmp / "c.pt", D.forward_states(model, templ), templ if with_ids else None)
+                check(f"template prefix, {tag}", align(rec if with_ids else rec_noids, cap), truth, family, mseed)
+            one = D.States([x[7:8].repeat(T, 1) for x in s.raw], s.normed[7:8].repeat(T, 1), {})
+            check("identical rows", align(_save_record(tmp / "c_rec1.pt", one, None, AUX),
+                                          _save_capture(tmp / "c.pt", one, None)), truth, family, mseed)
+    return rows
+
+
 def summarise(rows: list[dict]) -> dict:
     out: dict = {}
     un = [r for r in rows if r["kind"] == "unrelated"]
@@ -187,7 +286,29 @@ def summarise(rows: list[dict]) -> dict:
         c["min_robust"] = min(c["min_robust"], r["robust"])
         c["min_bound"] = min(c["min_bound"], r["bound"]) if r["bound"] == r["bound"] else c["min_bound"]
         c["min_mean"] = min(c["min_mean"], r["mean"])
+        if r["fraction"] == r["fraction"]:  # how far toward a neighbour the true drifted match sits
+            c["max_fraction"] = max(c.get("max_fraction", -1.0), r["fraction"])
     out["drift"] = {k: {**v, "fidelity": dict(v["fidelity"])} for k, v in cases.items()}
+    mid = [r for r in rows if r["kind"] == "mid-layer"]
+    if mid:
+        fr = [r["fraction"] for r in mid if r["fraction"] == r["fraction"]]
+        out["mid_layer"] = {"states": len(mid), "identity": dict(Counter(r["identity"] for r in mid)),
+                            "between_right_pair": sum(r["identity"] == "between" and r["right_pair"] for r in mid),
+                            "placed_at_nearer_neighbour": sum(r["confident"] for r in mid),
+                            "max_fraction_placed": max((r["fraction"] for r in mid if r["confident"]
+                                                        and r["fraction"] == r["fraction"]), default=None),
+                            "min_fraction_between": min((r["fraction"] for r in mid if r["identity"] == "between"),
+                                                        default=None),
+                            "median_fraction": sorted(fr)[len(fr) // 2] if fr else None,
+                            "by_family": {f: dict(Counter(r["identity"] for r in mid if r["family"] == f))
+                                          for f in sorted({r["family"] for r in mid})}}
+    cs = [r for r in rows if r["kind"] == "cases"]
+    if cs:
+        out["cases"] = {c: {"slots": sum(r["case"] == c for r in cs),
+                            "placed_right": sum(r["case"] == c and r["confident"] and r["right"] for r in cs),
+                            "wrong_confident": sum(r["case"] == c and r["confident"] and not r["right"] for r in cs),
+                            "identity": dict(Counter(r["identity"] for r in cs if r["case"] == c))}
+                        for c in dict.fromkeys(r["case"] for r in cs)}
     return out
 
 
@@ -196,23 +317,29 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=1000, help="unrelated record/capture pairs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write every slot's row here")
+    ap.add_argument("--sets", default="unrelated,off,drift,mid,cases",
+                    help="comma-separated sets to run (unrelated, off, drift, mid, cases)")
     args = ap.parse_args()
+    sets = set(args.sets.split(","))
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     pool = Pool()
     t0 = time.time()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
         tmp = Path(d)
-        rows = unrelated(pool, rng, args.pairs, tmp)
-        rows += one_layer_off(pool, tmp)
-        rows += drifted(pool, tmp)
+        rows = unrelated(pool, rng, args.pairs, tmp) if "unrelated" in sets else []
+        rows += one_layer_off(pool, tmp) if "off" in sets else []
+        rows += drifted(pool, tmp) if "drift" in sets else []
+        rows += mid_layer(pool, tmp) if "mid" in sets else []
+        rows += label_and_row_cases(pool, tmp) if "cases" in sets else []
     summary = summarise(rows)
     summary["seconds"] = round(time.time() - t0, 1)
     print(json.dumps(summary, indent=2))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     bad = summary["unrelated"]["confident"] + summary["one_layer_off"]["false_confident"] + sum(
-        v["wrong_confident"] for v in summary["drift"].values())
+        v["wrong_confident"] for v in summary["drift"].values()) + sum(
+        v["wrong_confident"] for v in summary.get("cases", {}).values())
     return 1 if bad else 0
 
 

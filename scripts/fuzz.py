@@ -15,7 +15,13 @@ inner torch zip stores its records deflated (an archive in an archive), and .npz
 * ``wrong``       a slot placed confidently at a position the clean run does not give it;
 * ``relabelled``  the same, but the mutated capture is a valid sweep of another N (entries of an
                   HF list dropped): right about the file as it is, so counted apart, not a failure;
-* ``hang``/``crash`` the worker stopped answering for ``--timeout`` s or died (SIGBUS, ...).
+* ``hang``/``crash`` the worker stopped answering for ``--timeout`` s or died (SIGBUS, ...);
+* ``memory``      the worker's peak resident memory passed ``--max-rss-mib`` (1 GiB) during this input
+                  (every input is under 1 MB); the worker is then replaced, so each input is judged alone.
+
+The kinds of issue 19 (tests/fuzzkinds.py ``ISSUE_19_KINDS``: drafter and target directories,
+report pages for ``read_report``, safetensors/npy headers claiming other layouts, fingerprints)
+are drawn as often as the others. The summary ends with the peak resident memory of any worker.
 
 Inputs run in a worker process so that hangs and crashes are counted, saved under
 ``--out`` and the run goes on. Prints the inputs tried and the failures found, grouped by
@@ -36,12 +42,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-BAD = ("failure", "wrong", "hang", "crash")
+BAD = ("failure", "wrong", "hang", "crash", "memory")
+MIB = 1024 * 1024
 
 
-def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int) -> None:
-    """Run cases until ``deadline``; append one JSON line per input to ``log``."""
+def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int, max_rss: int) -> None:
+    """Run cases until ``deadline``; append one JSON line per input to ``log``.
+
+    Stops after an input that took the peak resident memory past ``max_rss`` bytes (the driver
+    starts a fresh worker: the high-water mark only rises). The address space is capped at
+    8 GiB, so a runaway allocation fails in this worker instead of exhausting the machine.
+    """
     import faulthandler
+    import resource
+
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 1024 * MIB, resource.RLIM_INFINITY))
+    except (ValueError, OSError):  # pragma: no cover - not allowed here
+        pass
 
     import torch
     from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
@@ -53,6 +71,7 @@ def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int)
 
     torch.set_num_threads(1)
     current = scratch / "current.json"
+    memory_hit: list[int] = []
 
     class Stop(Exception):
         pass
@@ -62,7 +81,7 @@ def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int)
               suppress_health_check=list(HealthCheck))
     @given(case=st.one_of(cases(max_edits=4), fuzzkinds.kind_cases()))
     def one(case) -> None:  # type: ignore[no-untyped-def]
-        if time.time() > deadline:
+        if time.time() > deadline or memory_hit:
             raise Stop
         current.write_text(json.dumps({"case": repr(case)[:2000], "file": f"mutated_{case.target}"}))
         faulthandler.dump_traceback_later(timeout, exit=True)
@@ -80,8 +99,13 @@ def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int)
                 kind, detail = "relabelled", f"N={out.result.num_layers}: " + "; ".join(wrong)
             elif wrong:
                 kind, detail, sig = "wrong", "; ".join(wrong), f"confident wrong placement ({case.side} side)"
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if peak > max_rss and kind not in BAD:
+            kind, detail, sig = "memory", f"peak resident memory {peak / MIB:.0f} MiB", \
+                f"memory ({getattr(case, 'kind', 'sample')})"
+            memory_hit.append(peak)
         entry = {"kind": kind, "detail": detail, "signature": sig, "case": repr(case)[:2000],
-                 "input": getattr(case, "kind", "sample")}
+                 "input": getattr(case, "kind", "sample"), "peak_rss": peak}
         if kind in BAD:
             keep = scratch / "saved" / f"{int(time.time() * 1e6)}_{case.target}"
             keep.parent.mkdir(parents=True, exist_ok=True)
@@ -103,12 +127,14 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds one input may take before it counts as a hang")
     ap.add_argument("--out", type=Path, default=Path("fuzz-out"), help="where failing inputs are saved")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-rss-mib", type=float, default=1024.0, help="peak resident memory an input may take")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--scratch", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.deadline, args.scratch / "log.jsonl", args.scratch, args.timeout, args.seed)
+        worker(args.deadline, args.scratch / "log.jsonl", args.scratch, args.timeout, args.seed,
+               int(args.max_rss_mib * MIB))
         return 0
 
     start = time.time()
@@ -119,7 +145,7 @@ def main() -> int:
     restarts, seed = 0, args.seed
     while time.time() < deadline - 1:
         cmd = [sys.executable, __file__, "--worker", "--deadline", str(deadline), "--scratch", str(scratch),
-               "--timeout", str(args.timeout), "--seed", str(seed)]
+               "--timeout", str(args.timeout), "--seed", str(seed), "--max-rss-mib", str(args.max_rss_mib)]
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONHASHSEED": "0"})
         current = scratch / "current.json"
@@ -152,7 +178,11 @@ def main() -> int:
 
     kinds = collections.Counter(e["kind"] for e in entries)
     minutes = (time.time() - start) / 60
-    print(f"fuzz: {len(entries)} inputs tried in {minutes:.1f} min ({restarts} worker runs)")
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest worker's peak
+    print(f"fuzz: {len(entries)} inputs tried in {minutes:.1f} min ({restarts} worker runs); "
+          f"peak resident memory of any worker {children / MIB:.0f} MiB")
     for k in ("result", "clean-error", "relabelled", *BAD):
         print(f"  {k:<12} {kinds.get(k, 0)}")
     per_input = collections.Counter(e.get("input", "sample") for e in entries)

@@ -1,11 +1,11 @@
-"""Run every hostile input of issue 13 as a real CLI process: its stderr line, exit code, peak memory, inputs kept.
+"""Run every hostile input of issues 13 and 19 as a real CLI process: its stderr line, exit code, peak memory, inputs kept.
 
     python scripts/hostile_inputs.py [--timeout 60] [--limit-gib 0]
 
 Builds each input (tests/hostile.py) in a temporary folder, runs ``python -m eagleforensics``
 on it under ``/usr/bin/time`` (peak resident memory of the process and its children),
-then checks the watched input files kept their bytes and mtime and that no process the
-run started is still alive. ``--limit-gib`` runs each command under ``ulimit -v`` (to try
+then checks the watched input files kept their bytes and mtime, that no process the
+run started is still alive and that its private TMPDIR is empty again (``left``). ``--limit-gib`` runs each command under ``ulimit -v`` (to try
 the inputs against an older checkout without exhausting the machine). Exit 1 if any case
 breaks the rule: one line on stderr, exit 2, inputs unchanged, nothing left running, < 1 GiB.
 """
@@ -48,13 +48,16 @@ def main() -> int:
             d = prepare(Path(tmp) / build.__name__)
             case = build(d)
             before = fingerprint_of(case.watch)
+            tmpdir = d / "TMPDIR"
+            tmpdir.mkdir(exist_ok=True)
             cmd = [sys.executable, "-m", "eagleforensics", *case.args]
             shell = " ".join(shlex.quote(c) for c in ["/usr/bin/time", "-f", "PEAK_KB=%M", *cmd])
             if args.limit_gib:
                 shell = f"ulimit -v {int(args.limit_gib * 1024 * 1024)}; {shell}"
             try:
                 proc = subprocess.run(["bash", "-c", shell], capture_output=True, cwd=d, timeout=args.timeout,
-                                      env={**os.environ, "PYTHONPATH": str(args.code)}, start_new_session=True)
+                                      env={**os.environ, "PYTHONPATH": str(args.code), "TMPDIR": str(tmpdir)},
+                                      start_new_session=True)
                 err = proc.stderr.decode("utf-8", "replace")
                 peak = next((int(x.split("=")[1]) for x in err.splitlines() if x.startswith("PEAK_KB=")), -1)
                 lines = [x for x in err.splitlines() if not x.startswith("PEAK_KB=") and "Command exited" not in x
@@ -72,12 +75,14 @@ def main() -> int:
                 lines, code, peak = [f"(no answer in {args.timeout:.0f} s: hang)"], "timeout", -1
             alive = _descendants_alive(str(d))
             changed = [p for p, v in before.items() if not Path(p).exists() or fingerprint_of([Path(p)])[p] != v]
+            left = list(tmpdir.iterdir())
             ok = (code == 2 and len(lines) == 1 and lines[0].startswith("eagleforensics: error: ")
-                  and all(e in lines[0] for e in case.expect) and not changed and not alive and 0 <= peak < GIB // 1024)
+                  and all(e in lines[0] for e in case.expect) and not changed and not alive and not left
+                  and 0 <= peak < GIB // 1024)
             bad += not ok
             shown = lines[0] if len(lines) == 1 else f"{len(lines)} lines: " + " | ".join(lines[-3:])
             print(f"{'ok  ' if ok else 'FAIL'} {build.__name__:<26} exit={code} peak={peak / 1024:.0f} MiB "
-                  f"changed={len(changed)} alive={len(alive)}\n     {shown[:400]}")
+                  f"changed={len(changed)} alive={len(alive)} left={len(left)}\n     {shown[:400]}")
     return 1 if bad else 0
 
 

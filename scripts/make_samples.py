@@ -1,4 +1,5 @@
-"""Regenerate data_samples/ byte for byte from real transformers forward passes of a tiny Llama.
+"""Regenerate data_samples/ from real transformers forward passes of a tiny Llama (byte for byte on the CPU that
+wrote them; elsewhere the float values' last bits differ, and tests/samplecheck.py compares by what matters).
 
 The incident at small scale (N = 12): training data dumped at the OUTPUTS of layers
 2, N//2, N-3 (positions 3, 7, 10) plus the post-norm final, in the list layout, beside the

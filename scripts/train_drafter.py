@@ -117,9 +117,9 @@ def train(model: torch.nn.Module) -> tuple[DrafterSpec, dict[str, torch.Tensor],
             ids, feats = seqs[pick].flatten(), aux[pick].flatten(0, 1)
             fwd = DraftForward(s, {**w, **frozen})
             h0 = fwd.project(feats)
-            cache = fwd.prefix_cache(h0, ids, chunk=ids.shape[0], pos=pos)
+            pre = fwd.prefix(h0, ids, chunk=ids.shape[0], pos=pos, doc=doc)
             loss = torch.zeros(())
-            for k, logits in enumerate(fwd.chain(h0, ids, TTT_STEPS, 0, ids.shape[0], cache, pos, doc), start=1):
+            for k, logits in enumerate(fwd.chain(pre, TTT_STEPS, 0, ids.shape[0]), start=1):
                 # step k at row t predicts the target's token at t+k of the same sequence
                 y = torch.cat([labels[pick][:, k:], labels.new_full((len(pick), k), -100)], 1).flatten()
                 loss = loss + 0.8 ** (k - 1) * F.cross_entropy(logits, y, ignore_index=-100)

@@ -227,16 +227,295 @@ def scan_resume_other_file(d: Path) -> Case:
                 ("notes.txt", "not a scan results file"), [notes])
 
 
+# ---------------------------------------------------------------- issue 19: hangs, claims, numbers
+
+DRAFTER, TARGET, SWEEP_ST = SAMPLES / "drafter", SAMPLES / "target", SAMPLES / "capture_sweep.safetensors"
+REC_ST = SAMPLES / "record_layer_outputs.safetensors"
+
+
+def st_header(path: Path) -> tuple[dict, bytes]:
+    """A safetensors file's header (parsed) and its data section."""
+    import json
+
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def st_write(path: Path, header: dict | bytes, data: bytes) -> Path:
+    """A safetensors file of ``header`` (a dict, or the exact JSON bytes) and ``data``."""
+    import json
+
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def _copy_dir(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def fifo_model_safetensors_in_drafter(d: Path) -> Case:
+    """replay DRAFTER: model.safetensors is a FIFO (it used to reach the *.safetensors fallback and hang)."""
+    draft = d / "drafter"
+    draft.mkdir()
+    (draft / "config.json").write_bytes((DRAFTER / "config.json").read_bytes())
+    os.mkfifo(draft / "model.safetensors")
+    return Case("not-a-regular-file", ["replay", str(draft), str(CAP), "--target", str(TARGET)],
+                ("model.safetensors", "is not a regular file"), [draft / "config.json"])
+
+
+def fifo_shard_in_target(d: Path) -> Case:
+    """replay --target: the shard the index names for lm_head is a FIFO."""
+    target = _copy_dir(TARGET, d / "target")
+    shard = target / "model-00002-of-00002.safetensors"
+    shard.unlink()
+    os.mkfifo(shard)
+    return Case("not-a-regular-file", ["replay", str(DRAFTER), str(CAP), "--target", str(target)],
+                ("model-00002-of-00002.safetensors", "is not a regular file"), [target / "config.json"])
+
+
+def fifo_safetensors_in_unindexed_target(d: Path) -> Case:
+    """replay --target: no index and no model.safetensors, so every *.safetensors is read; one is a FIFO."""
+    target = _copy_dir(TARGET, d / "target")
+    (target / "model.safetensors.index.json").unlink()
+    os.mkfifo(target / "extra.safetensors")
+    return Case("not-a-regular-file", ["replay", str(DRAFTER), str(CAP), "--target", str(target)],
+                ("extra.safetensors", "is not a regular file"), [target / "config.json"])
+
+
+def fifo_in_model_dir(d: Path) -> Case:
+    """capture MODEL_DIR: a FIFO among the files transformers opens by name."""
+    model = d / "fifo_model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    os.mkfifo(model / "model.safetensors")
+    return Case("not-a-regular-file", ["capture", str(model), "--input-ids", "1,2", "-o", str(d / "o.safetensors")],
+                ("model.safetensors", "is not a regular file"), [model / "config.json"])
+
+
+def _sweep_with(d: Path, name: str, edit: Callable[[dict], object]) -> Path:
+    header, data = st_header(SWEEP_ST)
+    edit(header)
+    return st_write(d / name, header, data)
+
+
+def metadata_is_a_string(d: Path) -> Case:
+    p = _sweep_with(d, "meta_str.safetensors", lambda h: h.__setitem__("__metadata__", "eagleforensics"))
+    return Case("not-a-number", ["align", str(REC), str(p)], ("meta_str.safetensors", "__metadata__"), [p])
+
+
+def metadata_is_a_list(d: Path) -> Case:
+    p = _sweep_with(d, "meta_list.safetensors", lambda h: h.__setitem__("__metadata__", [1, 2]))
+    return Case("not-a-number", ["align", str(REC), str(p)], ("meta_list.safetensors", "__metadata__"), [p])
+
+
+def metadata_string_nested_deep(d: Path) -> Case:
+    """The capture helper's metadata string holds JSON nested 50,000 deep (json.loads overflowed the stack)."""
+    p = _sweep_with(d, "meta_deep.safetensors", lambda h: h["__metadata__"].__setitem__(
+        "eagleforensics", "[" * DEPTH + "]" * DEPTH))
+    return Case("nested-too-deep", ["align", str(REC), str(p)], ("meta_deep.safetensors", "nested"), [p])
+
+
+def metadata_layers_infinite(d: Path) -> Case:
+    """The capture helper's metadata claims num_hidden_layers 1e400 (int(inf) raised OverflowError)."""
+    p = _sweep_with(d, "meta_inf.safetensors", lambda h: h["__metadata__"].__setitem__(
+        "eagleforensics", '{"format": "eagleforensics-capture-v1", "num_hidden_layers": 1e400}'))
+    return Case("not-a-number", ["align", str(REC), str(p)], ("meta_inf.safetensors", "metadata"), [p])
+
+
+def shape_not_integer(d: Path) -> Case:
+    """A shape of 1e400 (JSON reads it as inf): int(inf) raised OverflowError."""
+    header, data = st_header(REC_ST)
+    raw = json_bytes(header).replace(b'"shape": [1, 64, 128]', b'"shape": [1e400, 64, 128]', 1)
+    assert b"1e400" in raw
+    p = st_write(d / "shape_inf.safetensors", raw, data)
+    return Case("not-a-number", ["align", str(p), str(CAP)], ("shape_inf.safetensors", "not a whole number"), [p])
+
+
+def shape_fraction(d: Path) -> Case:
+    """A shape of 1.5 was read as 1 (int() truncates) and, when the bytes happened to fit, accepted."""
+    header, data = st_header(REC_ST)
+    key = next(k for k in header if k.startswith("hidden_states"))
+    header[key]["shape"] = [1.0 if i == 0 else dim for i, dim in enumerate(header[key]["shape"])]
+    p = st_write(d / "shape_float.safetensors", header, data)
+    return Case("not-a-number", ["align", str(p), str(CAP)], ("shape_float.safetensors", "not a whole number"), [p])
+
+
+def number_of_5000_digits(d: Path) -> Case:
+    """A data offset of 5000 digits: json.loads raised ValueError (Python's int digit limit)."""
+    header, data = st_header(REC_ST)
+    raw = json_bytes(header).replace(b'"data_offsets": [0,', b'"data_offsets": [' + b"9" * 5000 + b",", 1)
+    p = st_write(d / "digits.safetensors", raw, data)
+    return Case("not-a-number", ["align", str(p), str(CAP)], ("digits.safetensors", "not valid JSON"), [p])
+
+
+def empty_tensor_huge_dimension(d: Path) -> Case:
+    """An empty tensor [0, 2^40] holds no bytes, so nothing bounded the 2^40 a reader would size by."""
+    header, data = st_header(SWEEP_ST)
+    header["extra"] = {"dtype": "F32", "shape": [0, 1 << 40], "data_offsets": [len(data), len(data)]}
+    p = st_write(d / "empty_dim.safetensors", header, data)
+    return Case("absurd-size", ["align", str(REC), str(p)], ("empty_dim.safetensors", "no elements"), [p])
+
+
+def key_claims_position_10_to_12(d: Path) -> Case:
+    """A capture key 'layer_111111111111' sized a list of 10^12 positions (MemoryError)."""
+    from safetensors.numpy import save_file
+
+    cap = torch.load(CAP, weights_only=True)
+    tensors = {f"layer_{i}": h[0].float().numpy() for i, h in enumerate(cap["hidden_states"])}
+    tensors["layer_111111111111"] = tensors["layer_0"]
+    tensors["input_ids"] = cap["input_ids"].numpy()
+    p = d / "big_key.safetensors"
+    save_file(tensors, str(p))
+    return Case("not-a-number", ["align", str(REC), str(p)], ("big_key.safetensors", "claims position"), [p])
+
+
+def fingerprint_claims_wide_model(d: Path) -> Case:
+    """A real fingerprint whose hidden_size says 10^7: the 10^7 x 64 projection was built before any check (GBs)."""
+    import json
+
+    from eagleforensics.evidence.fingerprint import make_fingerprint, write_fingerprint
+    from eagleforensics.io.capture import load_capture
+
+    p = write_fingerprint(make_fingerprint(load_capture(CAP)), d / "wide.fp.json")
+    doc = json.loads(p.read_text())
+    doc["hidden_size"] = 10_000_000
+    p.write_text(json.dumps(doc))
+    return Case("absurd-size", ["align", str(REC), str(p)], ("wide.fp.json", "wrong shape"), [p])
+
+
+def fingerprint_empty_probes_wide(d: Path) -> Case:
+    """No probe rows ([0, H]) leave H unbounded by bytes: hidden_size 2^20 with k 4096 claims a 2^32 projection."""
+    import json
+
+    from eagleforensics.evidence.fingerprint import make_fingerprint, write_fingerprint
+    from eagleforensics.io.capture import load_capture
+
+    p = write_fingerprint(make_fingerprint(load_capture(CAP), probes=0), d / "noprobe.fp.json")
+    doc = json.loads(p.read_text())
+    doc["hidden_size"] = 1 << 20
+    for e in doc["positions"]:
+        e["probe_rows"]["shape"] = [0, 1 << 20]
+    p.write_text(json.dumps(doc))
+    return Case("absurd-size", ["align", str(REC), str(p)], ("noprobe.fp.json", "projection"), [p])
+
+
+def config_claims_huge_vocab(d: Path) -> Case:
+    """capture MODEL_DIR: a real tiny checkpoint whose config.json says vocab_size 5*10^7 (GBs allocated)."""
+    import json
+
+    from eagleforensics.testing.tinymodels import build_model
+
+    model = d / "tiny"
+    build_model("llama", num_layers=2, hidden=64, seed=0).save_pretrained(str(model))
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["vocab_size"] = 50_000_000
+    (model / "config.json").write_text(json.dumps(cfg))
+    return Case("absurd-size", ["capture", str(model), "--input-ids", "1,2", "-o", str(d / "o.safetensors")],
+                ("tiny", "config.json"), [model / "config.json", model / "model.safetensors"])
+
+
+def wiring_superscript(d: Path) -> Case:
+    return Case("not-a-number", ["replay", str(DRAFTER), str(CAP), "--target", str(TARGET), "--wiring", "p\u00b2"],
+                ("--wiring", "is not a position"))
+
+
+def input_ids_superscript(d: Path) -> Case:
+    return Case("not-a-number", ["capture", str(d / "model"), "--input-ids", "1,\u00b2", "-o", str(d / "o.safetensors")],
+                ("--input-ids", "is not a token id"))
+
+
+def input_id_past_int64(d: Path) -> Case:
+    return Case("not-a-number", ["capture", str(d / "model"), "--input-ids", "1,99999999999999999999", "-o",
+                                 str(d / "o.safetensors")], ("--input-ids", "below 2^63"))
+
+
+def npy_of_records(d: Path) -> Case:
+    """An .npy of a sub-array dtype: shape (0,) holds nothing, yet each element claims 2^28 values."""
+    head = "{'descr': [('a', '<f4', (268435456,))], 'fortran_order': False, 'shape': (0,), }"
+    head += " " * (63 - (len(head) + 10) % 64) + "\n"
+    p = d / "ids.npy"
+    p.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode())
+    return Case("absurd-size", ["capture", str(d / "model"), "--input-ids", str(p), "-o", str(d / "o.safetensors")],
+                ("ids.npy", "records or sub-arrays"), [p])
+
+
+def quadratic_json_header(d: Path) -> Case:
+    """A safetensors header of 600 KB of \\" in an unterminated string: the nesting check's regex took minutes."""
+    bait = b'{"__metadata__": {"a": "' + b'\\"' * 300_000
+    p = st_write(d / "slow.safetensors", bait, b"")
+    return Case("absurd-size", ["align", str(REC), str(p)], ("slow.safetensors", "corrupt safetensors header"), [p])
+
+
+def json_bytes(header: dict) -> bytes:
+    import json
+
+    return json.dumps(header).encode()
+
+
+def output_is_a_fifo_scan(d: Path) -> Case:
+    """scan -o FIFO: opening the results file for writing waited for a reader for ever."""
+    ds = d / "ds" / "rows_0"
+    ds.mkdir(parents=True)
+    (ds / "data_0.ckpt").write_bytes(CKPT.read_bytes())
+    os.mkfifo(d / "results.fifo")
+    return Case("not-a-regular-file", ["scan", str(d / "ds"), "-o", str(d / "results.fifo"), "--workers", "1"],
+                ("results.fifo", "is not a regular file"), [ds / "data_0.ckpt"])
+
+
+def output_is_a_fifo_fingerprint(d: Path) -> Case:
+    """fingerprint -o FIFO: the finished file was renamed onto the FIFO (as root, -o /dev/null replaced the device)."""
+    os.mkfifo(d / "out.fifo")
+    return Case("not-a-regular-file", ["fingerprint", str(CAP), "-o", str(d / "out.fifo")],
+                ("out.fifo", "is not a regular file"), [])
+
+
+def name_too_long(d: Path) -> Case:
+    """A path of 5000 characters: Path.exists() raises (ENAMETOOLONG) instead of answering False."""
+    return Case("unusable-path", ["align", "a" * 5000, str(CAP)], ("aaaa...", "cannot be used: File name too long"))
+
+
+def shard_name_too_long(d: Path) -> Case:
+    """Found by scripts/fuzz.py: a target's shard index naming a shard of 5000 characters."""
+    import json
+
+    target = _copy_dir(TARGET, d / "target")
+    index = target / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"] = {k: ("m" * 5000 + ".safetensors") for k in doc["weight_map"]}
+    index.write_text(json.dumps(doc))
+    return Case("unusable-path", ["replay", str(DRAFTER), str(CAP), "--target", str(target)],
+                ("mmmm...", "cannot be used: File name too long"), [index])
+
+
+# builders whose old behaviour is a hang or gigabytes: run as a process (timeout, peak memory) in the tests
+AS_PROCESS = {"fifo_model_safetensors_in_drafter", "fifo_shard_in_target", "fifo_safetensors_in_unindexed_target",
+              "fifo_in_model_dir", "fifo_in_draft_dir", "fifo_in_draft_dir_align", "fingerprint_claims_wide_model",
+              "fingerprint_empty_probes_wide", "config_claims_huge_vocab", "key_claims_position_10_to_12",
+              "quadratic_json_header", "output_is_a_fifo_scan"}
+ISSUE_19 = [fifo_model_safetensors_in_drafter, fifo_shard_in_target, fifo_safetensors_in_unindexed_target,
+            fifo_in_model_dir, metadata_is_a_string, metadata_is_a_list, metadata_string_nested_deep,
+            metadata_layers_infinite, shape_not_integer, shape_fraction, number_of_5000_digits,
+            empty_tensor_huge_dimension, key_claims_position_10_to_12, fingerprint_claims_wide_model,
+            fingerprint_empty_probes_wide, config_claims_huge_vocab, wiring_superscript, input_ids_superscript,
+            input_id_past_int64, npy_of_records, quadratic_json_header, output_is_a_fifo_scan,
+            output_is_a_fifo_fingerprint, name_too_long, shard_name_too_long]
+
+
 # docs/errors.md rows whose tests live in tests/test_hardening.py (the catalogue test checks both ways)
 CATALOGUE_IDS = {"output-is-input", "not-a-results-file", "not-a-regular-file", "yaml-alias-bomb", "log-line-too-long",
                  "decompression-bomb", "truncated-zip", "nested-too-deep", "control-characters", "disk-full",
-                 "interrupted"}
+                 "interrupted", "not-a-number", "absurd-size", "unusable-path"}
 
 BUILDERS: list[Callable[[Path], Case]] = [
     report_into_capture_dir, report_over_hard_link, scan_output_is_reference, scan_resume_other_file,
     fifo_in_draft_dir, fifo_in_draft_dir_align, yaml_alias_bomb, log_gz_long_line, npz_bomb,
     npz_truncated_member, ckpt_gz_inner_bomb, deep_json_config, deep_yaml_config, deep_safetensors_header,
-    deep_fingerprint, escape_in_file_name,
+    deep_fingerprint, escape_in_file_name, *ISSUE_19,
 ]
 
 

@@ -22,7 +22,7 @@ N = 12
 R, X, U = "raises", "-", "unsupported"  # an id that raises, captures nothing, family unsupported
 # probes: [2,6,9], [1,5,8] (first id 1), then single ids -1, 0, N-1, N
 PROBES = ([2, 6, 9], [1, 5, 8], [-1], [0], [N - 1], [N])
-_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen_moe": "qwen3_moe",
+_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe",
          "deepseek": "deepseek_v3", "gpt_oss": "gpt_oss"}
 
 
@@ -50,10 +50,12 @@ CAPTURE_EXPECT = {
     "sglang llama 0.4.10 - 0.5.21": S1 + [[R], [1], [X], [X]],
     "sglang llama >= 0.5.22": S1 + [[0], [1], [X], [X]],
     "sglang qwen3 >= 0.4.10": S1 + [[0], [1], [X], [X]],
-    "sglang qwen2 0.4.10 - 0.5.2": UNSUP,
-    "sglang qwen2 >= 0.5.3": S1 + [[0], [1], [X], [X]],
-    "sglang qwen_moe 0.5.3": S1 + [[0], [1], [X], [X]],
-    "sglang qwen_moe >= 0.5.4.post2": S1 + [[0], [1], [R], [R]],
+    "sglang qwen2 0.4.10 - 0.5.1.post3": UNSUP,
+    "sglang qwen2 >= 0.5.2": S1 + [[0], [1], [X], [X]],
+    "sglang qwen2_moe 0.4.10 - 0.5.1.post3": UNSUP,
+    "sglang qwen2_moe 0.5.2 - 0.5.4.post1": S1 + [[0], [1], [X], [X]],
+    "sglang qwen3_moe 0.4.10 - 0.5.4.post1": S1 + [[0], [1], [X], [X]],
+    "sglang qwen2_moe/qwen3_moe >= 0.5.4.post2": S1 + [[0], [1], [R], [R]],
     "sglang deepseek 0.4.10 - 0.5.4.post1": UNSUP,
     "sglang deepseek 0.5.4.post2 - 0.5.12.post1": S1 + [[R], [1], [X], [X]],
     "sglang deepseek 0.5.13": [[2, 6, 9], [2, 6, 9], [X], [R], [11], [X]],
@@ -61,17 +63,17 @@ CAPTURE_EXPECT = {
     "sglang deepseek >= 0.5.18": [[2, 6, 9], [2, 6, 9], [X], [0], [11], [X]],
     "sglang gpt_oss 0.5.3 - 0.5.16": S1 + [[R], [1], [X], [X]],
     "sglang gpt_oss >= 0.5.17": S1 + [[0], [1], [12], [12]],
-    "vllm llama/qwen2/qwen3/qwen_moe 0.10.1.1 - 0.17.1": V0 + [[X], [R], [11], [X]],
-    "vllm llama/qwen2/qwen3/qwen_moe >= 0.18.0": V0 + [[X], [0], [11], [12]],
+    "vllm llama/qwen2/qwen3/qwen2_moe/qwen3_moe 0.10.1.1 - 0.17.1": V0 + [[X], [R], [11], [X]],
+    "vllm llama/qwen2/qwen3/qwen2_moe/qwen3_moe >= 0.18.0": V0 + [[X], [0], [11], [12]],
     "vllm gpt_oss 0.10.1.1 - 0.10.2": UNSUP,
     "vllm gpt_oss 0.11.0 - 0.17.1": V0 + [[X], [0], [11], [X]],
     "vllm gpt_oss >= 0.18.0": V0 + [[X], [0], [11], [12]],
     "vllm deepseek 0.10.1.1 - 0.17.1": UNSUP,
     "vllm deepseek 0.18.0 - 0.25.1": V0 + [[X], [R], [11], [X]],
     "vllm deepseek >= 0.26.0": V0 + [[X], [R], [11], [12]],
-    "trtllm llama/qwen2/qwen3/qwen_moe/deepseek/gpt_oss one-model >= main":
+    "trtllm llama/qwen2/qwen3/qwen2_moe/qwen3_moe/deepseek/gpt_oss one-model >= main":
         S1 + [["p12n"], [1], [12], [X]],
-    "trtllm llama/qwen2/qwen3/qwen_moe/deepseek/gpt_oss two-model >= main":
+    "trtllm llama/qwen2/qwen3/qwen2_moe/qwen3_moe/deepseek/gpt_oss two-model >= main":
         S1 + [["p12n"], [1], [12], [X]],
 }
 # what [-1, 2, 9] comes out as (concatenation order) on the two TRT-LLM modes
@@ -243,6 +245,39 @@ def test_minus_one_per_engine_family_version():
     assert first("trtllm", "llama").position == Position(61, normed=True)
     assert [q.label for q in served_positions(resolve("trtllm", "kimi_k2"), [-1, 2, 30], 61)] == [
         "p61 post-norm", "p3", "p31"]
+
+
+def test_qwen_versions_split_by_family():
+    """Dense Qwen2 and Qwen2-MoE are hooked from 0.5.2, Qwen3-MoE from 0.4.10 (issue 20; the wheels'
+    qwen2.py / qwen2_moe.py / qwen3_moe.py, cited in the rows)."""
+    def served(mt, version):
+        rule = resolve("sglang", mt, version)
+        return [o.position.p if o.position else o.effect for o in positions_for_ids(rule, [2, 6, 9], N)]
+
+    for mt in ("qwen2", "qwen2_moe"):
+        assert served(mt, "0.5.1.post3") == ["unsupported"] * 3
+        assert served(mt, "0.5.2") == [3, 7, 10]
+    assert served("qwen3_moe", "0.4.10") == [3, 7, 10]
+    assert served("qwen3_moe", "0.5.1.post3") == [3, 7, 10]
+    got = answers_by_version("sglang", "qwen2_moe", lambda r: tuple(q.p for q in served_positions(r, [2, 6, 9], N)))
+    assert got[0] == ("0.4.10 - 0.5.1.post3", ()) and got[-1][0] == ">= 0.5.2" and got[-1][1] == (3, 7, 10)
+
+
+def test_qwen_moe_negative_ids_count_from_the_end_from_0_5_4_post2():
+    """0.5.4.post2 marks self.layers[id + 1]: id -2 is layer N-1 (p N-1); id -N-1 is layer 0 (p0);
+    below that IndexError; before, the model loop never meets a negative index (nothing)."""
+    def out(mt, version, ids):
+        return positions_for_ids(resolve("sglang", mt, version), ids, N)
+
+    for mt in ("qwen2_moe", "qwen3_moe"):
+        new = out(mt, "0.5.4.post2", [-2, -4, -N - 1, -N - 2])
+        assert [o.position for o in new[:3]] == [Position(N - 1), Position(N - 3), Position(0)]
+        assert "counted from the end" in new[0].note and new[3].effect == "raises"
+        dup = out(mt, "0.5.23", [-2, N - 2])  # both mark layer N-1
+        assert dup[0].position == Position(N - 1) and dup[1].effect == "duplicate"
+        assert [o.effect for o in out(mt, "0.5.4.post1", [-2, -4])] == ["nothing", "nothing"]
+    assert out("llama", "0.5.23", [-2])[0].effect == "nothing"  # the dense loop: nothing
+    assert out("qwen2", "0.5.23", [-2])[0].effect == "nothing"
 
 
 def test_resolve_rejects_unknowns_with_allowed_values():

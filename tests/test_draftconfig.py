@@ -102,6 +102,17 @@ def test_minus_one_per_engine_and_version(tmp_path, engine, version, first, code
         assert "order-differs" not in _codes(audit)  # one-model: -1 first, as listed
 
 
+def test_a_qwen_moe_id_below_minus_one_counts_from_the_end(tmp_path):
+    """SGLang 0.5.4.post2 marks self.layers[id + 1] on Qwen-MoE: id -2 is layer N-1's input (p N-1), said as a
+    warning; on 0.5.4.post1 (and on Llama) it captures nothing."""
+    draft = _specforge(tmp_path, [-2, 2, 30])
+    new = audit_config(draft, "sglang", model_type="qwen3_moe", num_layers=48, engine_version="0.5.4.post2")
+    assert new.positions[0] == Position(47)
+    assert any(f.code == "negative-id" and "counted from the end" in f.message for f in new.findings)
+    old = audit_config(draft, "sglang", model_type="qwen3_moe", num_layers=48, engine_version="0.5.4.post1")
+    assert old.positions[0] is None and "negative-id" in _codes(old)
+
+
 def test_speculators_top_level_ignored_by_sglang_read_by_vllm(tmp_path):
     """Top-level ids: SGLang falls back to its default (flagged); vLLM reads them (p=k)."""
     draft = _speculators(tmp_path, [2, 16, 29, 32])

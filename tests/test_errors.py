@@ -210,9 +210,8 @@ def _b_zero_padding(d: Path) -> list[str]:
 
 def _b_zero_shared(d: Path) -> list[str]:
     cap = _load(CAP)
-    cap["input_ids"] = cap["input_ids"][1:].clone()  # capture without the BOS: nothing lines up
-    cap["hidden_states"] = [h[:, 1:].clone() for h in cap["hidden_states"]]
-    return ["align", str(REC), str(_save(d / "no_bos_capture.pt", cap))]
+    cap["input_ids"] = cap["input_ids"] + 1  # another prompt: no id in common at any offset
+    return ["align", str(REC), str(_save(d / "other_prompt_capture.pt", cap))]
 
 
 def _b_int_train(d: Path) -> list[str]:
@@ -271,6 +270,25 @@ def _b_absurd_legacy(d: Path) -> list[str]:
     return ["align", str(_legacy_claiming(d / "legacy.pt", 1 << 50)), str(CAP)]
 
 
+def _b_expanded(d: Path) -> list[str]:
+    """A real slot's first value expanded (stride 0) to [32768, 16384]: a 1 KB file claiming 2 GiB."""
+    one = _load(REC)["hidden_states"][0][0, :1, :1].float().clone()
+    return ["align", str(_save(d / "expanded.pt", {"hidden_states": [one.expand(1 << 15, 1 << 14)]})), str(CAP)]
+
+
+def _b_outside_storage(d: Path) -> list[str]:
+    """The sample record with one tensor's size edited past its storage (the pickle's first shape, doubled)."""
+    data = REC.read_bytes()
+    size = b"K\x01K@K\x80\x87"  # BININT1 1, 64, 128, TUPLE3: hidden_states[0]'s size (1, 64, 128)
+    return ["align", str(_bytes(d / "outside.pt", data.replace(size, b"K\x01K\x80K\x80\x87", 1))), str(CAP)]
+
+
+def _b_float8(d: Path) -> list[str]:
+    rec = _load(REC)
+    rec["hidden_states"][1] = rec["hidden_states"][1].to(torch.float8_e4m3fn)
+    return ["align", str(_save(d / "f8.pt", rec)), str(CAP)]
+
+
 ROWS = [
     Row("missing-file", _b_missing, ("no_such_record.pt", "no such file")),
     Row("missing-file", _b_missing_capture, ("no_such_capture.pt", "no such file")),
@@ -301,7 +319,7 @@ ROWS = [
                                         "entry 4 is [40, 96]")),
     Row("zero-tokens", _b_zero_padding, ("all_padding.ckpt", "zero tokens left after dropping trailing padding")),
     Row("zero-tokens", _b_zero_shared, ("record_layer_outputs.pt", "zero tokens can be paired",
-                                        "no_bos_capture.pt", "differ from the first token", "BOS")),
+                                        "other_prompt_capture.pt", "differ from the first token", "no run of 4")),
     Row("integer-or-bool-states", _b_int_train, ("int32.pt", "'hidden_states[0]' holds int32 values",
                                                  "must be floating point")),
     Row("integer-or-bool-states", _b_bool_train, ("bool.ckpt", "'aux_hidden_state' holds bool values")),
@@ -313,6 +331,11 @@ ROWS = [
     Row("absurd-size", _b_absurd_npy, ("ids.npy", "numpy header claims shape [1000000000000000]",
                                        "7.1 PiB")),
     Row("absurd-size", _b_absurd_legacy, ("legacy.pt", "declares 2.0 PiB of tensor data", "nothing was allocated")),
+    Row("expanded-tensor", _b_expanded, ("expanded.pt", "tensor 0 ([32768, 16384] float32) expands", "2.0 GiB",
+                                         "decompression bomb")),
+    Row("tensor-outside-storage", _b_outside_storage, ("outside.pt", "a tensor of shape [1, 128, 128]",
+                                                       "needs 32.0 KiB of its storage '0', which holds 16.0 KiB: corrupt")),
+    Row("unsupported-tensor", _b_float8, ("f8.pt", "holds a float8_e4m3fn tensor that cannot be read as an array")),
 ]
 
 
@@ -339,7 +362,7 @@ def test_every_catalogue_row_in_the_docs_has_a_test_and_back() -> None:
     from .hostile import CATALOGUE_IDS  # the rows of issue 13, tested in tests/test_hardening.py
 
     tested = ({r.id for r in ROWS} | {"nan-or-inf", "malicious-pickle", "internal-error", "directory-for-file", "gzip-bomb"}
-              | CATALOGUE_IDS)
+              | CATALOGUE_IDS | {"truncated-while-read", "hostile-pickle"})  # the last two: tests/test_torchfile.py
     assert documented == tested
 
 

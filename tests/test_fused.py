@@ -134,16 +134,24 @@ def test_every_16_bit_pattern_widens_exactly(dtype):
     assert np.isnan(norms[np.isnan(want)]).all() and np.isinf(norms[np.isinf(want)]).all()
 
 
-def test_record_norms_and_nonfinite_rows_match_torch():
+@pytest.mark.parametrize("compiled", [True, False], ids=["kernel", "numpy"])
+def test_record_norms_and_nonfinite_rows_match_torch(monkeypatch, compiled):
+    """Both ways (the numpy path widens each block into reused buffers and looks for NaN/Inf only in
+    rows whose sum is not finite): torch's norms, the NaN/Inf rows, and a row whose squares overflow
+    float32 (1e20) counted finite."""
+    monkeypatch.setattr(fused, "AVAILABLE", compiled)
     run = forward("qwen3")
     x = run.hs[4].to(torch.bfloat16).clone()
     x[3, 7] = float("nan")
     x[11, 0] = float("-inf")
-    for t in (x, x.float(), torch.cat([x, x], 1)[:, 64:]):  # a strided slot view too
+    x[13] = 1e20
+    for t in (x, x.float(), x.half(), torch.cat([x, x], 1)[:, 64:]):  # a strided slot view too
         ok = ~nonfinite_rows(t)
-        np.testing.assert_allclose(token_norms(t)[ok], torch.linalg.vector_norm(t.float(), dim=-1).numpy()[ok],
+        np.testing.assert_allclose(token_norms(t)[ok & (np.arange(len(ok)) != 13)],
+                                   torch.linalg.vector_norm(t.float(), dim=-1).numpy()[ok & (np.arange(len(ok)) != 13)],
                                    rtol=1e-6)
-        assert np.flatnonzero(nonfinite_rows(t)).tolist() == [3, 11]
+        want = [3, 11, 13] if t.dtype == torch.float16 else [3, 11]  # 1e20 is Inf in float16
+        assert np.flatnonzero(nonfinite_rows(t)).tolist() == want
 
 
 def _child(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -291,3 +299,61 @@ def test_any_number_of_slots_gives_the_torch_path_scores(tmp_path, monkeypatch, 
     assert _worst(got, ref)["score"] < 1e-6
     for i in range(count):  # each slot meets the position it was drawn from as itself
         assert got.score[i, got.columns.index(Position(1 + i % N))] > 0.999
+
+
+def _counted(monkeypatch, names):
+    """Count calls of the named kernels (each still runs)."""
+    kern = fused.kernels()
+    calls = {n: 0 for n in names}
+    for n in names:
+        real = getattr(kern, n)
+
+        def wrap(*a, _n=n, _real=real):
+            calls[_n] += 1
+            return _real(*a)
+
+        monkeypatch.setattr(kern, n, wrap)
+    return calls
+
+
+def test_fitted_columns_and_max_abs_come_from_the_one_pass_when_guessed(tmp_path, monkeypatch):
+    """Issue 23: the gain equations of the fitted columns' positions and each slot's max |diff| are summed
+    in the direct pass (one read fewer per fitted column, none for max |diff|); a wrong guess, or a guess
+    from fewer tokens, only costs reads: every score, per-token value and max |diff| is the same, and
+    the numpy path's within 1e-6. NaN rows on both sides, at the fitted positions too."""
+    run = forward("llama")
+    sweep = dict(run.sweep)
+    for p, row in ((N - 1, 4), (N - 2, 11)):  # the final slot's candidate positions
+        sweep[f"hidden.{p}"] = sweep[f"hidden.{p}"].clone()
+        sweep[f"hidden.{p}"][row] = float("nan")
+    path = tmp_path / "cap.safetensors"
+    write_capture(path, sweep, _model("llama", 0), dtype="bfloat16")
+    cap = load_capture(path)
+    slots = _slots(run, torch.bfloat16)
+    slots[3] = slots[3].clone()
+    slots[3][20] = float("inf")
+    fit = [False, False, False, True]
+    window = (2, 2, 28)
+    calls = _counted(monkeypatch, ["fit_equations", "max_abs", "fit_scores"])
+    right = match.score_slots(slots, fit, cap.positions, cap, *window)
+    assert calls == {"fit_equations": 0, "max_abs": 0, "fit_scores": match.FIT_CANDIDATES}, calls
+
+    def wrong(m, sums, slots_, ts, below, fc):  # guesses nothing the answer needs
+        return fused.Plan([sums.virt[0]], list(sums.fit_idx), [0] * sums.k, sums.k, sums.lw)
+
+    monkeypatch.setattr(match, "_preview", wrong)
+    calls.update({n: 0 for n in calls})
+    guessed_wrong = match.score_slots(slots, fit, cap.positions, cap, *window)
+    assert calls["fit_equations"] == match.FIT_CANDIDATES and calls["max_abs"] == 4, calls
+    monkeypatch.undo()
+    monkeypatch.setattr(fused, "MIN_BYTES", 0)
+    monkeypatch.setattr(match, "PREVIEW_TOKENS", 3)  # a guess from 3 of 26 tokens
+    few = match.score_slots(slots, fit, cap.positions, cap, *window)
+    monkeypatch.setattr(fused, "AVAILABLE", False)
+    ref = match.score_slots(slots, fit, cap.positions, cap, *window)
+    for other in (guessed_wrong, few):
+        for name in FIELDS:
+            np.testing.assert_allclose(getattr(other, name), getattr(right, name), rtol=0, atol=1e-9, err_msg=name)
+    worst = _worst(right, ref)
+    assert worst["score"] < 1e-6 and worst["max_abs"] < 1e-5, worst
+    assert np.isfinite(right.max_abs).sum() == 4  # each slot's best column

@@ -25,9 +25,11 @@ from . import hostile
 from .test_errors import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-# the FIFO cases hang for ever on a reader that opens without checking: run them in a process with a timeout
-IN_PROCESS = [b for b in hostile.BUILDERS if "fifo" not in b.__name__]
-FIFO = [b for b in hostile.BUILDERS if "fifo" in b.__name__]
+# the FIFO cases hang for ever on a reader that opens without checking, and the claims of issue 19 took
+# gigabytes: run those in a process with a timeout, measuring its peak memory
+IN_PROCESS = [b for b in hostile.BUILDERS if b.__name__ not in hostile.AS_PROCESS]
+AS_PROCESS = [b for b in hostile.BUILDERS if b.__name__ in hostile.AS_PROCESS]
+GIB = 1024**3
 
 
 @pytest.mark.parametrize("build", IN_PROCESS, ids=[b.__name__ for b in IN_PROCESS])
@@ -40,13 +42,43 @@ def test_hostile_input_is_one_line_exit_2_and_inputs_unchanged(build, tmp_path: 
     assert hostile.fingerprint_of(case.watch) == before  # bytes and mtime
 
 
-@pytest.mark.parametrize("build", FIFO, ids=[b.__name__ for b in FIFO])
-def test_fifo_in_a_draft_directory_is_refused_without_blocking(build, tmp_path: Path) -> None:
+@pytest.mark.parametrize("build", AS_PROCESS, ids=[b.__name__ for b in AS_PROCESS])
+def test_hang_or_memory_case_is_one_line_in_bounded_time_and_memory(build, tmp_path: Path) -> None:
+    """A FIFO is refused without blocking; a claimed size is refused before it is allocated (peak < 1 GiB)."""
     case = build(hostile.prepare(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "eagleforensics", *case.args], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    assert proc.stderr.count("\n") == 1 and all(e in proc.stderr for e in case.expect), proc.stderr
+    before = hostile.fingerprint_of(case.watch)
+    code, out, err, peak = run_process(case.args, tmp_path, timeout=120)
+    assert code == 2 and out == "", (code, err)
+    assert err.count("\n") == 1 and err.startswith("eagleforensics: error: "), err
+    assert all(e in err for e in case.expect), err
+    assert peak < GIB, f"peak resident memory {peak / 2**20:.0f} MiB"
+    assert hostile.fingerprint_of(case.watch) == before
+
+
+def run_process(args: list[str], cwd: Path, timeout: float = 120, env: dict | None = None
+                ) -> tuple[int, str, str, int]:
+    """``python -m eagleforensics ARGS`` as a process: (exit code, stdout, stderr, peak resident bytes).
+
+    Killed with its process group after ``timeout`` s (the test then fails as a hang)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        proc = subprocess.Popen([sys.executable, "-m", "eagleforensics", *args], stdout=fo, stderr=fe, cwd=cwd,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, start_new_session=True)
+        deadline = time.time() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                os.wait4(proc.pid, 0)
+                pytest.fail(f"no answer in {timeout:.0f} s: {args}")
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        return proc.returncode, fo.read().decode(), fe.read().decode(), usage.ru_maxrss * 1024
 
 
 def test_log_line_with_an_impossible_date_is_one_line(tmp_path: Path) -> None:
@@ -139,7 +171,7 @@ def test_disk_full_while_writing_a_report_keeps_the_previous_report(tmp_path: Pa
     out.write_text("<html>the previous good report</html>")
     before = hostile.fingerprint_of([out])
 
-    def fake_execute(notebook, work, parameters, cwd):  # type: ignore[no-untyped-def]
+    def fake_execute(notebook, work, parameters, cwd, **_):  # type: ignore[no-untyped-def]
         nb = nbformat.v4.new_notebook()
         cell = nbformat.v4.new_code_cell("")
         cell.outputs = [nbformat.v4.new_output("display_data", data={"text/plain": "x"}, metadata={
@@ -296,3 +328,91 @@ def _ppid(pid: int) -> int:
             return int(fh.read().split(") ")[-1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+# ---------------------------------------------------------------- issue 19: the shared parsers and bounds
+
+def _depth(obj) -> int:  # type: ignore[no-untyped-def]
+    if isinstance(obj, (list, dict)):
+        kids = obj.values() if isinstance(obj, dict) else obj
+        return 1 + max((_depth(k) for k in kids), default=0)
+    return 0
+
+
+def test_nesting_depth_is_exact_across_strings_escapes_and_chunks(monkeypatch) -> None:
+    """The linear scan (issue 19: the regex was quadratic on \\" runs) gives a parser's exact depth."""
+    import random
+
+    from eagleforensics.io import guards
+
+    rng = random.Random(0)
+
+    def value(level: int):  # type: ignore[no-untyped-def]
+        r = rng.random()
+        if level > 6 or r < 0.3:
+            return rng.choice(['a\\"[', "\\\\", "{x}", 1, None, '"]]"', '\\\\\\"[{'])
+        if r < 0.65:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {f"k[{i}\\": value(level + 1) for i in range(rng.randint(0, 3))}
+
+    docs = [value(0) for _ in range(400)]
+    for chunk in (1 << 20, 7, 1):  # the chunked scan carries its state across any boundary
+        monkeypatch.setattr(guards, "_DEPTH_CHUNK", chunk)
+        for doc in docs:
+            text = json.dumps(doc).encode()
+            assert guards.nesting_depth(text) == _depth(doc), text
+
+
+def test_parse_json_turns_every_failure_into_one_line() -> None:
+    from eagleforensics.io.guards import parse_json
+
+    with pytest.raises(ForensicsError, match="not valid JSON .*digits"):
+        parse_json(b'{"a": ' + b"9" * 5000 + b"}", "x.json", "config")
+    with pytest.raises(ForensicsError, match="not UTF-8"):
+        parse_json(b'{"a": "\xff"}', "x.json", "config")
+    with pytest.raises(ForensicsError, match="nested 5000 levels"):
+        parse_json(b"[" * 5000, "x.json", "config")
+    with pytest.raises(json.JSONDecodeError):  # left to the caller, who names the format
+        parse_json(b'{"a": ', "x.json", "config")
+
+
+def test_claimed_numbers_are_whole_and_bounded() -> None:
+    from eagleforensics.io.sizecheck import MAX_EMPTY_DIM, check_shape, claimed_int, key_number
+
+    assert check_shape([2, 3], "t", "f") == [2, 3] and check_shape([0, MAX_EMPTY_DIM], "t", "f") == [0, MAX_EMPTY_DIM]
+    for bad in ([1.5], [float("inf")], ["3"], [True], [-1], "3", None, [0, MAX_EMPTY_DIM + 1]):
+        with pytest.raises(ForensicsError):
+            check_shape(bad, "t", "f")
+    assert claimed_int(7, "n", "f", lo=1, hi=7) == 7
+    with pytest.raises(ForensicsError, match="between 1 and 7"):
+        claimed_int(8, "n", "f", lo=1, hi=7)
+    assert key_number("12", "layer_12", "f") == 12
+    for text in ("111111111111", "9" * 5000):
+        with pytest.raises(ForensicsError, match="claims position"):
+            key_number(text, f"layer_{text}", "f")
+
+
+def test_a_directory_holding_a_fifo_is_refused_without_opening_it(tmp_path: Path) -> None:
+    from eagleforensics.io.guards import check_regular_tree, open_regular_fd
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "sub").mkdir()
+    check_regular_tree(tmp_path)
+    os.mkfifo(tmp_path / "tokenizer.json")
+    with pytest.raises(ForensicsError, match="tokenizer.json: is not a regular file"):
+        check_regular_tree(tmp_path, "model directory")
+    with pytest.raises(ForensicsError, match="is not a regular file"):
+        open_regular_fd(tmp_path / "tokenizer.json")  # O_NONBLOCK: a FIFO with no writer does not block
+
+
+def test_an_output_that_is_a_fifo_or_device_is_refused_before_anything_runs(tmp_path: Path, monkeypatch) -> None:
+    """report -o FIFO: refused before the kernel starts (the atomic rename would have replaced it); the FIFO stays."""
+    import stat as stat_mod
+
+    from eagleforensics.report import pipeline
+
+    fifo = tmp_path / "r.html"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(pipeline, "execute", lambda *a, **k: pytest.fail("the notebook ran"))
+    assert_one_line_error(*run_cli("report", hostile.REC, hostile.CAP, "-o", fifo), "r.html", "is not a regular file")
+    assert stat_mod.S_ISFIFO(os.stat(fifo).st_mode)

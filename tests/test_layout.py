@@ -13,10 +13,11 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "eagleforensics"
 
 # room -> the rooms it may import besides itself (the bottom three are open to everyone above them)
-BOTTOM = {"arrays", "errors", "positions", "results", "verdict"}
+BOTTOM = {"arrays", "errors", "interrupts", "positions", "results", "verdict"}
 ALLOWED: dict[str, set[str]] = {
     "arrays": set(),
     "errors": set(),
+    "interrupts": set(),
     "positions": set(),
     "results": {"arrays", "errors", "positions", "verdict"},
     "verdict": {"arrays", "errors", "positions", "results"},
@@ -27,10 +28,11 @@ ALLOWED: dict[str, set[str]] = {
     "testing": BOTTOM | {"io"},
     "checks": BOTTOM | {"io", "evidence", "engines", "scan"},
     "alignment": BOTTOM | {"io", "evidence", "engines"},
-    "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment"},
+    "replay": BOTTOM | {"io", "evidence", "engines", "alignment"},
+    "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay"},
     "plan": BOTTOM | {"io", "evidence", "engines"},
-    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor", "plan"},
-    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "doctor", "plan", "report"},
+    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "plan"},
+    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "plan", "report"},
     "__init__": BOTTOM,
     "__main__": {"cli"},
 }

@@ -249,6 +249,40 @@ def test_cli_table_and_json():
     assert records[2]["speedup"] == pytest.approx(150.565 / 90.225)
 
 
+@pytest.mark.parametrize("value", ["inf", "1e999"])
+def test_a_baseline_of_no_finite_rate_gives_no_speed_up_but_a_note(tmp_path, value):
+    """A baseline logging inf tok/s (or a number past the float range) gave every other run "speedup 0.000" (x / inf)."""
+    import re
+
+    base = tmp_path / "base.log"
+    base.write_text(re.sub(r"gen throughput \(token/s\): [0-9.]+", f"gen throughput (token/s): {value}",
+                           BASELINE.read_text()))
+    df = summarize_runs(parse_logs({"base": base, "fixed": FIXED}), baseline="base")
+    assert df["speedup"].isna().all()
+    assert len(df.attrs["notes"]) == 1 and "'base'" in df.attrs["notes"][0] and "n/a" in df.attrs["notes"][0]
+    runner = CliRunner()
+    res = runner.invoke(_cli(), [f"base={base}", f"fixed={FIXED}", "--baseline", "base"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[2].split()[-1] == "n/a" and "0.000" not in lines[2]  # the fixed run: no bogus speed-up
+    assert lines[3].startswith("note: the baseline run 'base' logged a median tok/s of ")
+    res = runner.invoke(_cli(), [f"base={base}", f"fixed={FIXED}", "--baseline", "base", "--json"])
+    assert [r["speedup"] for r in json.loads(res.stdout)] == [None, None]  # stdout stays one JSON document
+    assert res.stderr.startswith("note: the baseline run 'base'")
+
+
+def test_a_run_of_no_finite_rate_gets_no_speed_up(tmp_path):
+    import re
+
+    run = tmp_path / "run.log"
+    run.write_text(re.sub(r"gen throughput \(token/s\): [0-9.]+", "gen throughput (token/s): inf",
+                          FIXED.read_text()))
+    df = summarize_runs(parse_logs({"base": BASELINE, "inf": run}), baseline="base")
+    assert df.loc[df["run"] == "base", "speedup"].iloc[0] == pytest.approx(1.0)
+    assert math.isnan(df.loc[df["run"] == "inf", "speedup"].iloc[0])
+    assert any("'inf'" in n for n in df.attrs["notes"])
+
+
 @pytest.mark.parametrize("args, needle", [
     (["fixed=/no/such/file.log"], "/no/such/file.log"),
     (["justapath.log"], "no such file or directory (parameter logs['justapath'])"),  # a bare PATH: label = name

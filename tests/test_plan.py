@@ -472,3 +472,26 @@ def test_every_finding_code_is_documented_in_the_readme() -> None:
     source = (ROOT / "eagleforensics" / "plan.py").read_text()
     emitted = set(re.findall(r'Finding\(\s*"([a-z-]+)"', source))
     assert emitted == set(FINDING_CODES), emitted ^ set(FINDING_CODES)
+
+
+def test_plan_reads_a_real_replay_json_with_its_tree(tmp_path: Path) -> None:
+    """``eagleforensics replay --json --topk 2 --draft-tokens 5`` on the sample drafter: plan reads its reach and tree."""
+    from eagleforensics.cli.replay import replay as replay_cmd
+
+    samples = ROOT / "data_samples"
+    res = CliRunner().invoke(replay_cmd, [str(samples / "drafter"), str(samples / "capture_sweep.safetensors"),
+                                          "--train", str(samples / "record_layer_outputs.pt"), "--target",
+                                          str(samples / "target"), "--engine", "sglang", "--steps", "4",
+                                          "--topk", "2", "--draft-tokens", "5", "--json"])
+    doc = json.loads(res.output)
+    (tmp_path / "replay.json").write_text(res.output)
+    fed = next(w for w in doc["wirings"] if "sglang" in w["source"])
+    logs = write_runs(tmp_path, "sglang", "0.5.23", [(2, 1, None), (4, 1, None), (4, 2, 5)], lines=40,
+                      reach_for={(2, 1, None): fed["reach"], (4, 1, None): fed["reach"],
+                                 (4, 2, 5): fed["tree"]["depth_share"]})
+    rep = make_plan(PlanInputs(logs, served="k4", replay=str(tmp_path / "replay.json")))
+    assert rep.gap_wiring == fed["label"] and rep.gap.expected == pytest.approx(fed["accept_length"])
+    tree = next(p for p in rep.predictions if p.config == RoundConfig(4, 2, 5))
+    assert tree.accept == pytest.approx(fed["tree"]["accept_length"]) and "tree figure" in tree.accept_how
+    assert "teacher-forced" in tree.accept_how  # this capture is a prompt: replay's chain and tree frames differ
+    assert rep.curve.source.startswith(f"replay {fed['label']}") and rep.curve.measured_steps == 4

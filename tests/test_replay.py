@@ -22,7 +22,7 @@ from eagleforensics.evidence.replay import DraftForward, replay_drafts, target_t
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.drafter import load_drafter, load_target
 from eagleforensics.positions import Position
-from eagleforensics.report.replay import parse_wiring, run_replay
+from eagleforensics.replay import parse_wiring, run_replay
 
 from .realdata import SAMPLES
 
@@ -98,7 +98,7 @@ def test_replay_matches_a_plain_reimplementation(sample):
     drafts = replay_drafts(fwd, aux, ids, steps=3, chunk=16)  # chunking crosses the rows checked
     assert torch.equal(drafts, replay_drafts(fwd, aux, ids, steps=3, chunk=7))
     h0 = fwd.project(aux)
-    logits = list(fwd.chain(h0, ids, 3, 0, aux.shape[0], fwd.prefix_cache(h0, ids)))
+    logits = list(fwd.chain(fwd.prefix(h0, ids), 3, 0, aux.shape[0]))
     d2t = drafter.weights["d2t"]
     accepted_plain, accepted_replay = [], []
     for t in (0, 5, 17, 30):

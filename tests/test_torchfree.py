@@ -1,4 +1,5 @@
-"""A CPU alignment of safetensors / npz inputs never imports torch (issue 15: start-up and memory).
+"""A CPU alignment never imports torch: safetensors / npz inputs (issue 15) and torch files, .pt / .ckpt /
+.ckpt.gz / legacy (issue 23: start-up and memory).
 
 Each check runs in a fresh interpreter where ``import torch`` is made to fail, so any module on
 the path that still imports torch (at module level or inside a function it calls) breaks it.
@@ -61,3 +62,22 @@ def test_a_module_that_imports_torch_is_caught(tmp_path):
     """The guard itself: with torch blocked, a module that imports it fails (so the checks above can fail)."""
     res = _run("import eagleforensics.evidence.gpu\n")
     assert res.returncode != 0 and "import of torch halted" in res.stderr
+
+
+def test_align_on_ckpt_and_pt_files_runs_without_torch(tmp_path):
+    """SpecForge's .ckpt (also gzipped and as a legacy save) against a .pt capture and a safetensors one,
+    torch made unimportable: the sample's verdict (OK, the engines' default positions). That the arrays
+    equal torch.load's is tests/test_torchfile.py's job."""
+    import gzip
+
+    import torch
+
+    ckpt = SAMPLES / "data_0.ckpt"
+    (tmp_path / "data_0.ckpt.gz").write_bytes(gzip.compress(ckpt.read_bytes()))
+    torch.save(torch.load(ckpt, weights_only=True), tmp_path / "legacy.ckpt", _use_new_zipfile_serialization=False)
+    for record in (ckpt, tmp_path / "data_0.ckpt.gz", tmp_path / "legacy.ckpt"):
+        for capture in (SAMPLES / "capture.pt", SAMPLES / "capture_sweep.safetensors"):
+            code, doc = _cli_json("align", str(record), str(capture), "--json", block=True)
+            assert code == 0 and doc["level"] == "OK"
+            assert [(m["position"], m["confident"]) for m in doc["mapping"]] == [(2, True), (6, True), (9, True),
+                                                                              (12, True)]

@@ -30,6 +30,7 @@ INPUTS: dict[str, str] = {
     "engine": "--engine E (or --log SERVER_LOG, whose arguments line names it)",
     "log": "--log SERVER_LOG (the server's log, with its arguments line)",
     "served_len": "--served-len N (or --log SERVER_LOG with the served context length)",
+    "served_prompts": "--served-prompts FILE (a JSONL of served requests: messages, prompt text or token ids)",
 }
 FOUND, CLEAN, NOT_RUN = "found", "clean", "not-run"
 FLAGGED = ("error", "warning")  # severities that make a check "found"; info findings are context
@@ -51,6 +52,7 @@ class DoctorInputs:
     model_type: str | None = None
     log: str | None = None
     served_len: int | None = None
+    served_prompts: str | None = None
     capture_convention: str = "hf"
     max_records: int = DEFAULT_MAX_RECORDS
     allow_unsafe: bool = False
@@ -68,6 +70,7 @@ class CheckResult:
     findings: tuple[Finding, ...] = ()
     note: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    skipped: str = ""  # the inputs were there but unusable for this check (a target without tokenizer): not run
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,31 @@ class Artifacts:
             raise ForensicsError("no --capture given")
         return load_capture(self.inputs.capture, convention=self.inputs.capture_convention,
                             allow_unsafe=self.inputs.allow_unsafe)
+
+    @cached_property
+    def served_prompts(self) -> list[Any]:
+        """The served requests of ``--served-prompts`` (``io.servedprompts.ServedPrompt``)."""
+        from ..io.servedprompts import load_served_prompts
+
+        if self.inputs.served_prompts is None:
+            raise ForensicsError("no --served-prompts given")
+        return load_served_prompts(self.inputs.served_prompts)
+
+    @cached_property
+    def audit(self) -> Any:
+        """The training-data audit's view of the target (``scan.audit.TargetAudit``): head and template skeleton."""
+        from ..scan.audit import TargetAudit
+
+        if self.inputs.target is None:
+            raise ForensicsError("no --target given")
+        return TargetAudit.load(self.inputs.target)
+
+    @cached_property
+    def audit_lines(self) -> list[dict[str, Any]]:
+        """One audit line per training record (shape, template reading, target agreement), computed once."""
+        from ..scan.audit import audit_records
+
+        return audit_records(list(zip(self.record_paths, self.records)), self.audit)
 
     @property
     def engine(self) -> str | None:

@@ -36,15 +36,24 @@ def capture(model_dir: str, prompt: str | None, input_ids: str | None, output: s
     echo_text(run_guarded(run))
 
 
+INT64_MAX = (1 << 63) - 1
+
+
 def _parse_ids(text: str) -> "object":
+    """--input-ids: comma-separated ids, or a file holding them (a tensor, or a dict with input_ids/token_ids)."""
     import numpy as np
     import torch
 
     from ..errors import ForensicsError
     from ..io.safeload import load_object
 
-    if text.replace(",", "").replace(" ", "").isdigit():
-        return torch.tensor([int(t) for t in text.split(",") if t.strip()], dtype=torch.int64)
+    if text.replace(",", "").replace(" ", "").isdigit():  # meant as ids: each one checked before int() and torch
+        ids = [t.strip() for t in text.split(",") if t.strip()]
+        for t in ids:  # ASCII digits only ('²' passes isdigit() yet int() refuses it), below 2^63 (torch's int64)
+            if not (t.isascii() and t.isdigit()) or len(t) > 19 or int(t) > INT64_MAX:
+                raise ForensicsError(f"--input-ids: {t[:24]!r}{'...' if len(t) > 24 else ''} is not a token id "
+                                     "(ids are whole numbers below 2^63, separated by commas)")
+        return torch.tensor([int(t) for t in ids], dtype=torch.int64)
     obj = load_object(text)
     if isinstance(obj, dict):
         obj = obj.get("input_ids", obj.get("token_ids"))

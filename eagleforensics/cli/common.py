@@ -2,7 +2,8 @@
 
 Anything else that escapes a command is a bug in eagleforensics, not bad input: it is
 printed as one ``internal error`` line with exit code 3 (set ``EAGLEFORENSICS_TRACEBACK=1``
-to see the traceback instead).
+to see the traceback instead). Ctrl-C and SIGTERM unwind the command (its temporary files,
+a report's work folder and kernel are removed on the way out) and end in one line, exit 130 / 143.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from ..errors import ForensicsError, printable
+from ..errors import ForensicsError, path_error, printable
+from ..interrupts import exit_code, sigterm_unwinds, what
 
 T = TypeVar("T")
 TRACEBACK_ENV = "EAGLEFORENSICS_TRACEBACK"
@@ -20,24 +22,39 @@ INTERNAL_EXIT = 3
 
 
 def run_guarded(fn: Callable[[], T]) -> T:
-    """Call ``fn``; on bad input print ``eagleforensics: error: <message>`` and exit 2 (3 on a bug)."""
+    """Call ``fn``; on bad input print ``eagleforensics: error: <message>`` and exit 2 (3 on a bug).
+
+    While ``fn`` runs SIGTERM raises ``interrupts.Terminated``, so it unwinds as Ctrl-C does.
+    """
     try:
-        return fn()
+        with sigterm_unwinds():
+            return fn()
     except ForensicsError as exc:  # one line even when a file name holds a newline
         click.echo(f"eagleforensics: error: {printable(exc)}", err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Exit, click.Abort, click.ClickException):
         raise
-    except KeyboardInterrupt:
-        click.echo("eagleforensics: interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        click.echo(f"eagleforensics: {what(exc)}", err=True)
+        sys.exit(exit_code(exc))
+    except OSError as exc:  # the OS refused a path the user gave (a name too long, no permission): bad input
+        bad = path_error(exc)
+        if bad is None or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            _internal(exc)
+        click.echo(f"eagleforensics: error: {printable(bad)}", err=True)
+        sys.exit(bad.exit_code)
     except Exception as exc:  # last resort: a bug must not dump a traceback on the user
-        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-            raise
-        text = " ".join(printable(exc).split())[:300]
-        click.echo(f"eagleforensics: internal error: {type(exc).__name__}: {text} "
-                   f"(a bug; set {TRACEBACK_ENV}=1 for the traceback and report it)", err=True)
-        sys.exit(INTERNAL_EXIT)
+        _internal(exc)
+
+
+def _internal(exc: BaseException) -> None:
+    """One ``internal error`` line and exit 3 (with ``EAGLEFORENSICS_TRACEBACK=1``: the traceback)."""
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        raise exc
+    text = " ".join(printable(exc).split())[:300]
+    click.echo(f"eagleforensics: internal error: {type(exc).__name__}: {text} "
+               f"(a bug; set {TRACEBACK_ENV}=1 for the traceback and report it)", err=True)
+    sys.exit(INTERNAL_EXIT)
 
 
 def echo_text(text: str, err: bool = False) -> None:

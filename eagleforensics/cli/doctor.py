@@ -25,6 +25,9 @@ ENGINES = ("sglang", "vllm", "trtllm")
 @click.option("--log", type=click.Path(), default=None, help="The server's log (its arguments line and statistics).")
 @click.option("--served-len", type=click.IntRange(min=1), default=None,
               help="The longest context the server serves, in tokens (max_model_len / context_length).")
+@click.option("--served-prompts", type=click.Path(), default=None,
+              help="JSONL of served requests (messages + chat_template_kwargs, prompt text, or token ids), "
+                   "to compare the training records' template and thinking mode with.")
 @click.option("--capture-convention", type=click.Choice(("hf", "vllm", "sglang", "trtllm")), default="hf",
               show_default=True, help="What the integers in the capture mean.")
 @click.option("--max-records", type=click.IntRange(min=1), default=64, show_default=True,
@@ -34,7 +37,8 @@ ENGINES = ("sglang", "vllm", "trtllm")
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def doctor(drafter: str | None, target: str | None, train: str | None, capture: str | None,
            draft_config: str | None, engine: str | None, engine_version: str | None, vllm_runner: str | None,
-           model_type: str | None, log: str | None, served_len: int | None, capture_convention: str,
+           model_type: str | None, log: str | None, served_len: int | None, served_prompts: str | None,
+           capture_convention: str,
            max_records: int, as_json: bool, allow_unsafe_pickle: bool) -> None:
     """Why is acceptance low? Run every check the given artifacts allow, most costly finding first.
 
@@ -50,7 +54,7 @@ def doctor(drafter: str | None, target: str | None, train: str | None, capture: 
 
     inputs = DoctorInputs(drafter=drafter, target=target, train=train, capture=capture, draft_config=draft_config,
                           engine=engine, engine_version=engine_version, vllm_runner=vllm_runner,
-                          model_type=model_type, log=log, served_len=served_len,
+                          model_type=model_type, log=log, served_len=served_len, served_prompts=served_prompts,
                           capture_convention=capture_convention, max_records=max_records,
                           allow_unsafe=allow_unsafe_pickle)
     report = run_guarded(lambda: diagnose(inputs))

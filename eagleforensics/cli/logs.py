@@ -53,7 +53,7 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
     Exit 0: done. 1: a run has no statistics yet (see its note). 2: bad input. 3: the report notebook crashed.
     """
 
-    def body() -> tuple[list[dict], ReportOutcome | None]:
+    def body() -> tuple[dict, ReportOutcome | None]:
         from ..report.runs import (
             build_runs_report,
             load_runs,
@@ -68,16 +68,16 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
             raise ForensicsError(f"--baseline {baseline!r} is not one of the run labels: {', '.join(mapping)}")
         if report_path is None:
             params = validate_params(mapping, baseline, title)
-            record = runs_summary(summarize(load_runs(params, allow_waiting=True), params), params)
-            return record["runs"], None
+            return runs_summary(summarize(load_runs(params, allow_waiting=True), params), params), None
         if report_path and not report_path.lower().endswith((".html", ".htm")):
             raise ForensicsError(f"--report expects an .html file name, got {report_path!r} "
                                  "(a bare --report goes after the logs)")
         outcome = build_runs_report(mapping, report_path or None, baseline=baseline, title=title,
                                     with_input=with_input, keep_notebook=keep_notebook)
-        return outcome.summary["runs"], outcome
+        return outcome.summary, outcome
 
-    records, outcome = run_guarded(body)
+    summary, outcome = run_guarded(body)
+    records = summary["runs"]
     from ..engines.logs import SUMMARY_COLUMNS
 
     keys = [*SUMMARY_COLUMNS, "server_args", "note"]
@@ -88,6 +88,8 @@ def logs(runs: tuple[str, ...], baseline: str | None, as_json: bool, report_path
     notes = [f"{printable(r['run'])}: {printable(r['note'])}" for r in records if r.get("note")]
     for line in notes:  # on stderr with --json, so stdout stays one JSON document
         echo_text(line, err=as_json)
+    for note in summary.get("notes", []):  # why a speed-up is n/a; on stderr with --json (stdout stays one document)
+        echo_text(f"note: {printable(note)}", err=as_json)
     if outcome is not None:  # on stderr with --json, so stdout stays one JSON document
         for line in (f"VERDICT: {outcome.verdict}", f"report: {printable(outcome.html)}",
                      *([f"notebook: {printable(outcome.notebook)}"] if outcome.notebook is not None else [])):

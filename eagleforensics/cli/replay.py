@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from ..io.served import SERVED_FEATURES
 from .common import echo_text, run_guarded
 
 ENGINES = ("sglang", "vllm", "trtllm")
@@ -32,28 +33,45 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
 @click.option("--capture-convention", type=click.Choice(CAPTURE_CONVENTIONS), default="hf", show_default=True,
               help="What the integers in the capture mean.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=None, help="Replay at most this many capture rows.")
+@click.option("--temperature", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+              help="Also give the expected acceptance when the server samples at this temperature (needs --target): "
+                   "greedy drafts verified by sampling (SGLang's default) and drafts sampled from the drafter "
+                   "(rejection sampling).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+              help="Top-p the target's distribution is renormalised to at --temperature.")
+@click.option("--topk", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="SGLang's --speculative-eagle-topk: > 1 adds the accept length of its EAGLE tree.")
+@click.option("--draft-tokens", type=click.IntRange(min=2), default=None,
+              help="SGLang's --speculative-num-draft-tokens (the tree's verified nodes + 1); needs --topk > 1.")
+@click.option("--served-without", "served_without", multiple=True, type=click.Choice(list(SERVED_FEATURES)),
+              help="Add a row replaying the drafter as an engine that ignores this feature serves it; repeatable.")
 @click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--allow-unsafe-pickle", is_flag=True,
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def replay(drafter: str, capture: str, train: str | None, target: str | None, wirings: tuple[str, ...], steps: int,
            cost_ratio: float, engine: str | None, draft_config: str | None, engine_version: str | None,
-           model_type: str | None, capture_convention: str, max_tokens: int | None, device: str, as_json: bool,
+           model_type: str | None, capture_convention: str, max_tokens: int | None, temperature: float, top_p: float,
+           topk: int, draft_tokens: int | None, served_without: tuple[str, ...], device: str, as_json: bool,
            allow_unsafe_pickle: bool) -> None:
     """Predict the acceptance each wiring would give: run DRAFTER on CAPTURE's states, compare with the target's tokens.
 
     Wirings replayed: the trained one (with --train), the engines' default [2, N//2, N-3], what --engine
     reads from the draft config, and every --wiring. Per wiring: per-step acceptance, the accept length
     of a chain of --steps drafts (1 + expected accepted drafts) and the speed-up L / (1 + steps * cost_ratio).
+    With a training record that has a loss mask (--train, or a record given as CAPTURE: its own aux
+    states are replayed), only supervised rows count, as SpecForge counts acc_k; --train also lends its
+    token ids to a capture that has none.
 
     Exit 0: measured (and, with --engine, the engine feeds the trained wiring). 1: the engine would feed
     another wiring. 2: bad input.
     """
-    from ..report.replay import run_replay
+    from ..replay import run_replay
 
     result = run_guarded(lambda: run_replay(
         drafter, capture, target=target, train=train, wirings=list(wirings), steps=steps, cost_ratio=cost_ratio,
         engine=engine, draft_config=draft_config, engine_version=engine_version, model_type=model_type,
-        device=device, max_tokens=max_tokens, convention=capture_convention, allow_unsafe=allow_unsafe_pickle))
+        device=device, max_tokens=max_tokens, convention=capture_convention, allow_unsafe=allow_unsafe_pickle,
+        temperature=temperature, top_p=top_p, topk=topk, draft_tokens=draft_tokens, served_without=served_without))
     echo_text(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)

@@ -11,13 +11,13 @@ versions where the answer differs. Findings carry stable codes.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ForensicsError
-from ..io.guards import load_yaml, open_regular, parse_json, read_regular
+from ..io.guards import load_yaml, parse_json, read_regular
+from ..io.safeload import read_safetensors_header
 from ..positions import Position, default_aux_positions
 from ..results import Finding
 from .rules import (
@@ -229,17 +229,10 @@ def fc_in_features(model_dir: Path | None) -> int | None:
     if model_dir is None or not model_dir.is_dir():
         return None
     for file in sorted(model_dir.glob("*.safetensors")):
-        try:
-            with open_regular(file, "safetensors file") as fh:
-                (size,) = struct.unpack("<Q", fh.read(8))
-                header = parse_json(fh.read(size), file, "safetensors header") if 0 < size < 100_000_000 else {}
-        except (OSError, struct.error, ValueError):
-            raise ForensicsError("not a readable safetensors file", path=file) from None
-        if not isinstance(header, dict):
-            raise ForensicsError("not a readable safetensors file (its header is not a JSON object)", path=file)
+        header = read_safetensors_header(file)  # opened through the regular-file guard; every claim checked
         for name, meta in header.items():
-            if (name == "fc.weight" or name.endswith(".fc.weight")) and isinstance(meta, dict):
-                shape = meta.get("shape") or []
+            if name != "__metadata__" and (name == "fc.weight" or name.endswith(".fc.weight")):
+                shape = meta["shape"]  # a list of whole numbers: checked with the header
                 if len(shape) == 2:
                     return int(shape[1])
     return None
@@ -323,6 +316,9 @@ def _id_findings(rule: Rule, ids: list[int], n: int) -> list[Finding]:
                 "EAGLE-3 aux slot normally holds a residual-stream state")))
         elif o.id < 0 and o.position is None:
             out.append(Finding("negative-id", WARNING, f"id {o.id}: {o.note}"))
+        elif o.id < -1 and o.position is not None:  # Qwen-MoE from SGLang 0.5.4.post2: a Python index
+            out.append(Finding("negative-id", WARNING, f"id {o.id}: {o.note}; on other families and older "
+                                                       "releases the same id captures nothing"))
         elif o.effect == "duplicate":
             out.append(Finding("duplicate-id", WARNING, o.note or ""))
         elif o.effect == "raises":

@@ -435,15 +435,25 @@ def summarize_runs(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFram
     base = math.nan
     if baseline is not None:
         base = float(out.loc[out["run"] == baseline, "median_tok_s"].iloc[0])
-    out["speedup"] = out["median_tok_s"] / base if base > 0 else math.nan
+    # a speed-up only between finite, positive rates: a logged "inf" or "nan" tok/s (or one past
+    # the float range) is no rate, and x / inf = 0 would read as "stopped", x / nan as nothing
+    rate = out["median_tok_s"].where(out["median_tok_s"].map(lambda v: math.isfinite(v) and v >= 0))
+    out["speedup"] = rate / base if math.isfinite(base) and base > 0 else math.nan
     out["n_lines"] = out["n_lines"].astype("int64")
     by_run = _server_args_by_run(df, runs)
     out["engine"] = [by_run[r].engine if by_run.get(r) is not None and not isinstance(e, str) else e
                      for r, e in zip(out["run"], out["engine"])]
     for col in ARGS_COLUMNS:
         out[col] = pd.Series([summary_of(by_run.get(r))[col] for r in out["run"]], index=out.index, dtype="object")
+    notes = []
+    if baseline is not None and not math.isfinite(base):
+        notes.append(f"the baseline run {baseline!r} logged a median tok/s of {base}, not a finite rate: no speed-up "
+                     "is computed against it (n/a)")
+    for run, value in zip(out["run"], out["median_tok_s"]):
+        if not math.isnan(value) and not (math.isfinite(value) and value >= 0) and run != baseline:
+            notes.append(f"run {run!r} logged a median tok/s of {value}, not a finite rate: its speed-up is n/a")
     out = out[SUMMARY_COLUMNS]
-    out.attrs = {"server_args_by_run": {r: by_run.get(r) for r in out["run"]}}
+    out.attrs = {"server_args_by_run": {r: by_run.get(r) for r in out["run"]}, "notes": notes}
     return out
 
 

@@ -44,8 +44,8 @@ _MODELS: dict[str, tuple[str, str, bool]] = {
     "mistral": ("llama", "MistralForCausalLM", False),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
-    "qwen2_moe": ("qwen_moe", "Qwen2MoeForCausalLM", True),
-    "qwen3_moe": ("qwen_moe", "Qwen3MoeForCausalLM", True),
+    "qwen2_moe": ("qwen2_moe", "Qwen2MoeForCausalLM", True),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", True),
     "deepseek_v2": ("deepseek", "DeepseekV2ForCausalLM", True),
     "deepseek_v3": ("deepseek", "DeepseekV3ForCausalLM", True),
     "kimi_k2": ("deepseek", "DeepseekV3ForCausalLM", True),
@@ -53,7 +53,7 @@ _MODELS: dict[str, tuple[str, str, bool]] = {
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM", True),
 }
 MODEL_TYPES = tuple(_MODELS)
-FAMILIES = ("llama", "qwen2", "qwen3", "qwen_moe", "deepseek", "gpt_oss")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "deepseek", "gpt_oss")
 _TYPE_OF_ARCH = {arch: mt for mt, (_, arch, _) in reversed(list(_MODELS.items()))}
 
 
@@ -82,6 +82,7 @@ class CaptureRow:
     mode: str | None = None  # TRT-LLM: one-model / two-model
     duplicates: str = "captured once"
     note: str = ""
+    negative: str = "nothing"
 
     @property
     def label(self) -> str:
@@ -133,7 +134,7 @@ class RunnerRule:
         return "v2" if v2 else "v1"
 
 
-_LLAMA_LIKE = ("llama", "qwen2", "qwen3", "qwen_moe")
+_LLAMA_LIKE = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 _SGL = "sglang {v} srt/models/{f}"
 _VLLM = "vllm {v} vllm/model_executor/models/{f}"
 
@@ -147,19 +148,35 @@ CAPTURE_RULES: tuple[CaptureRow, ...] = (
                _SGL.format(v="0.5.22", f="llama.py") + ": capture moved into the decoder layer "
                "(capture_output, AuxHiddenStateList), which handles the first layer"),
     CaptureRow("sglang", ("qwen3",), "0.4.10", None, "k+1", "p0", "nothing",
-               _SGL.format(v="0.5.3", f="qwen3.py") + " (Qwen3Model extends qwen2.py Qwen2Model, "
-               "whose capture guards residual None); 0.4.10 not re-read"),
-    CaptureRow("sglang", ("qwen2",), "0.4.10", "0.5.2", "none", "nothing", "nothing",
-               "conventions.md: sglang 0.4.10 models/qwen2.py has no EAGLE-3 hook (not re-read)"),
-    CaptureRow("sglang", ("qwen2",), "0.5.3", None, "k+1", "p0", "nothing",
-               _SGL.format(v="0.5.3", f="qwen2.py") + ": [val + 1 ...], residual None guarded"),
-    CaptureRow("sglang", ("qwen_moe",), "0.5.3", "0.5.3", "k+1", "p0", "nothing",
-               _SGL.format(v="0.5.3", f="qwen2_moe.py, qwen3_moe.py") + ": capture loop before "
-               "layer i, residual None guarded (conventions.md said from 0.5.4.post3)"),
-    CaptureRow("sglang", ("qwen_moe",), "0.5.4.post2", None, "k+1", "p0", "raises",
-               _SGL.format(v="0.5.4.post2", f="qwen2_moe.py") + ": Qwen2MoeModel."
-               "set_eagle3_layers_to_capture marks self.layers[layer_id], so index N is an "
-               "IndexError at start-up", note="0.5.4 and 0.5.4.post1 not read"),
+               _SGL.format(v="0.4.10, 0.5.3", f="qwen3.py") + " (0.4.10 :525-538 [val + 1 ...]; "
+               "Qwen3Model extends qwen2.py Qwen2Model, whose capture guards residual None, 0.4.10 :329-333)"),
+    CaptureRow("sglang", ("qwen2",), "0.4.10", "0.5.1.post3", "none", "nothing", "nothing",
+               _SGL.format(v="0.4.10, 0.5.1, 0.5.1.post3", f="qwen2.py") + ": Qwen2ForCausalLM has no "
+               "set_eagle3_layers_to_capture, which model_executor/model_runner.py calls (0.4.10 :361, "
+               "0.5.1.post3 :380): AttributeError at start-up"),
+    CaptureRow("sglang", ("qwen2",), "0.5.2", None, "k+1", "p0", "nothing",
+               _SGL.format(v="0.5.2", f="qwen2.py") + ":637-650 [val + 1 for val in layer_ids]; "
+               "Qwen2Model.forward :333-338 captures before layer i, residual None guarded (also 0.5.3)"),
+    CaptureRow("sglang", ("qwen2_moe",), "0.4.10", "0.5.1.post3", "none", "nothing", "nothing",
+               _SGL.format(v="0.4.10, 0.5.1, 0.5.1.post3", f="qwen2_moe.py") + ": Qwen2MoeForCausalLM "
+               "has no set_eagle3_layers_to_capture (Qwen2MoeModel keeps an unused layers_to_capture): "
+               "AttributeError at start-up"),
+    CaptureRow("sglang", ("qwen2_moe",), "0.5.2", "0.5.4.post1", "k+1", "p0", "nothing",
+               _SGL.format(v="0.5.2", f="qwen2_moe.py") + ":758-771 [val + 1 for val in layer_ids]; "
+               "Qwen2MoeModel loop :524-529 captures before layer i, residual None guarded (also 0.5.3, "
+               "0.5.4, 0.5.4.post1 :826-839, loop :587-592)"),
+    CaptureRow("sglang", ("qwen3_moe",), "0.4.10", "0.5.4.post1", "k+1", "p0", "nothing",
+               _SGL.format(v="0.4.10", f="qwen3_moe.py") + ":738-751 [val + 1 for val in layer_ids]; "
+               "Qwen3MoeModel extends qwen2_moe.py Qwen2MoeModel, whose loop captures before layer i, "
+               "residual None guarded (0.4.10 :478-483; same in 0.5.1.post3, 0.5.4.post1 :587-592)"),
+    CaptureRow("sglang", ("qwen2_moe", "qwen3_moe"), "0.5.4.post2", None, "k+1", "p0", "raises",
+               _SGL.format(v="0.5.4.post2", f="qwen2_moe.py") + ":562-565 Qwen2MoeModel."
+               "set_eagle3_layers_to_capture marks self.layers[id + 1] (:854; qwen3_moe.py :789): "
+               "index N is an IndexError at start-up, a negative index counts from the end (id -2 -> "
+               "layer N-1 -> p N-1); the marked layer captures its own input (layers/communicator.py "
+               ":229-238); same in 0.5.23 (qwen2_moe.py :1155-1156, :1418-1433)",
+               note="0.5.4 and 0.5.4.post1 still capture in the model loop (qwen2_moe.py :587-592)",
+               negative="from end"),
     CaptureRow("sglang", ("deepseek",), "0.4.10", "0.5.4.post1", "none", "nothing", "nothing",
                _SGL.format(v="0.5.3", f="deepseek_v2.py") + ": no set_eagle3_layers_to_capture"),
     CaptureRow("sglang", ("deepseek",), "0.5.4.post2", "0.5.12.post1", "k+1", "raises", "nothing",
@@ -504,6 +521,13 @@ def _outcome(rule: Rule, k: int, idx: int, n: int) -> CaptureOutcome:
                               f"({row.label})", "nothing")
     if 0 < idx < n:
         return CaptureOutcome(k, Position(idx))
+    if idx < 0 and row.negative == "from end":
+        if idx < -n:
+            return CaptureOutcome(k, None, f"id {k} asks for layer index {idx}, beyond the first of {n} "
+                                  f"layers counted from the end: {name} raises IndexError at start-up "
+                                  f"({row.label})", "raises")
+        return CaptureOutcome(k, Position(n + idx), f"id {k} is layer index {idx}, counted from the end: the "
+                              f"input of layer {n + idx} ({row.label})")
     if idx > n and row.at_n == "raises":
         return CaptureOutcome(k, None, f"id {k} asks for layer index {idx} > {n}: {name} raises "
                               f"IndexError at start-up ({row.label})", "raises")
@@ -523,11 +547,14 @@ def positions_for_ids(rule: Rule, ids: Sequence[int], num_layers: int) -> list[C
     seen: set[int] = set()
     out: list[CaptureOutcome] = []
     for k in id_list:
-        if k in seen:
-            out.append(CaptureOutcome(k, None, f"duplicate id {k}: {row.duplicates}", "duplicate"))
+        idx = k + shift
+        layer = n + idx if row.negative == "from end" and -n <= idx < 0 else idx  # the layer it marks
+        if layer in seen:
+            what = f"duplicate id {k}" if idx == layer else f"id {k} marks layer {layer} again"
+            out.append(CaptureOutcome(k, None, f"{what}: {row.duplicates}", "duplicate"))
             continue
-        seen.add(k)
-        out.append(_outcome(rule, k, k + shift, n))
+        seen.add(layer)
+        out.append(_outcome(rule, k, idx, n))
     return out
 
 

@@ -13,6 +13,7 @@ from ..results import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..results import SlotMatch
+    from .tokens import TokenAlignment
 
 
 
@@ -102,9 +103,40 @@ def identity_findings(matches: list[SlotMatch]) -> list[Finding]:
                                f"{'was' if len(m.missing_neighbours) == 1 else 'were'} not captured and could fit "
                                "better, so this is not a confident placement. Capture the neighbouring positions "
                                "(or the full sweep) to decide."))
+        elif m.identity == "between" and m.best is not None and m.other is not None:
+            lo, hi = sorted((m.best, m.other))
+            out.append(Finding("between-positions", "warning",
+                               f"{m.name} sits between {lo.label} and {hi.label} ({m.between_fraction:.0%} of "
+                               f"the capture's layer step from {m.best.label}), at no residual-stream position: a state "
+                               f"saved inside decoder layer {min(m.best.p, m.other.p)} (after attention, before the MLP, "
+                               "e.g. the residual of a fused add-norm). No engine id captures it; regenerate the data "
+                               "from a layer boundary."))
+        elif m.identity == "position-unknown" and m.best is not None:
+            out.append(Finding("position-unknown", "warning", f"{m.name}: {m.reason}."))
+        elif m.identity == "rows-unverified" and m.best is not None:
+            out.append(Finding("rows-unverified", "warning", f"{m.name}: {m.reason}. Give both sides their token ids."))
         elif m.confident and m.fidelity == "drift" and m.fidelity_cause in ("routing", "uniform", "scale"):
             out.append(Finding("state-drift", "info",
                                f"{m.name} is placed at {m.best_label} (robust score {m.robust_score:.4f}, paired "
                                f"bound {m.paired_bound:+.2e} over the runner-up, {m.vote_share:.0%} of tokens vote "
                                f"for it) but is not a copy: {m.fidelity_text}"))
+    return out
+
+
+def token_evidence_findings(matches: list[SlotMatch], tok: TokenAlignment) -> list[Finding]:
+    """Which row offset paired the rows (when not the plain prefix), and slots whose rows repeat tokens."""
+    out: list[Finding] = []
+    if tok.method in ("ids-run", "content-shift") or tok.candidates:
+        tried = "; ".join(f"{d:+d}: {c:.4f}" for d, c in tok.candidates)
+        how = {"ids-run": "the token ids (a contiguous run)", "content-shift": "content"}.get(tok.method, tok.method)
+        out.append(Finding("row-offset", "info",
+                           f"training row t is compared with capture row t{tok.offset:+d} (rows {tok.train_start}.."
+                           f"{tok.train_start + tok.length - 1} of the record; found by {how})"
+                           + (f"; offsets scored by content on the aux slots (mean robust score): {tried}" if tried else "")))
+    for m in matches:  # a few repeated tokens (an embedding slot's repeated ids) are not worth a warning
+        if 0 <= m.distinct_tokens and 2 * m.distinct_tokens < m.tokens:
+            out.append(Finding("few-distinct-tokens", "warning",
+                               f"{m.name}: its {m.tokens} compared rows hold only {m.distinct_tokens} distinct "
+                               "(slot row, capture row) pairs: rows repeat one token's state, so the evidence counts "
+                               f"{m.distinct_tokens} tokens, not {m.tokens}"))
     return out

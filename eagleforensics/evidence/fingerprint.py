@@ -26,6 +26,8 @@ import base64
 import gzip
 import hashlib
 import json
+import math
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +40,7 @@ from ..io.atomic import write_bytes_atomic
 from ..io.capture import SweepHeader
 from ..io.guards import open_regular, parse_json
 from ..io.safeload import gunzip
+from ..io.sizecheck import MAX_KEY_NUMBER, check_shape, claimed_int
 from ..positions import Position
 
 FORMAT = "eagleforensics-fingerprint-v1"
@@ -46,22 +49,33 @@ PROBES = 16
 FIRST_VALUES = 8
 CHUNK_ROWS = 256
 _MASK = (1 << 64) - 1
+MAX_SKETCH = 4096  # sketch width a fingerprint may claim (written with SKETCH_DIM = 64)
+MAX_PROJECTION = 1 << 25  # H x k values of the projection (128 MiB as float32): H = 16384 with k up to 2048
+_PROJECTION_ROWS = 4096  # rows of the projection generated at a time (bounded temporaries)
 
 
 def projection(hidden: int, k: int = SKETCH_DIM, seed: int = 0) -> np.ndarray:
-    """The [H, k] float32 sketch matrix: entries +-1/sqrt(k), sign from splitmix64(seed, h*k + j); same everywhere."""
-    idx = np.arange(hidden * k, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = idx + np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    signs = np.where((z >> np.uint64(63)) == 1, 1.0, -1.0).astype(np.float32)
-    return signs.reshape(hidden, k) / np.float32(np.sqrt(k))
+    """The [H, k] float32 sketch matrix: entries +-1/sqrt(k), sign from splitmix64(seed, h*k + j); same everywhere.
+
+    Generated ``_PROJECTION_ROWS`` rows at a time, so the uint64 temporaries stay small
+    whatever H is: the result (4 H k bytes) is the only allocation that grows with H.
+    """
+    out = np.empty((hidden, k), dtype=np.float32)
+    offset = np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK)
+    scale = np.float32(1 / np.sqrt(np.float32(k)))
+    for row in range(0, hidden, _PROJECTION_ROWS):
+        rows = min(_PROJECTION_ROWS, hidden - row)
+        with np.errstate(over="ignore"):
+            z = np.arange(row * k, (row + rows) * k, dtype=np.uint64) + offset
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+        out[row:row + rows] = np.where((z >> np.uint64(63)) == 1, scale, -scale).reshape(rows, k)
+    return out
 
 
 def projection_digest(r: Any) -> str:
-    return hashlib.sha256(np.ascontiguousarray(as_array(r)).tobytes()).hexdigest()[:16]
+    return hashlib.sha256(np.ascontiguousarray(as_array(r))).hexdigest()[:16]  # the buffer itself, no bytes copy
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -84,9 +98,10 @@ def _decode(d: dict[str, Any], path: str) -> np.ndarray:
     try:
         dtype = _DTYPES[d["dtype"]]
         raw = base64.b64decode(d["base64"], validate=True)
-        shape = [int(s) for s in d["shape"]]
-        if not raw:
-            return np.zeros(shape, dtype=dtype)
+        shape = check_shape(d["shape"], "fingerprint array", path)  # whole numbers; an empty one claims little
+        if math.prod(shape) * dtype.itemsize != len(raw):  # the bytes bound the shape: nothing sized by the claim
+            raise ValueError(f"shape {shape} {d['dtype']} needs {math.prod(shape) * dtype.itemsize} bytes, "
+                             f"holds {len(raw)}")
         return np.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
     except (KeyError, TypeError, ValueError) as exc:
         raise ForensicsError(f"corrupt fingerprint array ({exc})", path=path) from None
@@ -274,14 +289,15 @@ def write_fingerprint(doc: dict[str, Any], path: str | Path) -> Path:
 
 
 def _head(path: Path, n: int = 64) -> bytes:
-    with path.open("rb") as fh:
-        head = fh.read(n)
-    if head[:2] == b"\x1f\x8b":
-        try:
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(n)
-        except (OSError, EOFError):
-            return b""
+    with open_regular(path, "file") as raw:
+        head = raw.read(n)
+        if head[:2] == b"\x1f\x8b":
+            raw.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
+                    head = fh.read(n)
+            except (OSError, EOFError, zlib.error):
+                return b""
     return head
 
 
@@ -304,26 +320,38 @@ def load_fingerprint(path: str | Path) -> Fingerprint:
         raise ForensicsError(f"not a fingerprint of format {FORMAT}", path=p)
     try:
         sk = doc["sketch"]
-        k, seed = int(sk["k"]), int(sk["seed"])
-        h, t = int(doc["hidden_size"]), int(doc["num_tokens"])
-        if projection_digest(projection(h, k, seed)) != sk["projection_sha256"]:
-            raise ForensicsError("the sketch projection does not regenerate identically (corrupt seed or k)", path=p)
+        k, seed = claimed_int(sk["k"], "sketch k", p, lo=1, hi=MAX_SKETCH), claimed_int(sk["seed"], "sketch seed", p)
+        h = claimed_int(doc["hidden_size"], "hidden_size", p, lo=1)
+        t = claimed_int(doc["num_tokens"], "num_tokens", p, lo=1)
         norms, sketches, probes, stats = {}, {}, {}, {}
         for e in doc["positions"]:
-            pos = Position(int(e["p"]), bool(e["normed"]))
+            pos = Position(claimed_int(e["p"], "position", p, hi=MAX_KEY_NUMBER), bool(e["normed"]))
             norms[pos] = f32(_decode(e["norms"], str(p)))
             sketches[pos] = _decode(e["sketch"], str(p))
             probes[pos] = _decode(e["probe_rows"], str(p))
             stats[pos] = dict(e.get("stats") or {}) | {"sha256": e.get("sha256"), "first_values": e.get("first_values")}
-            if norms[pos].shape != (t,) or sketches[pos].shape != (t, k) or probes[pos].shape[-1:] != (h,):
+            if norms[pos].shape != (t,) or sketches[pos].shape != (t, k) or probes[pos].shape[-1:] != (h,) \
+                    or probes[pos].ndim != 2:
                 raise ForensicsError(f"position {pos.label} has arrays of the wrong shape", path=p)
+        if not norms:
+            raise ForensicsError("holds no positions", path=p)
+        # k is bounded by the t x k sketches the file holds, h by its probe rows (or, with none, by
+        # the empty-shape bound): only then, and within MAX_PROJECTION, is the H x k projection built
+        if h * k > MAX_PROJECTION:
+            raise ForensicsError(f"claims hidden_size {h} with sketch k {k}: a {h} x {k} projection is past "
+                                 f"{MAX_PROJECTION} values (no model is that wide): corrupt", path=p)
+        if projection_digest(projection(h, k, seed)) != sk["projection_sha256"]:
+            raise ForensicsError("the sketch projection does not regenerate identically (corrupt seed or k)", path=p)
         ids = doc.get("input_ids")
+        layers = doc.get("num_layers")
+        layers = None if layers is None else claimed_int(layers, "num_layers", p, lo=1, hi=MAX_KEY_NUMBER)
         return Fingerprint(
-            str(p), f"fingerprint of {doc['source'].get('convention', '?')}", doc.get("num_layers"),
+            str(p), f"fingerprint of {doc['source'].get('convention', '?')}", layers,
             f"fingerprint ({doc.get('num_layers_source', '?')})", h, t, _DTYPES.get(doc.get("dtype"), BF16),
             None if ids is None else np.array(ids, dtype=np.int64), k, seed,
             [int(i) for i in doc["probe_tokens"]], norms, sketches, probes, stats,
             {"source": doc.get("source"), "format": FORMAT},
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ForensicsError(f"corrupt fingerprint ({type(exc).__name__}: {exc})", path=p) from None
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+        raise ForensicsError(f"corrupt fingerprint ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})",
+                             path=p) from None

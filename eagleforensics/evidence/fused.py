@@ -226,9 +226,44 @@ def _six(rw: Any, rwf: Any, xo: int, po: int, y0: Any, y1: Any, y2: Any, y3: Any
         out[5] += ap
 
 
+def _fit4(rw: Any, rwf: Any, o0: int, h: int, kind: int, s0: Any, s1: Any, s2: Any, s3: Any, y0: Any, y1: Any,
+          y2: Any, y3: Any, an: Any, ad: Any, den: bool) -> None:
+    """Gain normal equations of four rows at once: x_r stored at element ``o0 + r*h`` of ``rw``, u_r = x_r * s_r;
+    an[q] += sum_r u_r[q] * y_r[q] and, with ``den``, ad[q] += sum_r u_r[q]^2, in float64. Four tokens meet
+    the float64 sums once (per token they were a load and a store of 16 bytes per value)."""
+    x0s, x1s, x2s, x3s = rw[o0:o0 + h], rw[o0 + h:o0 + 2 * h], rw[o0 + 2 * h:o0 + 3 * h], rw[o0 + 3 * h:o0 + 4 * h]
+    x0f, x1f, x2f, x3f = rwf[o0:o0 + h], rwf[o0 + h:o0 + 2 * h], rwf[o0 + 2 * h:o0 + 3 * h], rwf[o0 + 3 * h:o0 + 4 * h]
+    if den:
+        for q in range(h):
+            u0 = np.float64(_ld(x0s, x0f, q, kind) * s0)
+            u1 = np.float64(_ld(x1s, x1f, q, kind) * s1)
+            u2 = np.float64(_ld(x2s, x2f, q, kind) * s2)
+            u3 = np.float64(_ld(x3s, x3f, q, kind) * s3)
+            ad[q] += (u0 * u0 + u1 * u1) + (u2 * u2 + u3 * u3)
+            an[q] += (u0 * np.float64(y0[q]) + u1 * np.float64(y1[q])) + (u2 * np.float64(y2[q]) + u3 * np.float64(y3[q]))
+    else:
+        for q in range(h):
+            u0 = np.float64(_ld(x0s, x0f, q, kind) * s0)
+            u1 = np.float64(_ld(x1s, x1f, q, kind) * s1)
+            u2 = np.float64(_ld(x2s, x2f, q, kind) * s2)
+            u3 = np.float64(_ld(x3s, x3f, q, kind) * s3)
+            an[q] += (u0 * np.float64(y0[q]) + u1 * np.float64(y1[q])) + (u2 * np.float64(y2[q]) + u3 * np.float64(y3[q]))
+
+
+def _diffmax(rw: Any, rwf: Any, xo: int, y: Any, c: int, m: int, kind: int) -> Any:
+    """The largest |y - x| over m values (x stored at element ``xo`` of ``rw``, y from element ``c``) as the
+    bits of a float32 (non-negative floats order as their bits, NaN above Inf; an integer max vectorises)."""
+    worst = np.uint32(0)
+    xs, xf, ys = rw[xo:xo + m], rwf[xo:xo + m], y[c:c + m]
+    for q in range(m):
+        worst = max(worst, _u32(abs(ys[q] - _ld(xs, xf, q, kind))))
+    return worst
+
+
 def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, cs: int, lw: int,
             yaddr: Any, ystep: Any, ykind: Any, rows: int, chunk: int, work: int,
-            xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any, adj: Any, err: Any) -> None:
+            xx: Any, bad: Any, dot: Any, yy: Any, y_ok: Any, adj: Any, err: Any,
+            fitg: Any, fitk: Any, accf: Any, maxk: Any, mx: Any) -> None:
     """Tokens [a, b) of every position g (rows from byte ``goff[g]`` of file ``gfd[g]``): squared norms,
     finiteness and, where ``below[g]`` (position g-1 is the raw position right below g), the dot
     product with that position's row (``adj``, NaN elsewhere); in the aligned window also the slot
@@ -240,7 +275,14 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
     Each work item takes a range of tokens, ``rows`` at a time: one read per position brings those
     rows of every position into a buffer (L2/L3), and their training rows are widened once. Then per
     token, H is walked in pieces of ``chunk`` values: the slots' pieces stay in L1 cache while every
-    position's piece (and the piece of the position below, just used) meets them."""
+    position's piece (and the piece of the position below, just used) meets them.
+
+    While the rows are in cache, also (``Plan``): for each position ``fitg[c]`` and fitted slot
+    ``fitk[f]``, the gain normal equations over the aligned tokens (work item w adds into
+    ``accf[w, c, f]`` = sum u*y and ``accf[w, c, F]`` = sum u*u, float64, u = x / rms(x), as
+    ``_fit_equations``); and for each slot k with ``maxk[k]`` = g >= 0, the largest
+    |training - capture| of each aligned token against position g, as float32 bits in ``mx[k, j]``
+    (``_max_abs``)."""
     p_count = gfd.shape[0]
     k_count = yaddr.shape[0]
     k_pad = max(4, (k_count + 3) // 4 * 4)
@@ -248,6 +290,11 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
     rowb = h * xu_ * 2
     wa, wb = max(a, cs), min(b, cs + lw)
     nan = np.float32(np.nan)
+    n_fit, f_count = fitg.shape[0], fitk.shape[0]
+    mx_any = np.zeros(p_count, np.bool_)
+    for k in range(k_count):
+        if maxk[k] >= 0:
+            mx_any[maxk[k]] = True
     for w in prange(work):
         t0 = a + (b - a) * w // work
         t1 = a + (b - a) * (w + 1) // work
@@ -257,6 +304,10 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
         zero = np.zeros(h, np.float32)
         acc = np.zeros((p_count, 6))
         tmp = np.empty(h, np.float32)
+        sc = np.zeros(4, np.float32)
+        yz = np.zeros(4, np.bool_)
+        if n_fit:
+            accf[w] = 0.0
         failed = False
         for r0 in range(t0, t1, rows):
             if failed:
@@ -297,6 +348,12 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
                             if inwin:
                                 _six(rw, rwf, xo, po, yw[r, k0], yw[r, k0 + 1], yw[r, k0 + 2], yw[r, k0 + 3], c, m,
                                      kind, chunk, acc[g])
+                                if k0 == 0 and mx_any[g]:
+                                    for k in range(k_count):
+                                        if maxk[k] == g:
+                                            worst = _diffmax(rw, rwf, xo, yw[r, k], c, m, kind)
+                                            if c == 0 or worst > mx[k, i - cs]:
+                                                mx[k, i - cs] = worst
                             else:
                                 _six(rw, rwf, xo, po, zero, zero, zero, zero, c, m, kind, chunk, acc[g])
                     for g in range(p_count):
@@ -313,6 +370,31 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
                             rowbad = bad[g, i]
                             for k in range(k0, min(k0 + 4, k_count)):
                                 dot[i - cs, g, k] = 0.0 if rowbad else np.float32(acc[g, 1 + k - k0])
+                                if maxk[k] == g and (rowbad or not y_ok[i - cs, k]):
+                                    mx[k, i - cs] = 0  # as _max_abs: a NaN/Inf row on either side counts 0
+            if n_fit:  # the gain normal equations of the candidate positions, 4 tokens at once
+                for ci in range(n_fit):
+                    g = fitg[ci]
+                    for r in range(4):
+                        i = r0 + r
+                        live = r < n and wa <= i < wb and not bad[g, i]
+                        sc[r] = _scale(xx[g, i], h) if live else 0.0
+                        yz[r] = not live
+                        if not live:  # past the block or the window, or NaN/Inf: zero, so it adds nothing
+                            o = (g * rows + r) * h
+                            if kind == F32:
+                                rwf[o:o + h] = 0.0
+                            else:
+                                rw[o:o + h] = 0
+                    o0 = g * rows * h
+                    for f in range(f_count):
+                        k = fitk[f]
+                        y0 = zero if yz[0] or not y_ok[r0 - cs, k] else yw[0, k]
+                        y1 = zero if yz[1] or not y_ok[r0 + 1 - cs, k] else yw[1, k]
+                        y2 = zero if yz[2] or not y_ok[r0 + 2 - cs, k] else yw[2, k]
+                        y3 = zero if yz[3] or not y_ok[r0 + 3 - cs, k] else yw[3, k]
+                        _fit4(rw, rwf, o0, h, kind, sc[0], sc[1], sc[2], sc[3], y0, y1, y2, y3, accf[w, ci, f],
+                              accf[w, ci, f_count], f == 0)
 
 
 def _ld(rw: Any, rwf: Any, q: int, kind: int) -> Any:
@@ -387,10 +469,11 @@ def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: A
 
 def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
                 yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
-                fdot: Any, fpp: Any, rows: int, work: int, bufs: Any, err: Any) -> None:
+                fdot: Any, fpp: Any, rows: int, work: int, bufs: Any, err: Any, mx: Any) -> None:
     """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
     fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``; summed as
-    ``_sq64``, in one pass over the row)."""
+    ``_sq64``, in one pass over the row). In the same pass ``mx[j]``: the largest |y - pred| as float32
+    bits (0 where either row is bad), what ``_max_abs`` gives for the fitted cell, should it be a slot's best."""
     xu_ = _units(kind)
     yu_ = _units(ykind)
     rowb = h * xu_ * 2
@@ -408,6 +491,7 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
             for r in range(n):
                 j = b0 + r
                 i = cs + j
+                mx[j] = 0
                 if bad[g, i]:
                     fdot[j, vj, f] = 0.0
                     fpp[j, vj, f] = 0.0
@@ -419,6 +503,7 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
                 xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
                 pp = 0.0
                 py = 0.0
+                worst = np.uint32(0)
                 for c0 in range(0, h, BLOCK):
                     m = min(BLOCK, h - c0)
                     xs_, xf_, g_ = xs[c0:c0 + m], xf[c0:c0 + m], gn[c0:c0 + m]
@@ -427,12 +512,16 @@ def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any,
                     apy = np.float32(0.0)
                     for q in range(m):
                         pr = _ld(xs_, xf_, q, kind) * scale * g_[q]
+                        yv = _ld(ys_, yf_, q, ykind)
                         app += pr * pr
-                        apy += pr * _ld(ys_, yf_, q, ykind)
+                        apy += pr * yv
+                        worst = max(worst, _u32(abs(yv - pr)))
                     pp += app
                     py += apy
                 fpp[j, vj, f] = np.float32(pp)
                 fdot[j, vj, f] = np.float32(py) if ok else 0.0
+                if ok:
+                    mx[j] = worst
 
 
 def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
@@ -531,7 +620,7 @@ def kernels() -> types.SimpleNamespace:
             g["_u32"] = numba.extending.intrinsic(_u32_ir)
             g["_addr"] = numba.extending.intrinsic(_addr_ir)
             g["_carray"] = numba.carray
-            for name in ("_units", "_read", "_widen", "_sq64", "_six", "_ld", "_scale"):
+            for name in ("_units", "_read", "_widen", "_sq64", "_six", "_ld", "_scale", "_fit4", "_diffmax"):
                 g[name] = numba.njit(inline="always", fastmath=_FLAGS)(g[name])
             g["_sq_exact"] = numba.njit(fastmath=_FLAGS)(g["_sq_exact"])
             _KERNELS = types.SimpleNamespace(
@@ -689,13 +778,41 @@ class Stored:
 
 # ---- the kernels over a whole capture, as the scorer calls them ---------------------------------
 
+class Plan:
+    """What the direct pass computes beside the sums while each row is in cache (``_direct``): the gain
+    normal equations of positions ``fitg`` for the fitted slots ``fitk``, and for each slot k with
+    ``maxk[k]`` >= 0 the largest |training - capture| of every aligned token against that position.
+
+    The positions are guesses made before the pass (``match._preview``); the caller uses what was
+    guessed right and computes the rest as before, so the answers never depend on the guess."""
+
+    def __init__(self, fitg: list[int], fitk: list[int], maxk: list[int], k: int, lw: int) -> None:
+        self.fitg = np.array(fitg, np.int64)
+        self.fitk = np.array(fitk, np.int64)
+        self.maxk = np.array(maxk + [-1] * (k - len(maxk)), np.int64)
+        self.mx = np.zeros((k, lw), np.uint32)
+        self.num: np.ndarray | None = None  # [C, F, H] float64 once the pass ran
+        self.den: np.ndarray | None = None  # [C, H]
+
+    @classmethod
+    def empty(cls, k: int) -> "Plan":
+        return cls([], [], [], k, 0)
+
+    def max_abs(self, k: int) -> np.ndarray:
+        """Per aligned token, max |training - capture| of slot k against position ``maxk[k]`` (float32 [Lw])."""
+        return self.mx[k].view(np.float32)
+
+
 def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.ndarray, xx: np.ndarray,
-           bad: np.ndarray, dot: np.ndarray, yy: np.ndarray, y_ok: np.ndarray, adj: np.ndarray) -> None:
+           bad: np.ndarray, dot: np.ndarray, yy: np.ndarray, y_ok: np.ndarray, adj: np.ndarray,
+           plan: Plan | None = None, tokens: tuple[int, int] | None = None) -> None:
     """One pass over every row of every position (``direct``), filling ``Sums``' arrays in place:
     xx, bad, adj [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]. Slot k's aligned row j is row ts + j of
     ``slots[k]`` ([S, H] tensors or arrays); ``below[g]`` marks positions whose lower neighbour
-    is position g - 1 (``steps.lower_neighbours``)."""
+    is position g - 1 (``steps.lower_neighbours``). ``plan``: what else to compute in the same pass
+    (its ``num``, ``den`` and ``mx`` are filled). ``tokens``: only capture rows [a, b)."""
     h, t = st.h, st.t
+    a, b = tokens if tokens is not None else (0, t)
     ys = [_as16(s)[:2] for s in slots]  # kept alive: the kernel reads their memory by address
     if any(y.shape[0] < ts + lw for y, _ in ys):
         raise ValueError("a slot holds fewer rows than the aligned window")
@@ -703,12 +820,20 @@ def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.nd
     ystep = np.array([y.strides[0] for y, _ in ys], np.int64)
     ykind = np.array([kd for _, kd in ys], np.int64)
     kern = kernels()
-    work = max(1, min(8 * kern.threads, -(-t // READ_ROWS)))
+    work = max(1, min(8 * kern.threads, -(-(b - a) // READ_ROWS)))
     err = np.zeros(work, np.int64)
     below = np.ascontiguousarray(below, np.int8)
-    kern.direct(st.gfd, st.offs, below, h, st.kind, 0, t, cs, lw, yaddr, ystep, ykind, READ_ROWS, CHUNK, work,
-                xx, bad, dot, yy, y_ok, adj, err)
+    plan = plan if plan is not None and lw else Plan.empty(len(slots))
+    n_fit, n_f = len(plan.fitg), len(plan.fitk)
+    accf = st.buffers(work * max(n_fit, 1), (n_f + 1) * h if n_fit else 1, dtype=np.float64, name="accf")
+    accf = accf.reshape(work, max(n_fit, 1), n_f + 1 if n_fit else 1, h if n_fit else 1)
+    mx = plan.mx if plan.mx.shape[1] == lw else np.zeros((len(slots), lw), np.uint32)
+    kern.direct(st.gfd, st.offs, below, h, st.kind, a, b, cs, lw, yaddr, ystep, ykind, READ_ROWS, CHUNK, work,
+                xx, bad, dot, yy, y_ok, adj, err, plan.fitg, plan.fitk, accf, plan.maxk, mx)
     st.check(err)
+    if n_fit:
+        total = accf.sum(0)
+        plan.num, plan.den = total[:, :n_f], total[:, n_f]
     del ys
 
 
@@ -738,13 +863,16 @@ def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np
 
 
 def fit_scores(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
-               y_ok: np.ndarray, gain: np.ndarray, vj: int, f: int, fdot: np.ndarray, fpp: np.ndarray) -> None:
-    """fdot[:, vj, f], fpp[:, vj, f] of position g against the fitted gain ``gain[vj, f]`` (``_fit_scores``)."""
+               y_ok: np.ndarray, gain: np.ndarray, vj: int, f: int, fdot: np.ndarray, fpp: np.ndarray) -> np.ndarray:
+    """fdot[:, vj, f], fpp[:, vj, f] of position g against the fitted gain ``gain[vj, f]`` (``_fit_scores``);
+    returns, from the same pass, the per-token max |training - fitted prediction| (float32 [Lw], as ``max_abs``)."""
     kern, yv = kernels(), Rows(y)
     rows, work, err = _one_position_work(lw)
+    mx = np.zeros(lw, np.uint32)
     kern.fit_scores(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
-                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, _row_buffers(st, rows, work), err)
+                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, _row_buffers(st, rows, work), err, mx)
     st.check(err, g)
+    return mx.view(np.float32)
 
 
 def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,

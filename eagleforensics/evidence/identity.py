@@ -20,11 +20,26 @@ A neighbour that is not in the capture cannot be ruled out except by a copy: the
 copy-level match (within the dtype's rounding) is confident, anything else is "best among
 the captured positions". How close the matched state is (copy / drift / different) is
 ``fidelity``'s question.
+
+Three more answers come from the data:
+
+* **between**: a state saved inside a decoder layer (after attention, before the MLP: the
+  fused add-norm's ``residual``) sits at no position. Its deviation from the best position
+  points at the neighbour: per token, with unit vectors b (best), o (neighbour), s (slot), the
+  projection of s onto the segment b -> o is ``(gap_b + step - gap_o) / (2 step)`` (gaps = 1 -
+  cosine, step = the capture's own 1 - cos(b, o)). A drifted copy of b moves in no particular
+  direction (median fraction <= 0.08 for INT4 weights, 0 for MoE routing or other kernels); a
+  mid-layer state sits a fair part of the way (``BETWEEN_MIN``), so it is "between pK and pK+1";
+* **position-unknown**: the best column's label does not count (``evidence.labels``: a list
+  index, a label the content contradicts, a p0 the content cannot confirm), so a match, even a
+  copy, gives no position;
+* evidence counts **distinct tokens**: rows that repeat the same (slot row, capture row) pair
+  (``tokens.distinct_pairs``) count once, so identical rows cannot buy votes or a paired bound.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -40,7 +55,8 @@ STEP_RATIO = 2.0  # the layer step must be at least this many times the match's 
 FIT_COPY_GAP = 1e-4  # a fitted column competes with a real post-norm one only this close to a copy
 RESOLUTION_FLOOR = 1e-7  # float32 rounding: neighbours closer than this are one state
 MIN_SCORE_ANY = 0.5  # below this robust score no column resembles the slot at all
-VERDICTS = ("confident", "ambiguous", "best-among-captured", "none")
+BETWEEN_MIN = 0.15  # median fraction of the step toward the neighbour from which a state sits between two positions
+VERDICTS = ("confident", "ambiguous", "best-among-captured", "between", "position-unknown", "rows-unverified", "none")
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,8 @@ class Identity:
     missing: tuple[int, ...]  # neighbours of best.p that the capture does not hold
     reason: str  # why not confident ("" when confident)
     fidelity: Fidelity
+    distinct: int = -1  # distinct tokens the answer rests on (-1: not counted)
+    between: float = float("nan")  # median fraction of the step from ``best`` toward its neighbour ``other``
 
     @property
     def confident(self) -> bool:
@@ -119,13 +137,42 @@ def _sign_rank(n: int, alpha: float) -> int:
 def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], norm_ratio: np.ndarray,
           tokens: int, min_tokens: int, copy_gap: float, norm_tol: float, num_layers: int,
           step_of: Callable[[int, int], float] | None, alpha: float = PAIRED_ALPHA, step_ratio: float = STEP_RATIO,
-          min_votes: float = MIN_VOTES, extra_bad: int = 0) -> Identity:
+          min_votes: float = MIN_VOTES, extra_bad: int = 0, unknown: frozenset[Position] = frozenset(),
+          distinct: Callable[[Position], np.ndarray | None] | None = None) -> Identity:
     """Decide one slot's identity from its per-token scores [columns, tokens] (see module doc).
 
     ``real``: the columns the capture holds (others are fitted). ``step_of(p, q)``: the
     capture's median per-token cosine between raw positions p and q (None: unknown, e.g. a
     fingerprint). ``copy_gap``: 1 - score within which a match is a copy at the dtype's rounding.
+    ``unknown``: stored columns whose labels do not count (``evidence.labels``); a fitted column
+    of such a position does not count either. ``distinct(pos)``: which compared tokens are
+    distinct against column ``pos`` (bool mask; None or all True: every one).
     """
+    args = (columns, real, norm_ratio, tokens, min_tokens, copy_gap, norm_tol, num_layers, step_of, alpha,
+            step_ratio, min_votes, extra_bad, unknown)
+    first = _judge(per_token, *args)
+    keep = distinct(first.best) if distinct is not None and first.best is not None else None
+    if keep is None or keep.all():
+        return replace(first, distinct=_finite_tokens(per_token, columns, first.best))
+    sub = per_token[:, keep]
+    kept = _finite_tokens(sub, columns, first.best)
+    out = _judge(sub, columns, real, norm_ratio, min(tokens, kept), *args[4:])
+    note = f"{kept} distinct of {_finite_tokens(per_token, columns, first.best)} compared tokens"
+    return replace(out, distinct=kept, reason=f"{out.reason} ({note})" if out.reason else "")
+
+
+def _finite_tokens(per_token: np.ndarray, columns: list[Position], best: Position | None) -> int:
+    """Tokens with a finite score at ``best`` (0 when there is none)."""
+    if best is None:
+        return 0
+    return int(np.isfinite(per_token[columns.index(best)]).sum())
+
+
+def _judge(per_token: np.ndarray, columns: list[Position], real: set[Position], norm_ratio: np.ndarray,
+           tokens: int, min_tokens: int, copy_gap: float, norm_tol: float, num_layers: int,
+           step_of: Callable[[int, int], float] | None, alpha: float, step_ratio: float,
+           min_votes: float, extra_bad: int, unknown: frozenset[Position]) -> Identity:
+    """``judge`` on one set of tokens."""
     robust = np.array([_robust(per_token[j]) for j in range(len(columns))])
     ok = eligible_columns(columns, real, robust, copy_gap)
     robust = np.where(ok, robust, np.nan)
@@ -142,7 +189,9 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
     rr = float(robust[jr]) if jr is not None else float("nan")
     votes = _votes(per_token, columns, ok, best.p)
     pm, pb = paired(per_token[jb], per_token[jr], alpha) if jr is not None else (float("nan"), float("nan"))
-    step, step_to, missing = _neighbours(best, columns, real, num_layers, step_of)
+    unlabelled = best in unknown or Position(best.p) in unknown and best not in real
+    step, step_to, missing = _neighbours(best, columns, real - unknown, num_layers,
+                                         None if unlabelled else step_of)
     fid = judge_fidelity(per_token[jb], copy_gap, norm_ratio[jb], norm_tol, step, extra_bad)
     gap = max(1.0 - rb, 0.0)
     resolution = max(gap, RESOLUTION_FLOOR)  # neighbours closer than this cannot be told apart
@@ -159,6 +208,10 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
         return make("none", f"no captured position holds this state: best {best.label} scores {rb:.4f}"
                     + (f", farther from it than neighbouring layers are from each other (step {step:.4f})"
                        if fid.kind == "different" and step == step else ""))
+    if unlabelled:
+        return make("position-unknown", f"matches the capture entry read as {best.label} ({fid.kind or 'compared'}, "
+                    f"robust score {rb:.4f}), but that reading does not give a position (see the capture's label "
+                    "findings), so neither does the match")
     if missing and fid.kind != "copy":
         where = " / ".join(f"p{q}" for q in missing)
         return make("best-among-captured", f"best among the captured positions; {where} "
@@ -169,12 +222,55 @@ def judge(per_token: np.ndarray, columns: list[Position], real: set[Position], n
         return make("ambiguous", f"ambiguous between {best.label} and {q.label if q else '-'}: the capture's "
                     f"neighbouring positions sit at cosine {step:.6f}, closer than this match resolves "
                     f"({rb:.6f})", other=q)
+    frac, near = _between(per_token, columns, jb, best, real - unknown, step_of) if fid.kind != "copy" else (
+        float("nan"), None)
+    if frac == frac and frac >= BETWEEN_MIN and near is not None:
+        lo, hi = sorted((best, near))
+        out = make("between", f"between {lo.label} and {hi.label}: {frac:.0%} of the capture's layer step from "
+                   f"{best.label} toward {near.label} (a drifted copy moves in no particular direction), as a state "
+                   "saved inside a decoder layer is (after attention, before the MLP: a fused add-norm's residual); "
+                   "no engine id captures it", other=near)
+        return replace(out, between=frac)
     if runner is not None and not pb > 0:
-        return make("ambiguous", f"ambiguous between {best.label} and {runner.label}: best minus runner-up over the "
-                    f"same tokens averages {pm:+.2e}, but its lower confidence bound is {pb:+.2e} (not above 0)")
+        return replace(make("ambiguous", f"ambiguous between {best.label} and {runner.label}: best minus runner-up "
+                            f"over the same tokens averages {pm:+.2e}, but its lower confidence bound is {pb:+.2e} "
+                            "(not above 0)"), between=frac)
     if votes < min_votes:
-        return make("ambiguous", f"only {votes:.0%} of tokens vote for {best.label}")
-    return make("confident", "")
+        return replace(make("ambiguous", f"only {votes:.0%} of tokens vote for {best.label}"), between=frac)
+    return replace(make("confident", ""), between=frac)
+
+
+def unverified_rows(ident: Identity, method: str) -> Identity:
+    """``ident`` of a final-state slot downgraded: the rows were paired by ``method``, no ids vouch
+    for them and no raw slot confirms them, so a match may be of other tokens' states."""
+    how = {"position": "from the first row on", "content-shift": "at a row offset found by content"}.get(method, method)
+    return replace(ident, verdict="rows-unverified", reason=(
+        f"{ident.best.label if ident.best else '-'} matches ({ident.fidelity.kind or 'compared'}, robust score "
+        f"{ident.robust:.4f}), but the rows were paired {how} without token ids on both sides and no aux slot is "
+        "placed on them: post-norm states of different tokens look alike, so this is not evidence of a position"))
+
+
+def _between(per_token: np.ndarray, columns: list[Position], jb: int, best: Position, raw: set[Position],
+             step_of: Callable[[int, int], float] | None) -> tuple[float, Position | None]:
+    """Median fraction of the capture's step from ``best`` toward its closer captured raw neighbour, and that
+    neighbour: per token ``(gap_b + step - gap_o) / (2 step)`` with gaps = 1 - score (see module doc).
+
+    NaN when ``best`` is post-norm, a neighbour is not captured or the step is unknown."""
+    if best.normed or step_of is None or best not in raw:
+        return float("nan"), None
+    cand = [(float(np.nanmedian(per_token[columns.index(Position(q))])), q) for q in (best.p - 1, best.p + 1)
+            if Position(q) in raw and Position(q) in columns and np.isfinite(per_token[columns.index(Position(q))]).any()]
+    if not cand:
+        return float("nan"), None
+    _, q = max(cand)
+    step = 1.0 - float(step_of(best.p, q))
+    if not step > RESOLUTION_FLOOR:
+        return float("nan"), None
+    gb = 1.0 - per_token[jb].astype(np.float64)
+    go = 1.0 - per_token[columns.index(Position(q))].astype(np.float64)
+    u = (gb + step - go) / (2.0 * step)
+    u = u[np.isfinite(u)]
+    return (float(np.median(u)) if u.size else float("nan")), Position(q)
 
 
 def _votes(per_token: np.ndarray, columns: list[Position], ok: list[bool], p: int) -> float:

@@ -45,6 +45,8 @@ from .sums import Sums
 
 CHUNK_BYTES = 4 << 20  # float32 block [L, K, H] of training rows reduced at once on the numpy path
 FIT_CANDIDATES = 4  # compiled path: fitted columns at the raw positions each post-norm slot resembles most
+PREVIEW_TOKENS = 64  # compiled path: aligned tokens scored first, to guess what the pass computes besides the sums
+PREVIEW_SPARE = 2  # positions guessed beyond FIT_CANDIDATES for each fitted slot
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -312,11 +314,22 @@ def _fill_max_abs(score: np.ndarray, max_abs: np.ndarray, columns: list[Position
 
 def _fused_cells(mapped: fused.Stored, sums: Sums, wanted: dict[int, list[tuple[int, int, int | None]]],
                  slots: list[np.ndarray], ts: int, fit_idx: list[int], max_abs: np.ndarray) -> None:
-    """``_fill_max_abs`` through the compiled kernel: position g of each (slot i, column j, virtual j) cell."""
+    """``_fill_max_abs`` on the compiled path: position g of each (slot i, column j, virtual j) cell, from
+    what the passes kept (the direct pass for the position guessed for slot i, ``fit_scores`` for every
+    fitted column), else through the ``max_abs`` kernel (one more read of the position)."""
+    plan = sums.plan
     for g, cells in wanted.items():
         for i, j, vj in cells:
             f = fit_idx.index(i) if vj is not None else 0
-            max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, vj, f)
+            kept = None
+            if vj is None and plan is not None and sums.lw and int(plan.maxk[i]) == g:
+                kept = plan.max_abs(i)
+            elif vj is not None:
+                kept = sums.fitted_max.get((vj, f))
+            if kept is not None:
+                max_abs[i, j] = _worst(kept) if sums.lw else 0.0
+            else:
+                max_abs[i, j] = _fused_max_abs(mapped, sums, g, slots[i][ts:ts + sums.lw], i, vj, f)
 
 
 def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Stored | None:
@@ -339,12 +352,19 @@ def _mapped(src: _Source, positions: list[Position], h: int) -> fused.Stored | N
 def _fused_sweep(m: fused.Stored, positions: list[Position], sums: Sums, slots: list[np.ndarray], ts: int,
                  progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
     """CPU, compiled: one pass over every row of every position (norms, slot products, and each row's
-    product with the position below, ``sums.adj``, for the capture's layer step); then the fitted
-    columns (two reads of each candidate)."""
+    product with the position below, ``sums.adj``, for the capture's layer step). The same pass, while
+    each row is in cache, sums the gain normal equations of the positions the fitted columns will
+    need and each slot's max |diff| against the position it will match, as guessed from the first
+    ``PREVIEW_TOKENS`` aligned tokens (``_preview``). Then one more read of each fitted column's
+    position scores its tokens (and its max |diff|, should it be a slot's best). A wrong guess costs
+    a read, never an answer: what was not guessed is computed as before (``fit_equations``, ``max_abs``)."""
     cs, lw = sums.cs, sums.lw
     xx, bad, dot, yy, y_ok = sums.xx, sums.bad, sums.dot, sums.yy, sums.y_ok
     sums.adj = np.full(xx.shape, np.nan, np.float32)
-    fused.direct(m, slots, ts, cs, lw, lower_neighbours(positions), xx, bad, dot, yy, y_ok, sums.adj)
+    below = lower_neighbours(positions)
+    plan = _preview(m, sums, slots, ts, below, fit_candidates)
+    fused.direct(m, slots, ts, cs, lw, below, xx, bad, dot, yy, y_ok, sums.adj, plan=plan)
+    sums.plan = plan
     if progress is not None:
         for pos in positions:
             progress(pos)
@@ -352,22 +372,56 @@ def _fused_sweep(m: fused.Stored, positions: list[Position], sums: Sums, slots: 
         return
     js = list(range(len(sums.virt))) if fit_candidates is None else _candidates(sums, fit_candidates)
     assert sums.num is not None and sums.den is not None and sums.gain is not None
+    guessed = {int(g): c for c, g in enumerate(plan.fitg)}
     for j in js:
         g = sums.virt[j]
-        for f, i in enumerate(sums.fit_idx):
+        c = guessed.get(g)
+        if c is not None and plan.num is not None and plan.den is not None:
+            sums.num[g] = plan.num[c]
+            sums.den[g] = plan.den[c]
+            continue
+        for f, i in enumerate(sums.fit_idx):  # not guessed: its equations from one more read
             num, den = fused.fit_equations(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok)
             sums.num[g, f] = num
             sums.den[g] = den
-        sums.fit([j])
+    sums.fit(js)
+    for j in js:
+        g = sums.virt[j]
         for f, i in enumerate(sums.fit_idx):
-            fused.fit_scores(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok, sums.gain, j, f, sums.fdot,
-                             sums.fpp)
+            sums.fitted_max[(j, f)] = fused.fit_scores(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok,
+                                                       sums.gain, j, f, sums.fdot, sums.fpp)
+
+
+def _preview(m: fused.Stored, sums: Sums, slots: list[np.ndarray], ts: int, below: np.ndarray,
+             fit_candidates: int | None) -> fused.Plan:
+    """Score the first ``PREVIEW_TOKENS`` aligned tokens (a read of those rows alone) and guess, from their
+    direct cosines, each fitted slot's ``FIT_CANDIDATES`` (+ ``PREVIEW_SPARE``) positions and each slot's
+    best position: what the full pass should compute besides the sums (``fused.Plan``). Its sums are
+    overwritten by the full pass with the same values."""
+    n = min(PREVIEW_TOKENS, sums.lw)
+    if n == 0:
+        return fused.Plan.empty(sums.k)
+    fused.direct(m, slots, ts, sums.cs, sums.lw, below, sums.xx, sums.bad, sums.dot, sums.yy, sums.y_ok,
+                 sums.adj if sums.adj is not None else np.full(sums.xx.shape, np.nan, np.float32),
+                 tokens=(sums.cs, sums.cs + n))
+    score = sums.preview_score(n)  # [K, P]
+    fitg: set[int] = set()
+    if fit_candidates is not None:
+        for i in sums.fit_idx:
+            ranked = sorted((float(score[i, g]), g) for g in sums.virt if score[i, g] == score[i, g])
+            fitg.update(g for _, g in ranked[-(fit_candidates + PREVIEW_SPARE):])
+    best = [int(np.nanargmax(row)) if np.isfinite(row).any() else -1 for row in score]
+    return fused.Plan(sorted(fitg), list(sums.fit_idx), best, sums.k, sums.lw)
 
 
 def _fused_max_abs(m: fused.Stored, sums: Sums, g: int, y: np.ndarray, i: int, vj: int | None, f: int) -> float:
     """max |training - capture| of slot i against position g (or its fitted column ``vj``, slot ``f`` of the fit)."""
     if sums.lw == 0:
         return 0.0
-    out = fused.max_abs(m, g, y, i, sums.cs, sums.lw, sums.xx, sums.bad, sums.y_ok, sums.gain, vj, f)
-    worst = float(out.max())
+    return _worst(fused.max_abs(m, g, y, i, sums.cs, sums.lw, sums.xx, sums.bad, sums.y_ok, sums.gain, vj, f))
+
+
+def _worst(per_token: np.ndarray) -> float:
+    """The largest of per-token max |diff| values (float32 [Lw]); NaN when it is not finite."""
+    worst = float(per_token.max())
     return worst if math.isfinite(worst) else float("nan")

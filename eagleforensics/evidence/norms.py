@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import as_array, f32
+from ..arrays import BF16, as_array, f32
 from .fused import row_stats
 
 POST_NORM_CV = 0.1  # per-token norm variation below this looks post-norm
@@ -23,24 +23,33 @@ def row_summary(x: Any) -> tuple[np.ndarray, np.ndarray]:
     """(per-token L2 norms float32, per-token NaN/Inf flags) of a [T, H] array in one pass.
 
     Large inputs go through the compiled kernel (float64 totals, no float32 copy of the
-    array); small ones through numpy a block of rows at a time (float32, as before).
+    array); small ones through numpy a block of rows at a time (float32, as before), each block
+    widened into the same two buffers (fresh memory costs a page fault per page on a microVM).
     """
     x = as_array(x)
     stats = row_stats(x)
     if stats is not None:
         return stats
-    t = int(x.shape[0])
+    t, h = int(x.shape[0]), int(x.shape[-1])
     norms = np.empty(t, np.float32)
     bad = np.zeros(t, bool)
-    step = max(1, ROW_BLOCK // max(1, int(x.shape[-1])))
+    step = max(1, ROW_BLOCK // max(1, h))
+    buf = np.empty((min(step, t), h), np.float32)
     for a in range(0, t, step):
-        block = f32(x[a:a + step])
+        rows = x[a:a + step]
+        block = buf[:rows.shape[0]]
+        if rows.dtype == np.float32:  # read as it is (as ``arrays.f32``)
+            block = rows
+        elif rows.dtype == BF16:  # bf16 is the top half of a float32
+            np.left_shift(rows.view(np.uint16), 16, out=block.view(np.uint32), dtype=np.uint32)
+        else:
+            np.copyto(block, rows, casting="unsafe")
         with np.errstate(over="ignore", invalid="ignore"):
             sq = np.einsum("th,th->t", block, block, dtype=np.float32)
-        worst = np.abs(block).max(-1) if block.shape[-1] else np.zeros(block.shape[0], np.float32)
-        b = ~np.isfinite(worst)
         norms[a:a + step] = np.sqrt(sq)
-        bad[a:a + step] = b
+        maybe = np.flatnonzero(~np.isfinite(sq))  # a NaN/Inf value makes the sum so; so does overflow: look
+        if maybe.size:
+            bad[a + maybe] = ~np.isfinite(block[maybe]).all(-1)
     return norms, bad
 
 

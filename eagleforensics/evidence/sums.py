@@ -12,7 +12,7 @@ equations, ``pass2`` scores each token against the fitted gain.
 """
 from __future__ import annotations
 
-import warnings
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +37,10 @@ class Sums:
         self.fdot = np.full((lw, len(virt), nf), np.nan, np.float32)
         self.fpp = np.full((lw, len(virt), nf), np.nan, np.float32)
         self.adj: np.ndarray | None = None  # [P, T]: each row . the same token's row one position below (compiled path)
+        self._direct: dict[str, np.ndarray] | None = None  # ``results``' direct part, once the direct sums are complete
+        # compiled path: what the passes kept for max |diff| (``fused.Plan``; per fitted column (j, f), per token)
+        self.plan: Any = None
+        self.fitted_max: dict[tuple[int, int], np.ndarray] = {}
 
     def prep_y(self, yb: np.ndarray, w0: int) -> np.ndarray:
         """Record norms and finiteness of training rows [w0, w0+L) given as [L, K, H] float32; zero bad rows."""
@@ -111,21 +115,40 @@ class Sums:
             self.fpp[w0:w0 + n, j, f] = np.einsum("lh,lh->l", pred, pred)
             self.fdot[w0:w0 + n, j, f] = np.einsum("lh,lh->l", pred, yf[:, f])
 
-    def results(self, direct_only: bool = False) -> dict[str, np.ndarray]:
-        """Scores and side metrics (float64, per_token float32): direct [K, P], fitted [F, len(virt)]."""
-        cs, lw = self.cs, self.lw
-        x_ok = ~self.bad[:, cs:cs + lw].T  # [Lw, P]
-        nx = np.sqrt(np.maximum(self.xx[:, cs:cs + lw].T, 0))
-        ny = np.sqrt(np.maximum(self.yy, 0))  # [Lw, K]
-        valid = self.y_ok[:, None, :] & x_ok[:, :, None]  # [Lw, P, K]
+    def preview_score(self, n: int) -> np.ndarray:
+        """Mean per-token cosine [K, P] over the first ``n`` aligned tokens alone (their direct sums filled):
+        a guess of ``results``' direct score, to choose what the full pass computes besides (``fused.Plan``)."""
+        cs = self.cs
+        x_ok = ~self.bad[:, cs:cs + n].T
+        nx = np.sqrt(np.maximum(self.xx[:, cs:cs + n].T, 0))
+        ny = np.sqrt(np.maximum(self.yy[:n], 0))
+        valid = self.y_ok[:n, None, :] & x_ok[:, :, None]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            sim = self.dot / np.maximum(ny[:, None, :] * nx[:, :, None], np.float32(1e-30))
-        direct = _cells(sim, valid, self.dot, (nx ** 2)[:, :, None], self.yy[:, None, :], ny[:, None, :],
-                        nx[:, :, None])
-        out = {f"direct_{k}": v for k, v in direct.items()}
+            sim = self.dot[:n] / np.maximum(ny[:, None, :] * nx[:, :, None], np.float32(1e-30))
+            total = np.where(valid, sim, 0.0).sum(0, dtype=np.float64)
+            return (total / valid.sum(0)).T
+
+    def results(self, direct_only: bool = False) -> dict[str, np.ndarray]:
+        """Scores and side metrics (float64, per_token float32): direct [K, P], fitted [F, len(virt)].
+
+        The direct part is computed once, the first time it is asked for (the direct sums must be complete
+        by then: every caller asks after the pass over the capture)."""
+        if self._direct is None:
+            cs, lw = self.cs, self.lw
+            x_ok = ~self.bad[:, cs:cs + lw].T  # [Lw, P]
+            nx = np.sqrt(np.maximum(self.xx[:, cs:cs + lw].T, 0))
+            ny = np.sqrt(np.maximum(self.yy, 0))  # [Lw, K]
+            valid = self.y_ok[:, None, :] & x_ok[:, :, None]  # [Lw, P, K]
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                sim = self.dot / np.maximum(ny[:, None, :] * nx[:, :, None], np.float32(1e-30))
+            direct = _cells(sim, valid, self.dot, (nx ** 2)[:, :, None], self.yy[:, None, :], ny[:, None, :],
+                            nx[:, :, None])
+            self._direct = {f"direct_{k}": v for k, v in direct.items()}
+        out = dict(self._direct)
         if direct_only:
             return out
         if self.fit_idx and self.virt:
+            x_ok = ~self.bad[:, self.cs:self.cs + self.lw].T  # [Lw, P]
             yy = self.yy[:, self.fit_idx][:, None, :]  # [Lw, 1, F]
             valid = self.y_ok[:, self.fit_idx][:, None, :] & x_ok[:, self.virt][:, :, None]
             # a fitted column must also reproduce each token's norm: 2xy / (|x|^2 + |y|^2), not the cosine
@@ -139,17 +162,26 @@ class Sums:
 
 def _cells(sim: np.ndarray, valid: np.ndarray, dot: np.ndarray, xx: np.ndarray, yy: np.ndarray,
            ny: np.ndarray, nx: np.ndarray) -> dict[str, np.ndarray]:
-    """Reduce per-token [Lw, C, S] quantities to per-cell [S, C] metrics over the valid tokens."""
+    """Reduce per-token [Lw, C, S] quantities to per-cell [S, C] metrics over the valid tokens.
+
+    Every float64 total goes through one scratch array (filled, masked, summed over tokens in order):
+    the same numbers as summing fresh masked copies, without a new [Lw, C, S] array per total."""
+    invalid = ~valid
     per_token = np.where(valid, sim, np.float32(np.nan)).astype(np.float32)
     count = valid.sum(0).astype(np.float64)
+    scratch = np.empty(sim.shape, np.float64)
 
     def total(a: np.ndarray) -> np.ndarray:
-        return np.where(valid, np.broadcast_to(a, sim.shape).astype(np.float64), 0.0).sum(0)
+        np.copyto(scratch, a, casting="unsafe")
+        scratch[invalid] = 0.0
+        return scratch.sum(0)
 
     empty = count == 0
-    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells: NaN, said by ``empty``
-        score = np.nanmean(per_token.astype(np.float64), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        np.copyto(scratch, per_token, casting="unsafe")  # nanmean, as numpy computes it: NaN -> 0, sum, / count
+        nan = np.isnan(scratch)
+        scratch[nan] = 0.0
+        score = scratch.sum(0) / (~nan).sum(0, dtype=np.intp)
         rel = 1 - 2 * total(dot) / np.maximum(total(xx) + total(yy), 1e-300)
         ratio = total(ny / np.maximum(nx, np.float32(1e-30))) / np.maximum(count, 1)
     return {

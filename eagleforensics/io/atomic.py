@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from ..errors import ForensicsError
+from .guards import check_output_target
 
 # errno -> what the user can do about it
 _FIXABLE = {
@@ -45,6 +46,7 @@ def atomic_path(path: str | Path, hint: str = "") -> Iterator[Path]:
     ``OSError`` (ENOSPC, EACCES, ...) becomes a ForensicsError naming ``path``.
     """
     target = Path(path)
+    check_output_target(target)  # never renamed onto a device or pipe
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name[:80]}.", suffix=".part", dir=target.parent)

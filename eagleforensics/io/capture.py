@@ -11,13 +11,15 @@ Accepted layouts (each integer is read through ``convention``, see ``CONVENTIONS
 * the capture helper's safetensors file (``eagleforensics capture``), self-describing.
 
 Positions are read one at a time through ``Capture.read`` so a large sweep never has to
-fit in memory at once. Every hidden state and id list handed out is a numpy array (bf16 as
-``arrays.BF16``); safetensors and numpy captures are read without importing torch.
+fit in memory at once: a torch file's tensors stay in the file (``torchfile.StoredTensor``) and
+their rows are read from it on demand, like a safetensors file's. Every hidden state and id list
+handed out is a numpy array (bf16 as ``arrays.BF16``); no capture format imports torch (only
+``allow_unsafe`` does, through ``torch.load``).
 """
 from __future__ import annotations
 
-import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +30,9 @@ from ..arrays import dtype_name, is_float, numpy_dtype
 from ..errors import ForensicsError
 from ..positions import Position
 from .filerows import PositionSource, file_locator, safetensors_rows
+from .guards import parse_json
 from .safeload import check_file, load_object, open_safetensors, read_tensor, sniff
+from .sizecheck import key_number
 
 CAPTURE_FORMAT = "eagleforensics-capture-v1"
 META_KEY = "eagleforensics"  # safetensors metadata key holding the capture helper's JSON
@@ -39,6 +43,12 @@ CONVENTIONS = {
     "trtllm": "integer k = position p=k+1 (end of layer k); -1 = the post-norm final",
 }
 _INT_SUFFIX = re.compile(r"^(?P<name>.*?)[._\-\[]?(?P<num>-?\d+)\]?$")
+LABEL_KINDS = {
+    "sweep": "the integers are read through the convention (a full HF tuple, the capture helper's file, or a "
+             "convention given for the stored integers)",
+    "keys": "stored integers (key names, file names) that cannot be a full HF tuple, read as positions as labelled",
+    "list-index": "indices of a list too short to be a full HF tuple: they say nothing about positions",
+}
 
 
 @dataclass
@@ -62,6 +72,9 @@ class Capture(SweepHeader):
     readers: dict[Position, Callable[[], np.ndarray]]
     metadata: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how the integers were read, when not as declared
+    # what the positions' labels rest on (LABEL_KINDS): a full sweep's structure, stored integers read as
+    # positions, or list indices that cannot be positions (evidence.labels checks each against content)
+    label_kind: str = "sweep"
 
     @property
     def positions(self) -> list[Position]:
@@ -86,13 +99,24 @@ class Capture(SweepHeader):
         return all(isinstance(s, PositionSource) and s.streams for s in self.readers.values())
 
 
-def _rows(t: Any, what: str, path: str) -> np.ndarray:
-    if not isinstance(t, np.ndarray):
+def _stored(t: Any) -> bool:
+    """A torch file's tensor not read yet (``torchfile.StoredTensor``; that module is loaded only for torch files)."""
+    tf = sys.modules.get(__package__ + ".torchfile")
+    return tf is not None and isinstance(t, tf.StoredTensor)
+
+
+def _is_tensor(t: Any) -> bool:
+    """An array, or a torch file's tensor not read yet."""
+    return isinstance(t, np.ndarray) or _stored(t)
+
+
+def _rows(t: Any, what: str, path: str) -> Any:
+    if not _is_tensor(t):
         raise ForensicsError(f"{what} is {type(t).__name__}, expected a tensor", path=path)
     if not is_float(t.dtype):
         raise ForensicsError(f"{what} holds {dtype_name(t.dtype)} values; hidden states must be floating point", path=path)
     if t.ndim == 3 and t.shape[0] == 1:
-        t = t[0]
+        t = t[0] if isinstance(t, np.ndarray) else t.squeeze0()
     if t.ndim == 3:
         raise ForensicsError(f"{what} has a batch of {t.shape[0]} sequences; capture one sequence", path=path)
     if t.ndim != 2:
@@ -100,8 +124,19 @@ def _rows(t: Any, what: str, path: str) -> np.ndarray:
     return t
 
 
+def _source(t: Any) -> PositionSource:
+    """A position held by array ``t``, or by a torch file's tensor: then its rows are read from the file
+    (``FileRows``) where they lie plainly, else it is read whole once (compressed, in memory, strided)."""
+    if isinstance(t, np.ndarray):
+        return PositionSource.of_array(t)
+    rows = t.file_rows()
+    if rows is None:
+        return PositionSource.of_array(t.read())
+    return PositionSource(rows.read, rows.read)
+
+
 def _is_int(t: Any) -> bool:
-    return isinstance(t, np.ndarray) and t.dtype.kind in "biu"
+    return _is_tensor(t) and t.dtype.kind in "biu"
 
 
 def _ids(t: Any, path: str) -> np.ndarray | None:
@@ -109,6 +144,7 @@ def _ids(t: Any, path: str) -> np.ndarray | None:
         return None
     if not _is_int(t):
         raise ForensicsError("input_ids must be an integer tensor", path=path)
+    t = t.read() if _stored(t) else t
     return t.reshape(-1).astype(np.int64, copy=False)
 
 
@@ -128,14 +164,20 @@ def _position_of(num: int, convention: str, top: int | None) -> Position:
 def _build(
     path: str, convention: str, numbered: dict[int, Callable[[], np.ndarray]],
     shapes: dict[int, tuple[int, ...]], dtypes: dict[int, np.dtype], input_ids: np.ndarray | None,
-    num_layers: int | None, metadata: dict[str, Any],
+    num_layers: int | None, metadata: dict[str, Any], listed: bool = False,
 ) -> Capture:
+    """The capture from numbered sources; ``listed``: the integers are a list's indices, not stored labels."""
     if not numbered:
         raise ForensicsError("no hidden-state positions found (expected a list of tensors or keys like 'hidden_states.3')", path=path)
     top = max(numbered)
     notes: list[str] = []
     as_labelled = convention == "hf" and _not_a_sweep(sorted(numbered), num_layers)
-    if as_labelled:
+    if as_labelled and listed:
+        notes.append(f"the capture is a list of {len(numbered)} entries, which cannot be a full HF "
+                     f"output_hidden_states tuple ({as_labelled}): its indices say nothing about positions, so "
+                     "each entry's position comes from its content only (pass --capture-convention if the indices "
+                     "are ids)")
+    elif as_labelled:
         notes.append(f"the capture's integers {_ints(sorted(numbered))} cannot be a full HF output_hidden_states "
                      f"tuple ({as_labelled}), so they are read as positions as labelled, all raw (before any norm); "
                      "pass --capture-convention if they mean something else")
@@ -162,7 +204,8 @@ def _build(
     if input_ids is not None and int(input_ids.shape[0]) != t:
         raise ForensicsError(f"input_ids has {int(input_ids.shape[0])} tokens but the hidden states have {t}", path=path)
     lowest = min(dtypes.values(), key=lambda d: d.itemsize)
-    return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata, notes)
+    kind = ("list-index" if listed else "keys") if as_labelled else "sweep"
+    return Capture(path, convention, num_layers, source, h, t, lowest, input_ids, readers, metadata, notes, kind)
 
 
 MIN_HF_ENTRIES = 4  # fewer entries than this are not "N layers + embedding" of any real model
@@ -203,9 +246,9 @@ def _from_sequence(seq: list[Any], path: str, convention: str, ids: Any, num_lay
                              "position after the gap would be mislabelled", path=path)
     tensors = {i: _rows(t, f"entry {i}", path) for i, t in enumerate(seq)}
     return _build(
-        path, convention, {i: PositionSource.of_array(t) for i, t in tensors.items()},
+        path, convention, {i: _source(t) for i, t in tensors.items()},
         {i: tuple(t.shape) for i, t in tensors.items()}, {i: t.dtype for i, t in tensors.items()},
-        _ids(ids, path), num_layers, meta,
+        _ids(ids, path), num_layers, meta, listed=True,
     )
 
 
@@ -215,7 +258,7 @@ def _numbered_keys(keys: list[str], path: str) -> dict[int, str]:
         m = _INT_SUFFIX.match(k)
         if not m:
             continue
-        num = int(m.group("num"))
+        num = key_number(m.group("num"), k, path)
         if num in out:
             raise ForensicsError(f"keys {out[num]!r} and {k!r} both claim position {num}", path=path)
         out[num] = k
@@ -226,8 +269,8 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
     if isinstance(obj.get("hidden_states"), (list, tuple)):
         meta = {k: v for k, v in obj.items() if isinstance(v, (str, int, float, bool))}
         return _from_sequence(list(obj["hidden_states"]), path, convention, obj.get("input_ids"), num_layers, meta)
-    floats = [k for k, v in obj.items() if isinstance(v, np.ndarray) and is_float(v.dtype)]
-    _refuse_integer_states({k: dtype_name(v.dtype) for k, v in obj.items() if isinstance(v, np.ndarray) and v.ndim >= 2
+    floats = [k for k, v in obj.items() if _is_tensor(v) and is_float(v.dtype)]
+    _refuse_integer_states({k: dtype_name(v.dtype) for k, v in obj.items() if _is_tensor(v) and v.ndim >= 2
                             and not is_float(v.dtype)}, path)
     numbered = _numbered_keys(floats, path)
     if not numbered:
@@ -235,7 +278,7 @@ def _from_mapping(obj: dict[str, Any], path: str, convention: str, num_layers: i
     tensors = {n: _rows(obj[k], repr(k), path) for n, k in numbered.items()}
     meta = {str(k): v for k, v in (obj.get("__metadata__") or {}).items()}
     return _build(
-        path, convention, {n: PositionSource.of_array(t) for n, t in tensors.items()},
+        path, convention, {n: _source(t) for n, t in tensors.items()},
         {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()},
         _ids(obj.get("input_ids"), path), num_layers, meta,
     )
@@ -301,8 +344,9 @@ def _own_metadata(meta: dict[str, Any], p: Path) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        own = json.loads(raw)
-        int(own["num_hidden_layers"])
+        own = parse_json(raw, p, f"{META_KEY!r} metadata")  # nesting bounded: the string is the file's to write
+        if not re.fullmatch(r"[0-9]{1,6}", str(own["num_hidden_layers"])):  # written as text by write_capture
+            raise ValueError
     except (ValueError, TypeError, KeyError):
         raise ForensicsError(f"corrupt {META_KEY!r} metadata in the capture file", path=p) from None
     return own if own.get("format") == CAPTURE_FORMAT else None
@@ -323,7 +367,7 @@ def _from_own_format(p: Path, handle: Any, header: dict[str, Any], meta: dict[st
     for key in header:
         m = re.fullmatch(r"hidden\.(\d+)", key)
         if m:
-            readers[int(m.group(1))] = key
+            readers[key_number(m.group(1), key, path)] = key
     _refuse_integer_states({k: header[k].get("dtype") for k in [*readers.values(), "final_norm"]
                             if k in header and header[k].get("dtype") not in _ST_DTYPES}, path, numbered_only=False)
     if n < 1 or (readers and max(readers) != n):
@@ -354,28 +398,33 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
     for f in files:
         stem = f.name.split(".")[0]
         if stem in ("input_ids", "token_ids"):
-            ids = _single(load_object(f, allow_unsafe=allow_unsafe), f, want_float=False)
+            ids = _single(load_object(f, allow_unsafe=allow_unsafe, lazy=True), f, want_float=False)
             continue
         m = _INT_SUFFIX.match(stem)
         if m:
-            numbered[int(m.group("num"))] = f
+            numbered[key_number(m.group("num"), f.name, str(d))] = f
     if not numbered:
         raise ForensicsError("directory holds no files named with a position number (like layer_3.pt)", path=d)
-    cache: dict[int, np.ndarray] = {}
+    cache: dict[int, Any] = {}
 
     def reader(n: int) -> Callable[[], np.ndarray]:
         def read() -> np.ndarray:
-            return _rows(_single(load_object(numbered[n], allow_unsafe=allow_unsafe), numbered[n]), numbered[n].name, str(numbered[n]))
+            t = _rows(_single(load_object(numbered[n], allow_unsafe=allow_unsafe), numbered[n]), numbered[n].name,
+                      str(numbered[n]))
+            return t
         return read
 
-    # shapes need one read per file; tensors are dropped right after (mmap keeps this cheap)
+    # shapes need one look per file: a torch file's tensors stay in it (lazy), others are dropped right after
     sources: dict[int, PositionSource] = {}
     for n, f in numbered.items():
-        obj = load_object(f, allow_unsafe=allow_unsafe)
+        obj = load_object(f, allow_unsafe=allow_unsafe, lazy=True)
         cache[n] = _rows(_single(obj, f), f.name, str(f))
-        locate = file_locator(f, obj)
-        rows = locate(cache[n]) if locate is not None else None
-        sources[n] = PositionSource(reader(n), rows.read if rows is not None else None)
+        if _stored(cache[n]):
+            rows = cache[n].file_rows()
+        else:
+            locate = file_locator(f, obj)
+            rows = locate(cache[n]) if locate is not None else None
+        sources[n] = PositionSource(rows.read if rows is not None else reader(n), rows.read if rows is not None else None)
         del obj
     shapes = {n: tuple(t.shape) for n, t in cache.items()}
     dtypes = {n: t.dtype for n, t in cache.items()}
@@ -385,10 +434,10 @@ def _from_directory(d: Path, convention: str, num_layers: int | None, allow_unsa
 
 def _single(obj: Any, f: Path, want_float: bool = True) -> Any:
     """The one array a per-position file holds (a bare tensor, or a dict/list with one)."""
-    if isinstance(obj, np.ndarray):
+    if _is_tensor(obj):
         return obj
     values = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else []
-    tensors = [v for v in values if isinstance(v, np.ndarray) and (is_float(v.dtype) if want_float else _is_int(v))]
+    tensors = [v for v in values if _is_tensor(v) and (is_float(v.dtype) if want_float else _is_int(v))]
     if len(tensors) != 1:
         raise ForensicsError(f"expected exactly one {'float' if want_float else 'integer'} tensor, found {len(tensors)}", path=f)
     return tensors[0]
@@ -406,16 +455,19 @@ def load_capture(
     check_file(p)
     if sniff(p) == "safetensors":
         return _from_safetensors(p, convention, num_layers)
-    obj = load_object(p, allow_unsafe=allow_unsafe)
+    obj = load_object(p, allow_unsafe=allow_unsafe, lazy=True)
     if isinstance(obj, (list, tuple)):
-        return _stream_from_file(_from_sequence(list(obj), str(p), convention, None, num_layers, {}), p, obj)
-    if isinstance(obj, dict):
-        return _stream_from_file(_from_mapping(obj, str(p), convention, num_layers), p, obj)
-    raise ForensicsError(f"holds a {type(obj).__name__}; expected a list of hidden states or a dict", path=p)
+        cap = _from_sequence(list(obj), str(p), convention, None, num_layers, {})
+    elif isinstance(obj, dict):
+        cap = _from_mapping(obj, str(p), convention, num_layers)
+    else:
+        raise ForensicsError(f"holds a {type(obj).__name__}; expected a list of hidden states or a dict", path=p)
+    return _stream_from_file(cap, p, obj) if allow_unsafe else cap
 
 
 def _stream_from_file(cap: Capture, p: Path, obj: Any) -> Capture:
-    """Let a memory-mapped .pt capture's rows be read from the file instead (see ``filerows``)."""
+    """Let a memory-mapped .pt capture (``torch.load``, only with ``allow_unsafe``) have its rows read from
+    the file instead (see ``filerows``); a capture read by ``torchfile`` reads its rows from the file already."""
     locate = file_locator(p, obj)
     if locate is None:
         return cap

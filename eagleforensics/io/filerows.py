@@ -6,7 +6,8 @@ ends with 2 GB of resident memory. ``FileRows`` copies only the rows asked for i
 with one positional read (``os.preadv``), so only that buffer is resident and the reads can
 run on a background thread. ``PositionSource`` pairs such a row reader with the whole-tensor
 reader the rest of the library uses (``Capture.read``). Rows are numpy arrays (bf16 as
-``arrays.BF16``); torch is imported only to locate the rows of a memory-mapped ``.pt`` file.
+``arrays.BF16``). A ``.pt`` capture read by ``torchfile`` knows where its rows lie; torch is
+imported here only to locate the rows of one that ``torch.load`` mapped (``--allow-unsafe-pickle``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..arrays import as_array, dtype_name, numpy_dtype
 from ..errors import ForensicsError
+from .guards import open_regular_fd
 
 RowReader = Callable[..., np.ndarray]  # (start, stop, out=None) -> [stop-start, H]
 IOV_BATCH = 512
@@ -41,10 +43,7 @@ class FileRows:
     def _open(self) -> int:
         with self._lock:
             if self._fd is None:
-                try:
-                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-                except OSError as exc:
-                    raise ForensicsError(f"cannot open for reading ({exc.strerror})", path=self.path) from None
+                self._fd = open_regular_fd(self.path, "file")  # a FIFO swapped in is refused, never waited on
             return self._fd
 
     def read(self, start: int = 0, stop: int | None = None, out: Any = None) -> np.ndarray:

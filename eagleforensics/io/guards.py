@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import zipfile
 from pathlib import Path
@@ -37,13 +36,18 @@ MAX_RATIO = 200
 RATIO_FLOOR = 64 * 1024 * 1024
 # A YAML document may expand its aliases to at most this many nodes.
 MAX_YAML_NODES = 100_000
+NOT_REGULAR = "is not a regular file (a device, pipe or socket); copy the data to a file"
 _CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 # ---------------------------------------------------------------- regular files only
 
-def open_regular(path: str | Path, what: str = "file") -> IO[bytes]:
-    """Open ``path`` for reading in binary mode; a FIFO, device or socket is refused without blocking."""
+def open_regular_fd(path: str | Path, what: str = "file") -> int:
+    """A blocking read-only descriptor of ``path``; a FIFO, device, socket or directory is refused without blocking.
+
+    Opened with ``O_NONBLOCK`` (so a FIFO with no writer cannot hang ``open``), judged on the
+    opened descriptor (no window between the check and the open), then set back to blocking.
+    """
     p = Path(path)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
     try:
@@ -61,19 +65,65 @@ def open_regular(path: str | Path, what: str = "file") -> IO[bytes]:
         if stat.S_ISDIR(mode):
             raise ForensicsError(f"is a directory, expected a {what}", path=p)
         if not stat.S_ISREG(mode):
-            raise ForensicsError("is not a regular file (a device, pipe or socket); copy the data to a file", path=p)
+            raise ForensicsError(NOT_REGULAR, path=p)
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "rb")
+    return fd
+
+
+def open_regular(path: str | Path, what: str = "file") -> IO[bytes]:
+    """Open ``path`` for reading in binary mode; a FIFO, device or socket is refused without blocking."""
+    return os.fdopen(open_regular_fd(path, what), "rb")
+
+
+def check_output_target(path: str | Path, what: str = "output") -> None:
+    """Refuse to write ``path`` when it exists and is not a regular file.
+
+    Opening a FIFO for writing blocks until a reader comes, and renaming a finished output onto
+    a device (``-o /dev/null`` run as root) would replace the device by a file.
+    """
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return  # nothing there yet (or a dangling link: the write names what is wrong)
+    if stat.S_ISDIR(mode):
+        raise ForensicsError(f"is a directory; give the {what} a file name", path=p)
+    if not stat.S_ISREG(mode):
+        raise ForensicsError(f"is not a regular file (a device, pipe or socket): the {what} is written to files only",
+                             path=p)
+
+
+def check_regular_tree(directory: str | Path, what: str = "directory") -> None:
+    """Refuse a directory holding a FIFO, device or socket, before a library that opens by name (transformers) reads it.
+
+    Every entry of ``directory`` (symlinks followed, hidden ones included) must be a regular
+    file or a directory; nothing is opened, so nothing can block. Only the top level is
+    checked: a model directory's loaders read no subfolder.
+    """
+    root = Path(directory)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        raise ForensicsError(f"cannot list the {what}: {exc.strerror or exc}", path=root) from None
+    for entry in entries:
+        try:
+            mode = os.stat(entry.path).st_mode
+        except OSError:
+            continue  # a dangling link: whoever reads it says it is missing
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ForensicsError(f"{NOT_REGULAR} (inside the {what})", path=entry.path)
 
 
 def read_regular(path: str | Path, limit: int, what: str = "file") -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (a config, a header), refused when larger."""
     with open_regular(path, what) as fh:
-        data = fh.read(limit + 1)
+        if os.fstat(fh.fileno()).st_size > limit:  # refused before anything is read
+            raise ForensicsError(f"is larger than {human_bytes(limit)}: not a {what}", path=path)
+        data = fh.read(limit + 1)  # a file growing meanwhile is still cut at the limit
     if len(data) > limit:
         raise ForensicsError(f"is larger than {human_bytes(limit)}: not a {what}", path=path)
     return data
@@ -191,19 +241,47 @@ def check_zip_members(zf: zipfile.ZipFile, path: str | Path, where: str = "") ->
 
 # ---------------------------------------------------------------- parsers with depth limits
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_DEPTH_CHUNK = 1 << 20
 
 
 def nesting_depth(data: bytes) -> int:
-    """Deepest ``[``/``{`` nesting of JSON (or YAML flow) text, strings skipped; numpy, no recursion."""
-    bare = _JSON_STRING.sub(b'""', data)
-    arr = np.frombuffer(bare, dtype=np.uint8)
-    step = (np.isin(arr, (0x5B, 0x7B)).astype(np.int32) - np.isin(arr, (0x5D, 0x7D)).astype(np.int32))
-    return int(np.cumsum(step).max(initial=0)) if step.size else 0
+    """Deepest ``[``/``{`` nesting of JSON (or YAML flow) text, strings skipped: one linear numpy pass, no recursion.
+
+    A quote opens or closes a string unless an odd run of backslashes precedes it; brackets
+    count only outside strings. Exact for valid JSON and for every prefix a parser reads
+    before it fails, so it bounds the parser's recursion. Read in 1 MiB chunks (state carried
+    over), in time and memory linear in the input whatever the bytes (no regex backtracking).
+    """
+    depth = best = 0
+    quotes = 0  # unescaped quotes seen so far (odd: inside a string)
+    run = 0  # backslashes just before the chunk
+    for at in range(0, len(data), _DEPTH_CHUNK):
+        c = np.frombuffer(data, dtype=np.uint8, count=min(_DEPTH_CHUNK, len(data) - at), offset=at)
+        idx = np.arange(c.size, dtype=np.int64)
+        bs = c == 0x5C
+        last = np.maximum.accumulate(np.where(bs, -1, idx))  # last non-backslash at or before i
+        before = np.empty(c.size, dtype=np.int64)  # backslashes just before i
+        before[0] = run
+        prev = last[:-1]
+        before[1:] = np.where(prev < 0, idx[1:] + run, idx[:-1] - prev)
+        live = (c == 0x22) & (before % 2 == 0)
+        seen = np.cumsum(live, dtype=np.int64)
+        outside = (quotes + seen - live) % 2 == 0
+        step = ((c == 0x5B) | (c == 0x7B)).astype(np.int64) - ((c == 0x5D) | (c == 0x7D))
+        level = np.cumsum(np.where(outside, step, 0)) + depth
+        best = max(best, int(level.max()))
+        depth = int(level[-1])
+        quotes += int(seen[-1])
+        run = run + c.size if last[-1] < 0 else c.size - 1 - int(last[-1])
+    return best
 
 
 def parse_json(data: bytes | str, path: str | Path, what: str = "JSON") -> Any:
-    """``json.loads`` that refuses nesting deeper than ``MAX_DEPTH`` instead of overflowing the stack."""
+    """``json.loads`` that refuses nesting deeper than ``MAX_DEPTH`` instead of overflowing the stack.
+
+    Every failure is a ``ForensicsError`` or a ``json.JSONDecodeError`` (which callers word
+    for their format): a number past Python's digit limit, a recursion, are one line too.
+    """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     depth = nesting_depth(raw)
     if depth > MAX_DEPTH:
@@ -213,6 +291,13 @@ def parse_json(data: bytes | str, path: str | Path, what: str = "JSON") -> Any:
         return json.loads(data if isinstance(data, str) else raw.decode("utf-8"))
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise ForensicsError(f"{what} is nested too deeply: corrupt or hostile", path=path) from None
+    except UnicodeDecodeError:
+        raise ForensicsError(f"{what} is not UTF-8 text: corrupt", path=path) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise ForensicsError(f"{what} is not valid JSON ({' '.join(str(exc).split())[:100]}): corrupt or hostile",
+                             path=path) from None
 
 
 def load_yaml(text: str, path: str | Path) -> Any:

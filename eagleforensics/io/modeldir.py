@@ -164,6 +164,17 @@ class ModelDir:
             reader.read(r, r + 1, out=out[i:i + 1])
         return out
 
+    def row_block(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, stop) of a 2-D tensor in one positional read (a vocabulary chunk of an lm_head), stored
+        dtype; ``out`` (same dtype, at least stop - start rows) is filled and a view of it returned."""
+        t = self.info(name)
+        if len(t.shape) != 2:
+            raise ForensicsError(f"tensor {name!r} has shape {list(t.shape)}; expected 2 dimensions", path=t.file)
+        readers = self.__dict__.setdefault("_row_readers", {})
+        if name not in readers:  # one open file per tensor, kept for the next chunk
+            readers[name] = self._handle(t.file).rows(name)
+        return readers[name].read(start, stop, out=out)
+
     def find(self, role: str) -> str | None:
         """The stored name of the ``embed``, ``lm_head`` or final ``norm`` tensor, or None when absent or ambiguous."""
         exact, tail = _ROLE_NAMES[role]

@@ -135,7 +135,11 @@ def _wiring(item: Any, path: Path, i: int, steps: int) -> ReplayWiring:
         tree = {"topk": _int(tree.get("topk"), path, f"{where}.tree.topk", 1),
                 "draft_tokens": _int(tree.get("draft_tokens"), path, f"{where}.tree.draft_tokens", 2),
                 "steps": _int(tree.get("steps", w_steps), path, f"{where}.tree.steps", 1),
-                "accept_length": _number(tree.get("accept_length"), path, f"{where}.tree.accept_length", 1.0, 65.0)}
+                "accept_length": _number(tree.get("accept_length"), path, f"{where}.tree.accept_length", 1.0, 65.0),
+                "chain_accept_length": _number(tree.get("chain_accept_length"), path,
+                                               f"{where}.tree.chain_accept_length", 1.0, 65.0),
+                "teacher_forced_chain": _number(tree.get("teacher_forced_chain"), path,
+                                                f"{where}.tree.teacher_forced_chain", 1.0, 65.0)}
     sampled, temperature = None, None
     sampling = item.get("sampling")
     if isinstance(sampling, dict) and isinstance(sampling.get("sampled_drafts"), dict):

@@ -1,24 +1,23 @@
 """Open user files safely: sniff the real format from the bytes, never unpickle arbitrary objects.
 
 Every reader here returns plain Python containers of numpy arrays (and str/int metadata) or
-raises ``ForensicsError`` naming the file. safetensors and numpy files are read without torch
-(bf16 as ``arrays.BF16``). ``.pt``/``.ckpt`` go through ``torch.load(weights_only=True)``, the
-only place torch is imported, and their tensors become arrays right there (``arrays.as_array``,
-zero-copy), so nothing above ``io`` sees a tensor. The opt-in ``allow_unsafe`` exists for files
-from a trusted source whose pickles hold other objects, and it runs their code on load.
+raises ``ForensicsError`` naming the file. Nothing here imports torch: safetensors and numpy
+files are read by their headers (bf16 as ``arrays.BF16``), ``.pt``/``.ckpt`` (zip or legacy,
+also gzipped) by ``torchfile``'s restricted unpickler, which rebuilds tensors as arrays and
+refuses every other object, as ``torch.load(weights_only=True)`` does. The opt-in
+``allow_unsafe`` exists for files from a trusted source whose pickles hold other objects: it
+goes through ``torch.load(weights_only=False)``, runs their code on load, and only then is
+torch imported; its tensors become arrays right there (``arrays.as_array``, zero-copy).
 """
 from __future__ import annotations
 
-import builtins
+import contextlib
 import gzip
-import inspect
 import io
 import json
 import math
 import os
-import re
 import struct
-import sys
 import warnings
 import zipfile
 import zlib
@@ -30,8 +29,8 @@ import numpy as np
 from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
 from .filerows import FileRows
-from .guards import check_expansion, check_zip_members, expansion_limit, parse_json
-from .sizecheck import check_legacy_torch, check_npy, human_bytes
+from .guards import MAX_DEPTH, check_expansion, check_zip_members, expansion_limit, open_regular, parse_json
+from .sizecheck import check_legacy_torch, check_npy, check_shape, claimed_int, human_bytes
 
 UNSAFE_HINT = (
     "pass --allow-unsafe-pickle only if you trust where the file came from: "
@@ -72,7 +71,7 @@ def check_file(path: str | Path) -> Path:
 
 def sniff(path: Path) -> str:
     """Name the container format from the first bytes: gzip, torch-zip, npz, npy, pickle, safetensors."""
-    with path.open("rb") as fh:
+    with open_regular(path) as fh:
         head = fh.read(16)
     if head[:2] == b"\x1f\x8b":
         return "gzip"
@@ -80,7 +79,7 @@ def sniff(path: Path) -> str:
         return "npy"
     if head[:4] == b"PK\x03\x04":
         try:
-            with zipfile.ZipFile(path) as zf:
+            with open_regular(path) as fh, zipfile.ZipFile(fh) as zf:
                 names = zf.namelist()
         except Exception as exc:  # zipfile raises many types for one cause (bad bytes)
             raise ForensicsError(f"truncated or corrupt zip archive ({' '.join(str(exc).split())[:120]})",
@@ -100,7 +99,7 @@ def sniff(path: Path) -> str:
 
 
 def _torch_load(source: Any, path: Path, *, allow_unsafe: bool, mmap: bool) -> Any:
-    """``torch.load`` with its many failure types turned into one line, tensors left as torch loads them."""
+    """``torch.load`` for ``--allow-unsafe-pickle`` (runs the file's code), its many failure types as one line."""
     import torch
 
     try:
@@ -109,50 +108,24 @@ def _torch_load(source: Any, path: Path, *, allow_unsafe: bool, mmap: bool) -> A
             return torch.load(source, map_location="cpu", weights_only=not allow_unsafe, mmap=mmap)
     except Exception as exc:  # torch raises many types for one cause: bad bytes
         text = " ".join(str(exc).split())
-        if "Weights only load failed" in text or "WeightsUnpickler error" in text or "Unsupported global" in text:
-            raise ForensicsError(f"refused to unpickle: {_refusal(text)}; {UNSAFE_HINT}", path=path) from None
         raise ForensicsError(f"cannot read as a torch file (truncated or corrupt): {text[:200]}", path=path) from None
-
-
-_RUNS_CODE = {"exec", "eval", "compile", "__import__", "system", "popen", "Popen", "run", "call", "check_call",
-              "check_output", "spawnv", "execv", "execve", "getattr", "apply", "touch", "write_text", "write_bytes"}
-
-
-def _refusal(text: str) -> str:
-    """Say what the weights-only unpickler refused: a named global (real or garbled) or an opcode."""
-    m = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
-    if m:
-        name = m.group(1)
-        if name.rsplit(".", 1)[-1] in _RUNS_CODE:
-            return f"the file calls {name}, which would run code on load"
-        if _resolvable(name):
-            return f"the file references {name}, which is not a tensor or a plain container"
-        return (f"the file references {name}, which does not exist here: the pickle is corrupt or needs "
-                "code this environment lacks")
-    m = re.search(r"WeightsUnpickler error: (.*?)(?: Check the documentation|$)", text)
-    detail = m.group(1)[:120] if m else "the weights-only unpickler stopped on it"
-    return f"{detail} (the pickle is corrupt or holds more than tensors and plain containers)"
-
-
-def _resolvable(name: str) -> bool:
-    """True if ``module.attr`` names something already imported (static lookups: nothing is imported or run)."""
-    parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        obj = sys.modules.get(".".join(parts[:i]))
-        if obj is None:
-            continue
-        for attr in parts[i:]:
-            obj = inspect.getattr_static(obj, attr, None)
-            if obj is None:
-                return False
-        return True
-    return name in dir(builtins)
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
     """Parse and validate a safetensors header (names, dtypes, shapes, offsets) without reading data."""
-    size = path.stat().st_size
-    with path.open("rb") as fh:
+    return _read_header(path)[0]
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The validated header and the byte offset of the data section (8 + the header length).
+
+    The file is opened once through the regular-file guard and measured on that descriptor.
+    Every claim is checked as the safetensors library checks it: ``__metadata__`` an object
+    of strings, each entry an object whose shape and offsets are whole numbers, whose bytes
+    match its shape and dtype, the entries tiling the data section exactly.
+    """
+    with open_regular(path, "safetensors file") as fh:
+        size = os.fstat(fh.fileno()).st_size
         raw = fh.read(8)
         if len(raw) < 8:
             raise ForensicsError("truncated safetensors file (no header length)", path=path)
@@ -164,38 +137,40 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             )
         try:
             header = parse_json(fh.read(hlen), path, "safetensors header")
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except json.JSONDecodeError as exc:
             raise ForensicsError(f"corrupt safetensors header ({exc})", path=path) from None
     if not isinstance(header, dict):
         raise ForensicsError("corrupt safetensors header (not a JSON object)", path=path)
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ForensicsError(f"corrupt safetensors header (__metadata__ must be an object of strings, got "
+                             f"{type(meta).__name__ if not isinstance(meta, dict) else 'an object of other values'})",
+                             path=path)
     data_len = size - 8 - hlen
     spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            start, end = (int(x) for x in info["data_offsets"])
-            shape = [int(d) for d in info["shape"]]
-        except (TypeError, KeyError, ValueError):
-            raise ForensicsError(f"corrupt safetensors entry {name!r}", path=path) from None
-        if not (0 <= start <= end <= data_len) or any(d < 0 for d in shape):
-            raise ForensicsError(
-                f"safetensors entry {name!r} points past the end of the file: truncated or corrupt",
-                path=path,
-            )
+        what = f"safetensors entry {name[:80]!r}"
+        if not isinstance(info, dict) or not isinstance(info.get("data_offsets"), list) \
+                or len(info["data_offsets"]) != 2 or "shape" not in info:
+            raise ForensicsError(f"corrupt {what} (expected dtype, shape and two data_offsets)", path=path)
+        start, end = (claimed_int(x, f"{what} data offset", path) for x in info["data_offsets"])
+        shape = check_shape(info["shape"], what, path)
+        if not (start <= end <= data_len):
+            raise ForensicsError(f"{what} points past the end of the file: truncated or corrupt", path=path)
         if str(info.get("dtype")) not in _ST_KNOWN:
-            raise ForensicsError(f"safetensors entry {name!r} has unknown dtype {str(info.get('dtype'))[:40]!r}: "
-                                 "corrupt header", path=path)
+            raise ForensicsError(f"{what} has unknown dtype {str(info.get('dtype'))[:40]!r}: corrupt header", path=path)
         item = _ST_ITEMSIZE.get(str(info.get("dtype")))
         if item is not None and math.prod(shape) * item != end - start:
             raise ForensicsError(
-                f"safetensors entry {name!r} claims shape {shape} {info.get('dtype')} "
+                f"{what} claims shape {shape} {info.get('dtype')} "
                 f"({human_bytes(math.prod(shape) * item)}) but holds {human_bytes(end - start)}: corrupt header",
                 path=path,
             )
         spans.append((start, end, str(name)))
     _check_tiling(spans, data_len, path)
-    return header
+    return header, 8 + hlen
 
 
 def _check_tiling(spans: list[tuple[int, int, str]], data_len: int, path: Path) -> None:
@@ -213,9 +188,11 @@ def _check_tiling(spans: list[tuple[int, int, str]], data_len: int, path: Path) 
 
 def safetensors_data_start(path: Path) -> int:
     """Byte offset of a safetensors file's data section (8 + the header length)."""
-    with path.open("rb") as fh:
-        (hlen,) = struct.unpack("<Q", fh.read(8))
-    return 8 + hlen
+    with open_regular(path, "safetensors file") as fh:
+        raw = fh.read(8)
+    if len(raw) < 8:
+        raise ForensicsError("truncated safetensors file (no header length)", path=path)
+    return 8 + struct.unpack("<Q", raw)[0]
 
 
 class SafetensorsFile:
@@ -224,13 +201,13 @@ class SafetensorsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.header = read_safetensors_header(path)
-        self.data_start = safetensors_data_start(path)
+        self.header, self.data_start = _read_header(path)
 
     def keys(self) -> list[str]:
         return [k for k in self.header if k != "__metadata__"]
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, str]:
+        """The header's ``__metadata__`` (an object of strings: checked when the header was read)."""
         return dict(self.header.get("__metadata__") or {})
 
     def dtype(self, name: str) -> np.dtype:
@@ -281,7 +258,7 @@ def gunzip(p: Path, limit: int | None = None) -> bytes:
     packed = p.stat().st_size
     out = bytearray()
     try:
-        with gzip.open(p, "rb") as fh:
+        with open_regular(p, "gzip file") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as fh:
             while chunk := fh.read(1 << 22):
                 out += chunk
                 if len(out) > cap:
@@ -296,7 +273,8 @@ def gunzip(p: Path, limit: int | None = None) -> bytes:
 def _check_zip(source: Any, p: Path, where: str = "") -> None:
     """Bound every member of the zip archive ``source`` (a path or a buffer) before torch or numpy expands it."""
     try:
-        with zipfile.ZipFile(source) as zf:
+        with (open_regular(source) if isinstance(source, (str, Path)) else contextlib.nullcontext(source)) as fh, \
+                zipfile.ZipFile(fh) as zf:
             check_zip_members(zf, p, where)
     except ForensicsError:
         raise
@@ -308,12 +286,14 @@ def _check_zip(source: Any, p: Path, where: str = "") -> None:
             source.seek(0)
 
 
-def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = True) -> Any:
+def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = True, lazy: bool = False) -> Any:
     """Load a whole file into Python containers of ndarrays, whatever its container format.
 
     safetensors files come back as ``{"__metadata__": {...}, name: array, ...}``; npz as a
-    dict; npy as one array; gzip is unpacked in memory then sniffed again (torch only). Only the
-    torch formats (zip, legacy pickle, gzip) import torch; their tensors come back as arrays.
+    dict; npy as one array; gzip is unpacked in memory then sniffed again (torch formats only).
+    torch formats (zip, legacy pickle, gzip) are read by ``torchfile`` without torch; ``lazy``
+    leaves their tensors as ``torchfile.StoredTensor`` (read from the file on demand). Only
+    ``allow_unsafe`` imports torch (``torch.load``, memory-mapped where ``mmap``).
     """
     p = check_file(path)
     kind = sniff(p)
@@ -329,13 +309,21 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
             _check_zip(buf, p, "inside the gzip stream: ")
         if payload[:1] == b"\x80":
             check_legacy_torch(buf, len(payload), p)
+        if not allow_unsafe:
+            from . import torchfile  # imported only for torch files
+
+            return torchfile.load(p, payload, lazy=lazy)
         return to_arrays(_torch_load(buf, p, allow_unsafe=allow_unsafe, mmap=False), p)
     if kind == "pickle":
-        with p.open("rb") as fh:
-            check_legacy_torch(fh, p.stat().st_size, p)
+        with open_regular(p) as fh:
+            check_legacy_torch(fh, os.fstat(fh.fileno()).st_size, p)
     if kind in ("torch-zip", "npz"):
         _check_zip(p, p)
     if kind in ("torch-zip", "pickle"):
+        if not allow_unsafe:
+            from . import torchfile  # imported only for torch files
+
+            return torchfile.load(p, lazy=lazy)
         return to_arrays(_torch_load(str(p), p, allow_unsafe=allow_unsafe, mmap=mmap and kind == "torch-zip"), p)
     if kind == "safetensors":
         handle = open_safetensors(p)
@@ -344,9 +332,10 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
             out[name] = read_tensor(handle, name, p)
         return out
     if kind == "npy":
-        return _plain_array(_np_load(p), p)
+        with open_regular(p) as fh:
+            return _plain_array(_np_load(p, fh), p)
     # npz: members are read lazily, so a damaged one fails here, not in np.load
-    with _np_load(p) as archive:
+    with open_regular(p) as fh, _np_load(p, fh) as archive:
         out = {}
         for name in archive.files:
             try:
@@ -359,10 +348,11 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         return out
 
 
-def _np_load(p: Path) -> Any:
+def _np_load(p: Path, fh: Any) -> Any:
+    """``np.load`` of the regular file ``fh`` (opened from ``p`` through the guard) once its headers are checked."""
     _check_np_headers(p)
     try:
-        return np.load(p, allow_pickle=False, mmap_mode=None)
+        return np.load(fh, allow_pickle=False, mmap_mode=None)
     except ValueError as exc:
         if "pickle" in str(exc):
             raise ForensicsError(f"numpy file holds Python objects; {UNSAFE_HINT}", path=p) from None
@@ -374,11 +364,11 @@ def _np_load(p: Path) -> Any:
 def _check_np_headers(p: Path) -> None:
     """Validate the .npy header(s) of ``p`` against the bytes present before numpy allocates."""
     if sniff(p) == "npy":
-        with p.open("rb") as fh:
-            check_npy(fh, p.stat().st_size, p)
+        with open_regular(p) as fh:
+            check_npy(fh, os.fstat(fh.fileno()).st_size, p)
         return
     try:
-        with zipfile.ZipFile(p) as zf:
+        with open_regular(p) as raw, zipfile.ZipFile(raw) as zf:
             for info in zf.infolist():
                 with zf.open(info) as fh:
                     check_npy(_Counted(fh), info.file_size, p, member=info.filename)
@@ -419,18 +409,40 @@ def _plain_array(arr: Any, p: Path) -> np.ndarray:
 
 def to_arrays(obj: Any, p: Path) -> Any:
     """What torch loaded, with every tensor (in dicts, lists, tuples) turned into an ndarray, zero-copy
-    where it can be: the boundary past which no module sees a torch tensor."""
-    if is_torch(obj):
-        try:
-            return as_array(obj)
-        except (TypeError, RuntimeError, ValueError) as exc:
-            raise ForensicsError(f"holds a {str(getattr(obj, 'dtype', '?')).replace('torch.', '')} tensor that cannot "
-                                 f"be read as an array ({' '.join(str(exc).split())[:100]}); store hidden states as "
-                                 "bfloat16, float16 or float32", path=p) from None
-    if isinstance(obj, dict):
-        return {k: to_arrays(v, p) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_arrays(v, p) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(to_arrays(v, p) for v in obj)
-    return obj
+    where it can be: the boundary past which no module sees a torch tensor.
+
+    Containers shared in the object are converted once (a pickle of nested shared lists would
+    otherwise take exponential time); one nested past ``guards.MAX_DEPTH`` or containing itself is refused."""
+    done: dict[int, Any] = {}
+    busy: set[int] = set()
+
+    def walk(x: Any, depth: int) -> Any:
+        if is_torch(x):
+            try:
+                return as_array(x)
+            except (TypeError, RuntimeError, ValueError) as exc:
+                raise ForensicsError(f"holds a {str(getattr(x, 'dtype', '?')).replace('torch.', '')} tensor that "
+                                     f"cannot be read as an array ({' '.join(str(exc).split())[:100]}); store hidden "
+                                     "states as bfloat16, float16 or float32", path=p) from None
+        plain_tuple = isinstance(x, tuple) and not hasattr(x, "_fields")
+        if not (isinstance(x, (dict, list)) or plain_tuple):
+            return x
+        if id(x) in done:
+            return done[id(x)]
+        if id(x) in busy:
+            raise ForensicsError("holds a container that contains itself: corrupt or hostile", path=p)
+        if depth > MAX_DEPTH:
+            raise ForensicsError(f"holds containers nested more than {MAX_DEPTH} levels deep: corrupt or hostile",
+                                 path=p)
+        busy.add(id(x))
+        if isinstance(x, dict):
+            out: Any = {k: walk(v, depth + 1) for k, v in x.items()}
+        elif isinstance(x, list):
+            out = [walk(v, depth + 1) for v in x]
+        else:
+            out = tuple(walk(v, depth + 1) for v in x)
+        busy.discard(id(x))
+        done[id(x)] = out
+        return out
+
+    return walk(obj, 0)

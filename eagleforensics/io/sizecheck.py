@@ -30,6 +30,11 @@ _SCALARS = {"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8", "BINSTRI
 _PUTS = {"BINPUT", "LONG_BINPUT", "PUT"}
 _GETS = {"BINGET", "LONG_BINGET", "GET"}
 _UNKNOWN = object()
+# A tensor with no elements holds no bytes to bound its shape by; past this, a dimension of one is taken for corrupt
+# (no vocabulary, hidden size or token count comes near it, and code sized by a dimension must never see more).
+MAX_EMPTY_DIM = 1 << 20
+# The largest position (layer) number a key or file name may claim (models have a few hundred layers at most).
+MAX_KEY_NUMBER = 100_000
 
 
 def human_bytes(n: int) -> str:
@@ -41,6 +46,48 @@ def human_bytes(n: int) -> str:
     return str(n)
 
 
+def claimed_int(value: Any, what: str, path: str | Path, *, lo: int = 0, hi: int | None = None) -> int:
+    """An integer a file claims (a dimension, an offset, a size): a JSON/Python int, not a bool, float or text, in [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        shown = repr(value) if not isinstance(value, str) else repr(value[:40])
+        raise ForensicsError(f"{what} is {shown[:60]}, not a whole number: corrupt", path=path)
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise ForensicsError(f"{what} is {value}, expected {bound}: corrupt", path=path)
+    return value
+
+
+def key_number(text: str, key: str, path: str | Path) -> int:
+    """The position number a tensor key or file name carries (``layer_12`` -> 12), refused past ``MAX_KEY_NUMBER``.
+
+    Code lays positions out from 0 to the largest number, so a key claiming position 10^12
+    would size a list of 10^12 entries, and int() refuses more than 4300 digits.
+    """
+    digits = text.lstrip("-")
+    if len(digits) > len(str(MAX_KEY_NUMBER)) or int(digits) > MAX_KEY_NUMBER:
+        shown = digits[:12] + ("..." if len(digits) > 12 else "")
+        raise ForensicsError(f"{str(key)[:80]!r} claims position {'-' if text.startswith('-') else ''}{shown}, past "
+                             f"{MAX_KEY_NUMBER}: no model has that many layers; rename the key", path=path)
+    return int(text)
+
+
+def check_shape(shape: Any, what: str, path: str | Path) -> list[int]:
+    """A claimed shape as a list of ints, each >= 0; a tensor with no elements claims no dimension past ``MAX_EMPTY_DIM``.
+
+    A shape with elements is bounded by the bytes that hold them (checked by the caller);
+    one with a zero dimension holds nothing, so its other dimensions are bounded here, or
+    code sized by a dimension (a projection, a buffer per row) would allocate what it claims.
+    """
+    if not isinstance(shape, (list, tuple)):
+        raise ForensicsError(f"{what} has shape {str(shape)[:60]!r}, not a list: corrupt", path=path)
+    dims = [claimed_int(d, f"{what} dimension {i}", path) for i, d in enumerate(shape)]
+    if 0 in dims and max(dims) > MAX_EMPTY_DIM:
+        raise ForensicsError(f"{what} has shape {dims}: no elements, yet a dimension past {MAX_EMPTY_DIM}: corrupt",
+                             path=path)
+    return dims
+
+
 def check_npy(fh: IO[bytes], available: int, path: str | Path, member: str = "") -> None:
     """Refuse an .npy header whose shape needs more bytes than follow it, or that holds objects."""
     where = f"npz member {member!r}: " if member else ""
@@ -50,14 +97,19 @@ def check_npy(fh: IO[bytes], available: int, path: str | Path, member: str = "")
             shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
         elif version == (2, 0):
             shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-        else:
-            return  # numpy's own reader validates other versions
+        else:  # 3.0 differs only by UTF-8 field names: structured arrays, never hidden states
+            raise ForensicsError(f"{where}numpy format {version[0]}.{version[1]} holds records with named fields; "
+                                 "expected a plain array (format 1.0 or 2.0)", path=path)
     except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
         raise ForensicsError(f"{where}corrupt numpy header ({' '.join(str(exc).split())[:120]})", path=path) from None
     if dtype.hasobject:
         raise ForensicsError(f"{where}numpy array holds Python objects (unpickling would run code); not read",
                              path=path)
-    need = math.prod(int(d) for d in shape) * dtype.itemsize
+    if dtype.fields is not None or dtype.subdtype is not None:
+        raise ForensicsError(f"{where}numpy array of records or sub-arrays (dtype {str(dtype)[:60]}); expected plain "
+                             "numbers", path=path)
+    shape = check_shape(shape, f"{where}numpy array", path)
+    need = math.prod(shape) * dtype.itemsize
     left = available - fh.tell()
     if need > left:
         raise ForensicsError(f"{where}numpy header claims shape {list(shape)} {dtype} ({human_bytes(need)}) but only "

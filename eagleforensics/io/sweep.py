@@ -10,14 +10,22 @@ model or write tensors, so importing this module costs nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..arrays import as_array, is_torch, to_torch
 from ..errors import ForensicsError
 from .atomic import atomic_path
 from .capture import CAPTURE_FORMAT, META_KEY
+from .guards import check_regular_tree, memory_limit, parse_json, read_regular
+from .safeload import read_safetensors_header
+from .sizecheck import claimed_int, human_bytes
+
+MAX_MODEL_LAYERS = 4096  # decoder layers a config may claim before the model is even sketched
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 if TYPE_CHECKING:
     import numpy as np
@@ -107,12 +115,88 @@ def load_local_model(model_dir: str | Path) -> torch.nn.Module:
     import transformers as tf
 
     d = Path(model_dir)
-    if not (d / "config.json").is_file():
+    if not (d / "config.json").exists():
         raise ForensicsError("not a model directory (no config.json)", path=d)
+    check_regular_tree(d, "model directory")  # transformers opens by name: a FIFO there would hang it
+    check_model_size(d)
     try:
-        return tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=torch.float32).eval()
+        with _quiet(tf):
+            return tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=torch.float32).eval()
     except Exception as exc:
         raise ForensicsError(f"cannot load the model: {' '.join(str(exc).split())[:200]}", path=d) from None
+
+
+@contextlib.contextmanager
+def _quiet(tf: Any) -> Iterator[None]:
+    """transformers' progress bars and load report (a multi-line table with colour codes) kept off stderr:
+    what went wrong reaches the user as the one line of the error it raises."""
+    logging = tf.utils.logging
+    level = logging.get_verbosity()
+    bars = logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def check_model_size(d: Path) -> None:
+    """Refuse a model whose config.json claims more parameters than its weights hold, or than memory can take.
+
+    transformers allocates every parameter its config implies, at that size, and initialises
+    the ones the checkpoint lacks: a config claiming a vocabulary of 10^9 beside a small
+    checkpoint would allocate it. The model is built on the meta device (shapes only, nothing
+    allocated) once the layer count is bounded, and its float32 size compared with the
+    parameters the safetensors headers declare and with the memory budget.
+    """
+    import torch
+    import transformers as tf
+
+    cfg = read_json(d / "config.json")
+    for scope in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        if "num_hidden_layers" in scope:
+            claimed_int(scope["num_hidden_layers"], "config.json num_hidden_layers", d / "config.json", lo=1,
+                        hi=MAX_MODEL_LAYERS)
+    try:
+        config = tf.AutoConfig.from_pretrained(str(d), local_files_only=True)
+        with torch.device("meta"), _quiet(tf):
+            skeleton = tf.AutoModelForCausalLM.from_config(config)
+    except Exception as exc:
+        raise ForensicsError(f"cannot build the model its config.json describes: {' '.join(str(exc).split())[:200]}",
+                             path=d) from None
+    claimed = sum(p.numel() for p in skeleton.parameters())
+    budget = memory_limit() // 2
+    if claimed * 4 > budget:
+        raise ForensicsError(f"config.json describes {claimed:,} parameters ({human_bytes(claimed * 4)} as float32), "
+                             f"past {human_bytes(budget)} (half the memory this process may use)", path=d)
+    wanted = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    stored = 0
+    for f in sorted(d.glob("*.safetensors")):
+        for name, info in read_safetensors_header(f).items():
+            if name == "__metadata__":
+                continue
+            stored += math.prod(info["shape"])
+            if name in wanted and tuple(info["shape"]) != wanted[name]:
+                raise ForensicsError(f"tensor {name[:80]!r} has shape {list(info['shape'])} in {f.name} but config.json "
+                                     f"implies {list(wanted[name])}: the config does not belong to these weights",
+                                     path=d)
+    if stored and claimed > 2 * stored + (1 << 20):
+        raise ForensicsError(f"config.json describes {claimed:,} parameters but the safetensors files hold "
+                             f"{stored:,}: the config does not belong to these weights", path=d)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A model's config.json as an object (regular file, bounded size and nesting), or ForensicsError naming it."""
+    try:
+        obj = parse_json(read_regular(path, MAX_CONFIG_BYTES, "config.json"), path, "config.json")
+    except json.JSONDecodeError as exc:
+        raise ForensicsError(f"config.json is not valid JSON ({exc.msg})", path=path) from None
+    if not isinstance(obj, dict):
+        raise ForensicsError("config.json is not a JSON object", path=path)
+    return obj
 
 
 def tokenize(model_dir: str | Path, prompt: str) -> torch.Tensor:
@@ -120,6 +204,7 @@ def tokenize(model_dir: str | Path, prompt: str) -> torch.Tensor:
     import torch
     import transformers as tf
 
+    check_regular_tree(model_dir, "model directory")  # the tokenizer files are opened by name
     try:
         tok = tf.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as exc:

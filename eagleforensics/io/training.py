@@ -305,7 +305,7 @@ def _validate(record: TrainingRecord) -> None:
             raise ForensicsError(f"{name} has {int(t.shape[0])} tokens but the hidden states have {s}", path=record.path)
 
 
-_LIST_ITEM = re.compile(r"hidden_states\.(0|[1-9]\d*)")
+_LIST_ITEM = re.compile(r"hidden_states\.(0|[1-9][0-9]{0,8})")  # bounded: int() of a 5000-digit key raises
 
 
 def _fold_numbered_list(obj: Any) -> Any:

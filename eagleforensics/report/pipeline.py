@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -25,7 +24,8 @@ from ..engines.crosscheck import check_request
 from ..engines.rules import ENGINES as SERVING_ENGINES
 from ..errors import ForensicsError
 from ..io.atomic import write_bytes_atomic
-from ..io.guards import check_not_input
+from ..io.guards import check_not_input, check_output_target
+from .kernel import INSTALL_HINT, WorkFolder, kernel_manager_class, work_folder
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..io.capture import Capture
@@ -40,9 +40,9 @@ KERNEL_NAME = "python3"
 DEVICES = ("auto", "cpu", "cuda")  # where the scoring runs, as align --device
 CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")  # keys of capture.CONVENTIONS (kept here: no torch import)
 ENGINES = tuple(SERVING_ENGINES)  # the engines align() can check serving for (align --engine)
-INSTALL_HINT = "pip install 'eagleforensics[report]'"
 STRICT_ERROR = "VerdictNotOK"  # what a strict notebook's last cell raises (nbview.strict_check)
 # cells never shown in a page: parameters, the strict check, papermill's own error banners
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes in tracebacks
 HIDDEN_TAGS = {"parameters", "injected-parameters", "ef-strict", "papermill-error-cell-tag"}
 
 
@@ -61,7 +61,7 @@ class ReportParams:
     draft_config: str | None = None
     engine_version: str | None = None
     model_type: str | None = None
-    drafter: str | None = None  # EAGLE-3 drafter directory: adds the Replay section (report/replay.py)
+    drafter: str | None = None  # EAGLE-3 drafter directory: adds the Replay section (the replay pipeline, eagleforensics/replay.py)
     target: str | None = None  # target model directory for the replay (lm_head, embedding)
     strict: bool = False
 
@@ -248,63 +248,28 @@ def default_output(params: ReportParams, cwd: Path | None = None) -> Path:
     return (cwd or Path.cwd()) / "reports" / f"align-{safe_stem(Path(params.shard).stem, 'record')}.html"
 
 
-def kernel_manager_class() -> type:
-    """A kernel manager whose ``python3`` kernel is this interpreter's ipykernel, not a python3 found elsewhere.
+def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path, *,
+            folder: WorkFolder | None = None) -> Any:
+    """Run ``notebook`` with papermill (report mode) into ``out``; errors in it become ForensicsError/NotebookFailed.
 
-    Its sockets are Unix domain sockets where the OS has them, so the kernel opens no TCP port,
-    and its shutdown sends no SIGINT (which made ipykernel log a KeyboardInterrupt error).
+    With ``folder`` (the run's ``kernel.work_folder``) the kernel's connection file and log are
+    kept in it and the kernel is recorded there, so every way out of the run stops it.
     """
     try:
-        from ipykernel.kernelspec import RESOURCES, get_kernel_dict
-        from jupyter_client import AsyncKernelManager
-        from jupyter_client.kernelspec import (
-            NATIVE_KERNEL_NAME,
-            KernelSpec,
-            KernelSpecManager,
-        )
-        from traitlets import default
-    except ImportError as exc:
-        raise ForensicsError(f"the report needs ipykernel and jupyter_client ({exc}); {INSTALL_HINT}") from None
-
-    class HereSpecs(KernelSpecManager):
-        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-            if kernel_name == NATIVE_KERNEL_NAME:
-                return KernelSpec(resource_dir=RESOURCES, **get_kernel_dict())
-            return super().get_kernel_spec(kernel_name)
-
-    class HereKernelManager(AsyncKernelManager):
-        @default("kernel_spec_manager")
-        def _here_specs(self) -> KernelSpecManager:
-            return HereSpecs(data_dir=self.data_dir)
-
-        @default("transport")
-        def _local_sockets(self) -> str:
-            return "ipc" if os.name == "posix" else "tcp"  # Unix sockets: no TCP port, no plain-text warning
-
-        async def _async_interrupt_kernel(self) -> None:
-            # jupyter_client sends SIGINT before every shutdown request; when it lands while the kernel
-            # handles a message, ipykernel logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in
-            # kernel." on stderr. papermill shuts down only after the last cell, so skip it then; the
-            # shutdown request (then SIGTERM, SIGKILL) still ends the kernel.
-            if self.shutting_down:
-                return
-            await super()._async_interrupt_kernel()
-
-    return HereKernelManager
-
-
-def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path) -> Any:
-    """Run ``notebook`` with papermill (report mode) into ``out``; errors in it become ForensicsError/NotebookFailed."""
-    try:
         import papermill
+        from nbclient.exceptions import DeadKernelError
         from papermill.exceptions import PapermillExecutionError
     except ImportError:
         raise ForensicsError(f"the report needs papermill; {INSTALL_HINT}") from None
     try:
         return papermill.execute_notebook(
             str(notebook), str(out), parameters=parameters, kernel_name=KERNEL_NAME, report_mode=True,
-            progress_bar=False, cwd=str(cwd), kernel_manager_class=kernel_manager_class(),
+            progress_bar=False, cwd=str(cwd), kernel_manager_class=kernel_manager_class(folder),
         )
+    except DeadKernelError:
+        why = folder.kernel_log_tail() if folder is not None else ""
+        raise NotebookFailed(f"{notebook.name}: the kernel died (out of memory or killed)"
+                             f"{': ' + why if why else ''}") from None
     except PapermillExecutionError as exc:
         if exc.ename == STRICT_ERROR and out.exists():  # strict: the verdict is not OK; the page is still wanted
             import nbformat
@@ -371,7 +336,10 @@ def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schem
     html_path = Path(html_path).expanduser().resolve()
     inputs = list(inputs)
     named = list(roles) if roles is not None else [("input", p) for p in inputs]
-    mapping = prov.path_map([p for _, p in named] + inputs + [html_path], redact=redact_paths)
+    # every form of every path: the inputs (resolved, as the notebook gets them) and the words of the
+    # command line that name files (as the user typed them: ../dir/file, a symlinked folder)
+    mapping = prov.path_map([p for _, p in named] + inputs + [html_path] + prov.command_paths(command),
+                            redact=redact_paths)
     record = prov.collect(named, command=command, parameters=parameters, notebook=f"notebooks/{notebook.name}",
                           hash_files=hash_inputs, redact=redact_paths)
     record = prov.redact_obj(record, mapping)
@@ -382,23 +350,53 @@ def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schem
     inputs = list(inputs)
     for p in (html_path, executed_path, failed_path):  # by device+inode, and never inside an input directory
         check_not_input(p, inputs, "report")
-    with tempfile.TemporaryDirectory(prefix="eagleforensics-report-") as tmp:
-        work = Path(tmp) / f"{notebook.stem}.executed.ipynb"
+        check_output_target(p, "report")  # never a device or pipe: checked before the kernel starts
+    with work_folder() as folder:  # removed on every way out, with the kernel's connection file and sockets
+        work = folder.path / f"{notebook.stem}.executed.ipynb"
         try:
-            nb = execute(notebook, work, parameters, cwd=Path(tmp))
+            nb = execute(notebook, work, parameters, cwd=folder.path, folder=folder)
         except NotebookFailed as exc:
             if not work.exists():
                 raise
-            write_bytes_atomic(failed_path, work.read_bytes())
+            write_bytes_atomic(failed_path, _notebook_bytes(work, mapping, redact_paths, failed_path))
             raise NotebookFailed(f"{exc.detail} (executed notebook kept at {failed_path})") from None
         summary = read_summary(nb, schema)
         nb.metadata["title"] = heading
         page = prov.redact_text(to_html(nb, with_input), mapping)
         page = insert_provenance(page, record, prov.redact_obj(summary, mapping)).encode("utf-8")
         if keep_notebook:
-            write_bytes_atomic(executed_path, work.read_bytes())
+            write_bytes_atomic(executed_path, _notebook_bytes(work, mapping, redact_paths, executed_path))
         write_bytes_atomic(html_path, page)  # a failed write leaves the previous report as it was
     return ReportOutcome(html_path, executed_path if keep_notebook else None, summary)
+
+
+def _notebook_bytes(work: Path, mapping: dict[str, str], redact: bool, dest: Path) -> bytes:
+    """The executed notebook as written beside the report: with ``redact``, every input path in it (cells,
+    outputs, papermill's metadata) shown as the page shows it, the work folder as ``.``, this checkout and the
+    home directory by name."""
+    data = work.read_bytes()
+    if not redact:
+        return data
+    import json
+
+    from . import provenance as prov
+
+    nb = json.loads(data)
+    for cell in nb.get("cells", []):  # colour codes glue a path to the code before it ("\x1b[32m/home/...")
+        for out in cell.get("outputs", []):
+            if isinstance(out.get("traceback"), list):
+                out["traceback"] = [_ANSI.sub("", str(line)) for line in out["traceback"]]
+            if isinstance(out.get("text"), str):
+                out["text"] = _ANSI.sub("", out["text"])
+    papermill = nb.get("metadata", {}).get("papermill")
+    if isinstance(papermill, dict):  # where the template and the work copy were: directories of this machine
+        papermill["input_path"] = f"notebooks/{Path(str(papermill.get('input_path') or 'notebook.ipynb')).name}"
+        papermill["output_path"] = dest.name
+        papermill["cwd"] = "."
+    # beyond the inputs: the work folder, this checkout (tracebacks name its files) and the home directory
+    forms = {**mapping, str(work.parent): ".", str(work.parent.resolve()): ".", str(NOTEBOOK_DIR): "notebooks",
+             str(NOTEBOOK_DIR.parent): "eagleforensics", str(Path.home()): "~"}
+    return (json.dumps(prov.redact_obj(nb, forms), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def build_report(shard: Any, capture: Any, out: str | Path | None = None, *, capture_convention: str = "hf",

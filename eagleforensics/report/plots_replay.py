@@ -11,10 +11,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..io.capture import Capture
     from ..results import AlignmentResult
     from .pipeline import ReportParams
-    from .replay import ReplayReport
+    from ..replay import ReplayReport
 
 TRAINED_COLOUR = "#1a9850"
 OTHER_COLOUR = "#969696"
+
+
+def _fmt(x: float | None, pattern: str) -> str:
+    """A figure, or n/a where replay could not count a row."""
+    return "n/a" if x is None else pattern.format(x)
 
 
 def accept_length_chart(rep: ReplayReport) -> go.Figure:
@@ -22,12 +27,14 @@ def accept_length_chart(rep: ReplayReport) -> go.Figure:
     import plotly.graph_objects as go
 
     trained = rep.trained
-    labels = [f"{r.label}<br>({esc(r.source)})" for r in rep.results]
+    shown = [r for r in rep.results if r.measured]  # a wiring no row could be counted for has no bar
+    labels = [f"{esc(r.label)}<br>({esc(r.source)})" for r in shown]
     fig = go.Figure(go.Bar(
-        x=labels, y=[r.accept_length for r in rep.results],
-        marker_color=[TRAINED_COLOUR if r is trained else OTHER_COLOUR for r in rep.results],
-        text=[f"{r.accept_length:.2f}" for r in rep.results], textposition="outside",
-        customdata=[[", ".join(f"{a:.2f}" for a in r.acc), f"{r.speedup(rep.cost_ratio):.2f}x"] for r in rep.results],
+        x=labels, y=[r.accept_length for r in shown],
+        marker_color=[TRAINED_COLOUR if r is trained else OTHER_COLOUR for r in shown],
+        text=[_fmt(r.accept_length, "{:.2f}") for r in shown], textposition="outside",
+        customdata=[[", ".join(_fmt(a, "{:.2f}") for a in r.acc), _fmt(r.speedup(rep.cost_ratio), "{:.2f}x")]
+                    for r in shown],
         hovertemplate="%{x}<br>accept length %{y:.3f}<br>step acceptance %{customdata[0]}<br>"
                       "speed-up %{customdata[1]}<extra></extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="no draft accepted (1.0)")
@@ -44,8 +51,8 @@ def replay_table_html(rep: ReplayReport) -> str:
     rows = []
     for r in rep.results:
         cells = [r.label + (" (trained)" if r is rep.trained else ""), r.source, r.starts] + \
-            [f"{a:.3f}" for a in r.acc] + [f"{a:.3f}" for a in r.reach] + \
-            [f"{r.accept_length:.3f}", f"{r.speedup(rep.cost_ratio):.2f}x"]
+            [_fmt(a, "{:.3f}") for a in r.acc] + [_fmt(a, "{:.3f}") for a in r.reach] + \
+            [_fmt(r.accept_length, "{:.3f}"), _fmt(r.speedup(rep.cost_ratio), "{:.2f}x")]
         rows.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     return ("<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
@@ -57,13 +64,14 @@ def replay_section(params: ReportParams, result: AlignmentResult, capture: Captu
     if not drafter:
         return None
     from . import nbview
-    from .replay import run_replay
+    from ..replay import run_replay
 
     rep = run_replay(drafter, capture, target=getattr(params, "target", None), train=result,
                      engine=params.engine, draft_config=params.draft_config, engine_version=params.engine_version,
                      model_type=params.model_type, max_tokens=params.max_tokens)
     summary: dict[str, Any] = rep.to_dict()
-    nbview.html(f"<h2>Replay</h2><p><b>{esc(rep.verdict)}</b></p><p>targets: {esc(rep.token_source)}</p>",
+    nbview.html(f"<h2>Replay</h2><p><b>{esc(rep.verdict)}</b></p><p>targets: {esc(rep.token_source)}</p>"
+                f"<p>counted: {esc(rep.counting)}</p>",
                 "REPLAY: " + rep.verdict, {"eagleforensics": summary})
     nbview.show(accept_length_chart(rep))
     nbview.html(replay_table_html(rep), rep.to_text())

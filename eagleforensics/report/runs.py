@@ -178,7 +178,8 @@ def verdict_text(summary: pd.DataFrame, baseline: str | None) -> str:
         others.sort(key=lambda r: -(_num(r["speedup"]) if _num(r["speedup"]) is not None else -math.inf))
     phrases = [_run_phrase(r, baseline) for r in others]
     phrases += [_run_phrase(r, baseline) for r in rows if r["run"] == baseline]
-    return "; ".join(phrases) + "."
+    notes = [f" Note: {n}." for n in summary.attrs.get("notes", [])]  # why a speed-up is n/a
+    return "; ".join(phrases) + "." + "".join(notes)
 
 
 def runs_summary(summary: pd.DataFrame, params: RunsParams) -> dict[str, Any]:
@@ -201,7 +202,8 @@ def runs_summary(summary: pd.DataFrame, params: RunsParams) -> dict[str, Any]:
         r["server_args"] = None if args is None else args.to_dict()
         r["note"] = notes.get(str(r["run"]))
     return {"schema": RUNS_SCHEMA, "verdict": verdict_text(summary, params.baseline), "exit_code": 1 if notes else 0,
-            "baseline": params.baseline, "runs": runs, "parameters": params.as_dict()}
+            "baseline": params.baseline, "runs": runs, "notes": list(summary.attrs.get("notes", [])),
+            "parameters": params.as_dict()}
 
 
 def display_table(summary: pd.DataFrame) -> pd.DataFrame:

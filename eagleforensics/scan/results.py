@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ForensicsError, printable
-from ..io.guards import check_not_input, open_regular, parse_json
+from ..io.guards import check_not_input, check_output_target, open_regular, parse_json
 from .summary import compact
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ..evidence.dataaudit import AuditSummary
+    from ..results import Finding
 
 HEADER_KEY = "eagleforensics_scan"
 FORMAT_VERSION = 1
@@ -32,9 +35,15 @@ def natural_key(rel: str) -> list[Any]:
 
 # ---------------------------------------------------------------- results file
 
-def make_header(root: Path, reference: str | None) -> dict[str, Any]:
-    return {HEADER_KEY: FORMAT_VERSION, "dataset": str(root.resolve()),
-            "reference": None if reference is None else str(Path(reference).resolve())}
+def make_header(root: Path, reference: str | None, target: str | None = None,
+                audit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The first line: the dataset, the reference and (for the training-data audit) the target and its context."""
+    header = {HEADER_KEY: FORMAT_VERSION, "dataset": str(root.resolve()),
+              "reference": None if reference is None else str(Path(reference).resolve())}
+    if target is not None:
+        header["target"] = str(Path(target).resolve())
+        header["audit"] = audit
+    return header
 
 
 def _read_header(fh: Any, p: Path) -> dict[str, Any]:
@@ -92,14 +101,15 @@ def open_results(output: Path, header: dict[str, Any], resume: bool) -> dict[str
 
     The file is verified (header line, dataset, reference) before anything in it is changed.
     """
+    check_output_target(output, "results file")  # a FIFO would block the first write for ever
     if output.exists() and output.stat().st_size > 0:
         if not resume:
             raise ForensicsError("results file exists; pass --resume to continue that scan, or choose another -o",
                                  path=output)
         old, records, half = read_results(output)
-        for key in ("dataset", "reference"):
-            if old.get(key) != header[key]:
-                raise ForensicsError(f"results file was written for {key} {old.get(key)}, not {header[key]}; "
+        for key in ("dataset", "reference", "target"):
+            if old.get(key) != header.get(key):
+                raise ForensicsError(f"results file was written for {key} {old.get(key)}, not {header.get(key)}; "
                                      "choose another -o", path=output)
         repair_tail(output, half)
         return records
@@ -126,6 +136,7 @@ class ScanResult:
     scanned: int  # records inspected by this run
     resumed: int  # records taken from the results file
     outliers: dict[str, list[str]] = field(default_factory=dict)
+    audit: dict[str, Any] | None = None  # the training-data audit's context (target, template, served side)
     _slots: Any = None
 
     @property
@@ -139,8 +150,40 @@ class ScanResult:
 
     @property
     def exit_code(self) -> int:
-        """0: no outlier; 1: at least one."""
-        return 1 if self.outliers else 0
+        """0: no outlier and no flagged training-data finding; 1: at least one."""
+        flagged = any(f.severity in ("error", "warning") for f in self.audit_findings())
+        return 1 if self.outliers or flagged else 0
+
+    def audit_summary(self) -> "AuditSummary | None":
+        """The training-data audit over every record (None when the scan had no target)."""
+        if self.audit is None:
+            return None
+        from ..evidence.dataaudit import AuditSummary
+
+        return AuditSummary.of(self.lines)
+
+    def audit_findings(self) -> list["Finding"]:
+        """``data-not-from-target``, ``template-mismatch``, ``thinking-mismatch``, ``loss-mask-shifted`` and
+        ``train-shorter-than-served`` over the dataset (empty without a target)."""
+        s = self.audit_summary()
+        if s is None or self.audit is None:
+            return []
+        from ..evidence import dataaudit as da
+
+        out = da.origin_findings(s) + da.shift_findings(s) + da.length_findings(s, self.audit.get("served_len"))
+        if self.audit.get("template"):
+            served = self.audit.get("served")
+            out += da.template_findings(s, da.TemplateFacts.from_dict(self.audit["template"]),
+                                        None if not served else da.ServedSummary.from_dict(served))
+        order = {"error": 0, "warning": 1, "info": 2}
+        return sorted(out, key=lambda f: order.get(f.severity, 3))
+
+    def training_data(self) -> dict[str, Any] | None:
+        """The audit's JSON: the context, the summary (counts, percentiles, histograms) and the findings."""
+        s = self.audit_summary()
+        if s is None:
+            return None
+        return {"context": self.audit, "summary": s.to_dict(), "findings": [f.to_dict() for f in self.audit_findings()]}
 
     def summary(self) -> "pd.DataFrame":
         """One row per slot (see ``scan_summary.summary_table``)."""
@@ -184,8 +227,46 @@ class ScanResult:
         table = self.summary()
         slots = [{k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
                  for row in table.astype(object).to_dict(orient="records")]
-        return {"overview": self.overview(), "slots": slots,
-                "outliers": [{"path": p, "reasons": r} for p, r in self.outliers.items()]}
+        out = {"overview": self.overview(), "slots": slots,
+               "outliers": [{"path": p, "reasons": r} for p, r in self.outliers.items()]}
+        if self.audit is not None:
+            out["training_data"] = self.training_data()
+        return out
+
+    def _audit_text(self) -> str:
+        """The training-data section of the terminal output: figures, skeleton table, findings."""
+        from ..evidence.dataaudit import fmt_float
+
+        s = self.audit_summary()
+        ctx = self.audit or {}
+        assert s is not None
+        pc = s.percentiles()
+        out = [f"training data against the target {printable(ctx.get('target'))}:",
+               f"  {s.records} records, {s.supervised:,} supervised tokens; length p50 {pc['p50']}, p95 {pc['p95']}, "
+               f"max {pc['max']}" + (f"; served length {ctx['served_len']:,}" if ctx.get("served_len") else "")]
+        a = s.agreement
+        if a.tokens:
+            out.append(f"  agreement with the target over {a.tokens:,} tokens of {len(s.per_record)} records: greedy "
+                       f"{fmt_float(a.agreement)}, mean log p {fmt_float(a.mean_logprob, '.2f')}, outside top 5 "
+                       f"{fmt_float(a.top5_miss)}, surprise {fmt_float(a.mean_surprise, '+.3f')} nats/token "
+                       f"(z {fmt_float(a.z, '.1f')}); {len(s.flagged_records())} records not from the target")
+            hist = s.agreement_histogram(bins=10)
+            out.append("  records by greedy agreement: " + "  ".join(
+                f"{lo:.1f}-{hi:.1f}:{n}" for lo, hi, n in zip(hist["edges"], hist["edges"][1:], hist["counts"])))
+        elif ctx.get("head_error"):
+            out.append(f"  agreement not computed: {printable(ctx['head_error'])}")
+        if s.skeletons:
+            out.append("  answers follow (last supervised run of each record):")
+            out += [f"    {n:7d}  {printable(k)}" for k, n in s.skeletons.most_common(8)]
+        elif ctx.get("skeleton_error"):
+            out.append(f"  template not checked: {printable(ctx['skeleton_error'])}")
+        if s.states:
+            out.append("  answer states: " + ", ".join(f"{k} {n}" for k, n in s.states.most_common()))
+        for f in self.audit_findings():
+            out.append(f"  [{f.severity}] {f.code}: {printable(f.message)}")
+            if f.fix and f.severity in ("error", "warning"):
+                out.append(f"      fix: {printable(f.fix)}")
+        return "\n".join(out)
 
     def to_text(self, max_outliers: int = 50) -> str:
         """Headline, per-slot summary and the first ``max_outliers`` outliers with reasons, for the terminal."""
@@ -193,6 +274,8 @@ class ScanResult:
         table = self.summary()
         if not table.empty:
             lines += [table.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.3f}"), ""]
+        if self.audit is not None:
+            lines += [self._audit_text(), ""]
         if self.outliers:
             lines.append("outliers:")
             for path, reasons in list(self.outliers.items())[:max_outliers]:
@@ -204,11 +287,11 @@ class ScanResult:
 
 
 def build_result(dataset: str, reference: dict[str, Any] | None, output: str | None, lines: list[dict[str, Any]],
-                 scanned: int, resumed: int) -> ScanResult:
+                 scanned: int, resumed: int, audit: dict[str, Any] | None = None) -> ScanResult:
     """Judge the lines (``scan_summary``) and wrap them in a ScanResult."""
     from .summary import find_outliers
 
-    result = ScanResult(dataset, reference, output, [compact(line) for line in lines], scanned, resumed)
+    result = ScanResult(dataset, reference, output, [compact(line) for line in lines], scanned, resumed, audit=audit)
     result.outliers = find_outliers(result.lines, result.slots)
     return result
 
@@ -218,4 +301,5 @@ def load_results(path: str | Path) -> ScanResult:
     header, records, _ = read_results(path)
     lines = [records[k] for k in sorted(records, key=natural_key)]
     ref = None if header.get("reference") is None else {"path": header["reference"]}
-    return build_result(header["dataset"], ref, str(path), lines, 0, len(lines))
+    audit = header.get("audit") if isinstance(header.get("audit"), dict) else None
+    return build_result(header["dataset"], ref, str(path), lines, 0, len(lines), audit)

@@ -32,6 +32,7 @@ from .results import (
 from .summary import compact
 
 if TYPE_CHECKING:
+    from .audit import TargetAudit
     from .reference import Reference
 
 __all__ = ["scan", "find_records", "inspect_batch", "ScanResult", "load_results", "build_result"]
@@ -39,7 +40,9 @@ __all__ = ["scan", "find_records", "inspect_batch", "ScanResult", "load_results"
 RECORD_SUFFIXES = (".ckpt", ".ckpt.gz", ".safetensors", ".pt")
 CONNECT_TIMEOUT = "10s"  # to reach a Dask scheduler
 IN_PROCESS_BELOW = 64  # fewer records than this: a pool costs more than it saves
+DEFAULT_AGREEMENT_TOKENS = 128  # supervised tokens scored per record against the target (evenly spread)
 _WORKER_REFERENCE: Any = None
+_WORKER_AUDIT: Any = None
 
 
 def find_records(root: str | Path) -> list[str]:
@@ -63,11 +66,24 @@ def find_records(root: str | Path) -> list[str]:
 
 # ---------------------------------------------------------------- execution
 
-def inspect_batch(root: str, rels: list[str], reference: "Reference | None", allow_unsafe: bool = False) -> list[dict[str, Any]]:
-    """Inspect a batch of records (the unit of work shipped to a pool or Dask worker)."""
+def inspect_batch(root: str, rels: list[str], reference: "Reference | None", allow_unsafe: bool = False,
+                  audit: "TargetAudit | None" = None) -> list[dict[str, Any]]:
+    """Inspect a batch of records (the unit of work shipped to a pool or Dask worker); with ``audit``, each line gets
+    the training-data audit against the target (``audit``), its agreement scored in one lm_head pass per batch."""
     from .signature import inspect_file
 
-    return [inspect_file(root, rel, reference, allow_unsafe) for rel in rels]
+    lines = [inspect_file(root, rel, reference, allow_unsafe, audit) for rel in rels]
+    if audit is not None:
+        from .audit import score_prepared
+
+        prepared = [line.pop("_prepared") for line in lines if "_prepared" in line]
+        by_path = {p.line["path"]: p for p in prepared}
+        done = {a["path"]: a for a in score_prepared(prepared, audit)}
+        for line in lines:
+            if line["path"] in by_path:
+                a = done[line["path"]]
+                line["audit"] = {k: v for k, v in a.items() if k != "path"}
+    return lines
 
 
 def _die_with_parent(parent: int) -> None:
@@ -106,8 +122,8 @@ def _die_with_parent(parent: int) -> None:
 ONE_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # read by torch when it starts
 
 
-def _init_worker(reference: "Reference | None", parent: int | None = None) -> None:
-    global _WORKER_REFERENCE
+def _init_worker(reference: "Reference | None", parent: int | None = None, audit: "TargetAudit | None" = None) -> None:
+    global _WORKER_REFERENCE, _WORKER_AUDIT
     if parent is not None:
         _die_with_parent(parent)
     # one thread per worker, without importing torch here: a worker that reads .ckpt/.pt records
@@ -117,15 +133,16 @@ def _init_worker(reference: "Reference | None", parent: int | None = None) -> No
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     _WORKER_REFERENCE = reference
+    _WORKER_AUDIT = audit
 
 
-def make_pool(workers: int, reference: "Reference | None") -> Any:
+def make_pool(workers: int, reference: "Reference | None", audit: "TargetAudit | None" = None) -> Any:
     """A process pool of fresh interpreters (spawn) whose workers die with this process and ignore Ctrl-C."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                               initargs=(reference, os.getpid()))
+                               initargs=(reference, os.getpid(), audit))
 
 
 @contextlib.contextmanager
@@ -180,7 +197,7 @@ def _torch_one_thread(rels: list[str]) -> Iterator[None]:
 
 
 def _worker_batch(root: str, rels: list[str], allow_unsafe: bool) -> list[dict[str, Any]]:
-    return inspect_batch(root, rels, _WORKER_REFERENCE, allow_unsafe)
+    return inspect_batch(root, rels, _WORKER_REFERENCE, allow_unsafe, _WORKER_AUDIT)
 
 
 def _batches(rels: list[str], workers: int) -> list[list[str]]:
@@ -189,15 +206,15 @@ def _batches(rels: list[str], workers: int) -> list[list[str]]:
 
 
 def _run_local(root: str, rels: list[str], reference: "Reference | None", workers: int,
-               allow_unsafe: bool) -> Iterator[list[dict[str, Any]] | BaseException]:
+               allow_unsafe: bool, audit: "TargetAudit | None" = None) -> Iterator[list[dict[str, Any]] | BaseException]:
     if workers <= 1 or len(rels) < IN_PROCESS_BELOW:
         with _torch_one_thread(rels):
             for batch in _batches(rels, 1):
-                yield inspect_batch(root, batch, reference, allow_unsafe)
+                yield inspect_batch(root, batch, reference, allow_unsafe, audit)
         return
     from concurrent.futures import as_completed
 
-    pool = make_pool(workers, reference)
+    pool = make_pool(workers, reference, audit)
     finished = False
     try:
         with _sigint_blocked():  # workers start inside submit(): they inherit SIGINT blocked, so never see Ctrl-C
@@ -211,7 +228,7 @@ def _run_local(root: str, rels: list[str], reference: "Reference | None", worker
 
 
 def _run_dask(root: str, rels: list[str], reference: "Reference | None", scheduler: Any,
-              allow_unsafe: bool) -> Iterator[list[dict[str, Any]] | BaseException]:
+              allow_unsafe: bool, audit: "TargetAudit | None" = None) -> Iterator[list[dict[str, Any]] | BaseException]:
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -228,7 +245,9 @@ def _run_dask(root: str, rels: list[str], reference: "Reference | None", schedul
     try:
         workers = max(1, len(client.scheduler_info().get("workers", {})))
         ref = client.scatter(reference, broadcast=True) if reference is not None else None
-        futures = [client.submit(inspect_batch, root, b, ref, allow_unsafe, pure=False) for b in _batches(rels, workers)]
+        aud = client.scatter(audit, broadcast=True) if audit is not None else None
+        futures = [client.submit(inspect_batch, root, b, ref, allow_unsafe, aud, pure=False)
+                   for b in _batches(rels, workers)]
         for fut in as_completed(futures, loop=client.loop):
             exc = fut.exception()
             yield exc if exc is not None else fut.result()
@@ -321,7 +340,9 @@ def _write_failed(exc: OSError, out_path: Path, fresh: bool) -> ForensicsError:
 def scan(
     dataset: str | Path, *, reference: "str | Path | Reference | None" = None, output: str | Path | None = None,
     resume: bool = False, workers: int | None = None, scheduler: Any = None, progress: bool | None = None,
-    allow_unsafe: bool = False, convention: str = "hf",
+    allow_unsafe: bool = False, convention: str = "hf", target: "str | Path | TargetAudit | None" = None,
+    served_prompts: str | Path | None = None, served_len: int | None = None,
+    agreement_tokens: int = DEFAULT_AGREEMENT_TOKENS,
 ) -> ScanResult:
     """Inspect every record of ``dataset`` and judge them together (see the module docstring).
 
@@ -331,7 +352,14 @@ def scan(
     (``None``: only on a terminal). The local pool starts fresh interpreters (``spawn``, safe
     after torch has started threads), so a script that calls this with ``workers > 1`` needs
     the usual ``if __name__ == "__main__":`` guard.
+
+    ``target`` (a target model directory): audit the training data against it (``scan.audit``): per
+    record the target agreement of up to ``agreement_tokens`` supervised tokens and the chat-template
+    reading of every supervised run; over the dataset the agreement histogram, the skeleton table and
+    the findings, with ``served_prompts`` (a JSONL of served requests) and ``served_len`` for the
+    served side.
     """
+    from .audit import TargetAudit, audit_context
     from .reference import Reference, load_reference
 
     root = Path(dataset)
@@ -344,7 +372,12 @@ def scan(
         rels = [r for r in rels if (root / r).resolve() != Path(ref.path).resolve()]
         if not rels:
             raise ForensicsError("holds no training records besides the reference capture", path=root)
-    header = make_header(root, None if ref is None else ref.path)
+    if agreement_tokens < 1:
+        raise ForensicsError(f"agreement tokens must be at least 1, got {agreement_tokens}")
+    audit = target if isinstance(target, TargetAudit) or target is None else TargetAudit.load(
+        target, max_tokens=agreement_tokens)
+    context = None if audit is None else audit_context(audit, served_prompts, served_len)
+    header = make_header(root, None if ref is None else ref.path, None if audit is None else audit.path, context)
     done: dict[str, dict[str, Any]] = {}
     out_path = None if output is None else Path(output)
     fresh = False
@@ -354,8 +387,8 @@ def scan(
         fresh, done = found is None, found or {}
     todo = [r for r in rels if r not in done]
     source: Iterable[Any] = (
-        _run_dask(str(root.resolve()), todo, ref, scheduler, allow_unsafe) if scheduler is not None
-        else _run_local(str(root.resolve()), todo, ref, workers or _default_workers(), allow_unsafe)) if todo else []
+        _run_dask(str(root.resolve()), todo, ref, scheduler, allow_unsafe, audit) if scheduler is not None
+        else _run_local(str(root.resolve()), todo, ref, workers or _default_workers(), allow_unsafe, audit)) if todo else []
     new, failures = _collect(source, len(todo), out_path, None if not fresh else header, progress)
     missing = [r for r in todo if r not in new]
     if missing:
@@ -365,4 +398,4 @@ def scan(
                              f"{type(first).__name__}: {' '.join(str(first).split())[:160]}){where}")
     lines = [new[r] if r in new else done[r] for r in rels]
     return build_result(str(root), None if ref is None else ref.to_dict(), None if out_path is None else str(out_path),
-                        lines, len(new), len(rels) - len(new))
+                        lines, len(new), len(rels) - len(new), context)

@@ -132,6 +132,11 @@ def padding_issues(record: TrainingRecord, zero: Any, names: list[str]) -> tuple
 
 def inspect_object(obj: Any, rel: str, path: str, reference: Any = None) -> dict[str, Any]:
     """The results line of one loaded record (``reference`` is a ``scan_reference.Reference`` or None)."""
+    return inspect_loaded(obj, rel, path, reference)[0]
+
+
+def inspect_loaded(obj: Any, rel: str, path: str, reference: Any = None) -> tuple[dict[str, Any], TrainingRecord]:
+    """The results line of one loaded record and the record itself (for the training-data audit)."""
     keys, shapes, dtypes = _layout(obj)
     record = from_object(obj, path)
     h = hidden_size_of(record)
@@ -161,15 +166,25 @@ def inspect_object(obj: Any, rel: str, path: str, reference: Any = None) -> dict
     }
     if reference is not None:
         reference.annotate(line, slots, record, real)
-    return line
+    return line, record
 
 
-def inspect_file(root: str | Path, rel: str, reference: Any = None, allow_unsafe: bool = False) -> dict[str, Any]:
-    """Inspect ``root/rel``; a file that cannot be read or understood becomes an error line, never an exception."""
+def inspect_file(root: str | Path, rel: str, reference: Any = None, allow_unsafe: bool = False,
+                 audit: Any = None) -> dict[str, Any]:
+    """Inspect ``root/rel``; a file that cannot be read or understood becomes an error line, never an exception.
+
+    With ``audit`` (a ``scan.audit.TargetAudit``) the line also carries ``_prepared``: the record's audit line and
+    the rows its target agreement needs, which ``inspect_batch`` scores for the whole batch and puts under ``audit``.
+    """
     path = Path(root) / rel
     try:
         obj = load_object(path, allow_unsafe=allow_unsafe)
-        return inspect_object(obj, rel, str(path), reference)
+        line, record = inspect_loaded(obj, rel, str(path), reference)
+        if audit is not None:
+            from .audit import prepare
+
+            line["_prepared"] = prepare(rel, record, audit)
+        return line
     except ForensicsError as exc:
         return error_line(rel, exc.detail)
     except Exception as exc:  # a corrupt record may fail anywhere; it is a finding, not a crash

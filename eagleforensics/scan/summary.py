@@ -58,7 +58,7 @@ class SlotRow(NamedTuple):
     prefix_position: str | None  # only a confident placement
 
 
-KEEP = ("path", "error", "format", "tokens", "padding", "hidden_size", "prefix_tokens")
+KEEP = ("path", "error", "format", "tokens", "padding", "hidden_size", "prefix_tokens")  # and "audit" (a row)
 
 
 def _intern(text: str | None) -> str | None:
@@ -81,6 +81,13 @@ def compact(line: dict[str, Any]) -> dict[str, Any]:
             s.get("log_norm"), s.get("norm_cv"), s.get("first_excess"), s.get("post_norm"),
             _intern(s.get("resembles")), _intern(prefix.get("position")) if prefix.get("confident") else None))
     out["slots"] = tuple(rows)
+    audit = line.get("audit")
+    if isinstance(audit, dict):
+        from ..evidence.dataaudit import audit_row
+
+        out["audit"] = audit_row(audit)
+    elif audit is not None:
+        out["audit"] = audit
     return out
 
 
@@ -167,9 +174,44 @@ def _prefix_reasons(lines: list[dict[str, Any]], slots: "pd.DataFrame") -> dict[
     return reasons
 
 
+def _audit_reasons(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Records the training-data audit sets apart: a shifted loss mask; answers after another skeleton than most
+    records'; answers the target did not write while the dataset as a whole reads as its own."""
+    from ..evidence import dataaudit as da
+    from ..evidence import templates as tpl
+
+    rows = [(line["path"], line.get("audit")) for line in lines if isinstance(line.get("audit"), da.AuditRow)]
+    if not rows:
+        return {}
+    summary = da.AuditSummary.of({"path": p, "audit": r} for p, r in rows)
+    common = _majority([r.skeleton for _, r in rows if r.skeleton])
+    dataset_ok = summary.origin_verdict != "not-from-target"  # else the dataset finding says it, not 2,000 outliers
+    reasons: dict[str, list[str]] = {}
+    for path, r in rows:
+        starts = dict(r.starts)
+        if starts.get(tpl.START_LATE) or starts.get(tpl.START_EARLY):
+            where = "after" if starts.get(tpl.START_LATE, 0) >= starts.get(tpl.START_EARLY, 0) else "before the end of"
+            reasons.setdefault(path, []).append(
+                f"loss mask shifted: a supervised run starts one token {where} the assistant header")
+        if common is not None and r.skeleton and r.skeleton != common and \
+                r.skeleton.split(":")[0] != common.split(":")[0]:
+            reasons.setdefault(path, []).append(f"answers follow {r.skeleton}; most records: {common}")
+        if dataset_ok and r.agreement is not None:
+            from ..evidence.agreement import Agreement
+
+            a = Agreement(*r.agreement)
+            if a.verdict == "not-from-target":
+                reasons.setdefault(path, []).append(
+                    f"answers not written by the target ({' and '.join(a.reasons)}): greedy agreement "
+                    f"{a.agreement:.2f} (its own samples at T {a.fitted_temperature:g}: {a.expected_agreement:.2f}), "
+                    f"surprise {a.mean_surprise:+.2f} nats/token (z {a.z:.1f}), PIT chi-square {a.shape_chi2:.0f}, "
+                    f"over {a.tokens} tokens")
+    return reasons
+
+
 def find_outliers(lines: list[dict[str, Any]], slots: "pd.DataFrame") -> dict[str, list[str]]:
     """Every record with at least one reason, in dataset order, reasons in a fixed order."""
-    by_rule = [_layout_reasons(lines), _signature_reasons(slots), _prefix_reasons(lines, slots)]
+    by_rule = [_layout_reasons(lines), _signature_reasons(slots), _prefix_reasons(lines, slots), _audit_reasons(lines)]
     out: dict[str, list[str]] = {}
     for line in lines:
         path = line["path"]

@@ -1,0 +1,103 @@
+"""Served prompts as a JSONL file: what the server was sent, one request per line (``doctor --served-prompts``).
+
+Each line is a JSON object in one of three forms (the request bodies of OpenAI-compatible servers,
+or what a benchmark logs):
+
+* ``{"messages": [...], "chat_template_kwargs": {"enable_thinking": false}}``: a chat request; the
+  server renders it with the target's chat template (its default) and these kwargs;
+* ``{"prompt": "..."}`` (or ``"text"``): a completion request, sent as written (a benchmark without
+  ``--use-chat-template`` sends raw text here);
+* ``{"prompt_token_ids": [...]}`` (or ``"input_ids"``, ``"token_ids"``, or ``"prompt"`` as a list of ints).
+
+A request wrapped as ``{"body": {...}}`` (OpenAI batch files) is unwrapped. Bounded: the file at most
+``MAX_FILE_BYTES``, a line ``MAX_LINE_BYTES``, at most ``MAX_PROMPTS`` prompts read.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ForensicsError
+from .guards import open_regular, parse_json
+from .sizecheck import human_bytes
+
+MAX_FILE_BYTES = 512 * 1024 * 1024
+MAX_LINE_BYTES = 8 * 1024 * 1024
+MAX_PROMPTS = 2000
+ID_KEYS = ("prompt_token_ids", "input_ids", "token_ids")
+
+
+@dataclass(frozen=True)
+class ServedPrompt:
+    """One served request: chat ``messages`` (+ template kwargs), a ``text`` prompt, or token ``ids``."""
+
+    line: int
+    messages: list[dict[str, Any]] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    text: str | None = None
+    ids: list[int] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "chat" if self.messages is not None else "text" if self.text is not None else "ids"
+
+    def token_ids(self, tok: Any) -> list[int]:
+        """The ids the server feeds the model (``tok``: ``io.tokenizer.ChatTokenizer``)."""
+        if self.ids is not None:
+            return list(self.ids)
+        if self.text is not None:
+            return tok.encode(self.text)
+        return tok.encode(tok.render(self.messages or [], add_generation_prompt=True, **self.kwargs))
+
+
+def _parse(obj: Any, n: int, path: Path) -> ServedPrompt:
+    if isinstance(obj, dict) and isinstance(obj.get("body"), dict):
+        obj = obj["body"]
+    if not isinstance(obj, dict):
+        raise ForensicsError(f"line {n} is not a JSON object", path=path)
+    msgs = obj.get("messages")
+    if msgs is not None:
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
+            raise ForensicsError(f"line {n}: 'messages' must be a list of objects with a 'role'", path=path)
+        kw = obj.get("chat_template_kwargs") or {}
+        if not isinstance(kw, dict):
+            raise ForensicsError(f"line {n}: 'chat_template_kwargs' must be an object", path=path)
+        return ServedPrompt(n, messages=msgs, kwargs={str(k): v for k, v in kw.items()})
+    for key in ("prompt", "text", *ID_KEYS):
+        value = obj.get(key)
+        if isinstance(value, str) and key in ("prompt", "text"):
+            return ServedPrompt(n, text=value)
+        if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                     for v in value):
+            return ServedPrompt(n, ids=[int(v) for v in value])
+    raise ForensicsError(f"line {n} has no 'messages', 'prompt' (text or ids), 'text' or token ids "
+                         f"({', '.join(ID_KEYS)})", path=path)
+
+
+def load_served_prompts(path: str | Path, limit: int = MAX_PROMPTS) -> list[ServedPrompt]:
+    """The first ``limit`` prompts of a JSONL file; bad input is one line naming the file and the line."""
+    p = Path(path)
+    out: list[ServedPrompt] = []
+    with open_regular(p, "served prompts file") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(0)
+        if size > MAX_FILE_BYTES:
+            raise ForensicsError(f"is larger than {human_bytes(MAX_FILE_BYTES)}; pass a sample of the served prompts",
+                                 path=p)
+        for n, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise ForensicsError(f"line {n} is longer than {human_bytes(MAX_LINE_BYTES)}", path=p)
+            if not raw.strip():
+                continue
+            try:
+                obj = parse_json(raw, p, f"line {n}")
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ForensicsError(f"line {n} is not JSON (one request object per line expected)", path=p) from None
+            out.append(_parse(obj, n, p))
+            if len(out) >= limit:
+                break
+    if not out:
+        raise ForensicsError("holds no prompts", path=p)
+    return out
