@@ -30,8 +30,9 @@ ALLOWED: dict[str, set[str]] = {
     "alignment": BOTTOM | {"io", "evidence", "engines"},
     "replay": BOTTOM | {"io", "evidence", "engines", "alignment"},
     "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay"},
-    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor"},
-    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "report"},
+    "plan": BOTTOM | {"io", "evidence", "engines"},
+    "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "plan"},
+    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "plan", "report"},
     "__init__": BOTTOM,
     "__main__": {"cli"},
 }

@@ -23,12 +23,13 @@ def _register() -> None:
     from . import doctor as _doctor
     from . import fingerprint as _fingerprint
     from . import logs as _logs
+    from . import plan as _plan
     from . import replay as _replay
     from . import report as _report
     from . import scan as _scan
 
     commands = (_align.align, _capture.capture, _config.config, _doctor.doctor, _fingerprint.fingerprint, _logs.logs,
-                _replay.replay, _report.report, _scan.scan)
+                _plan.plan, _replay.replay, _report.report, _scan.scan)
     for command in commands:
         main.add_command(command)
 

@@ -22,7 +22,6 @@ without them ("replay as served").
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +31,8 @@ import torch
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
-from .guards import parse_json, read_regular
-from .safeload import open_safetensors, read_safetensors_header, read_tensor
+from .modeldir import ModelDir, read_config
+from .safeload import open_safetensors, read_tensor
 from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -132,20 +131,6 @@ class TargetHead:
     rms_norm_eps: float
     sources: dict[str, str] = field(default_factory=dict)
     num_layers: int | None = None  # the target's num_hidden_layers, when its config says
-
-
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """A small JSON object from ``path`` or ForensicsError naming it."""
-    if not path.exists():
-        raise ForensicsError(f"no {what} here", path=path)
-    raw = read_regular(path, MAX_CONFIG_BYTES, what)  # FIFOs and devices refused, size bounded
-    try:
-        obj = parse_json(raw, path, what)  # nesting bounded
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ForensicsError(f"{what} is not valid JSON ({exc})", path=path) from None
-    if not isinstance(obj, dict):
-        raise ForensicsError(f"{what} is not a JSON object", path=path)
-    return obj
 
 
 def _int(cfg: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
@@ -273,7 +258,7 @@ def read_spec(directory: str | Path) -> DrafterSpec:
     """Parse the drafter's config.json (SpecForge flat Llama config, or speculators ``transformer_layer_config``)."""
     d = Path(directory)
     cfg_path = d / "config.json" if d.is_dir() else d
-    cfg = read_json(cfg_path, "drafter config.json")
+    cfg = read_config(cfg_path, "drafter config.json")
     if cfg.get("speculators_model_type") not in (None, "eagle3"):
         raise ForensicsError(f"speculators_model_type {_short(cfg.get('speculators_model_type'))} is not an EAGLE-3 "
                              "drafter", path=cfg_path)
@@ -330,38 +315,6 @@ def read_spec(directory: str | Path) -> DrafterSpec:
     )
 
 
-def _weight_files(d: Path) -> dict[str, Path]:
-    """tensor name -> safetensors file, from ``model.safetensors`` or the shard index."""
-    index = d / "model.safetensors.index.json"
-    if index.is_file():
-        obj = read_json(index, "safetensors shard index")
-        wmap = obj.get("weight_map")
-        if not isinstance(wmap, dict) or not wmap:
-            raise ForensicsError("shard index has no weight_map object", path=index)
-        out: dict[str, Path] = {}
-        root = d.resolve()
-        for name, shard in wmap.items():
-            if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
-                raise ForensicsError(f"weight_map entry {name!r} names {shard!r}; expected a .safetensors file in "
-                                     "the same directory", path=index)
-            f = (root / shard)
-            if not f.exists():  # a FIFO or device is refused by the header's guard when read, never skipped
-                raise ForensicsError(f"weight_map names shard {shard!r}, which is missing", path=index)
-            out[str(name)] = f
-        return out
-    single = d / "model.safetensors"
-    if single.exists():  # not is_file(): a FIFO or device of this name is refused by the header's guard, not skipped
-        return {name: single for name in read_safetensors_header(single) if name != "__metadata__"}
-    others = sorted(d.glob("*.safetensors"))
-    if not others:
-        raise ForensicsError("no model.safetensors, shard index or *.safetensors here (only safetensors weights are "
-                             "read; convert .bin/.pt checkpoints first)", path=d)
-    out = {}
-    for f in others:
-        out.update({name: f for name in read_safetensors_header(f) if name != "__metadata__"})
-    return out
-
-
 class _Reader:
     """Reads named tensors from a set of safetensors files, opening each file once."""
 
@@ -374,23 +327,6 @@ class _Reader:
         if f not in self.handles:
             self.handles[f] = open_safetensors(f)
         return to_torch(read_tensor(self.handles[f], name, f))
-
-
-class _Headers:
-    """(dtype, shape) of stored tensors from the safetensors headers, each file's header parsed once; no data read."""
-
-    def __init__(self, files: dict[str, Path]) -> None:
-        self.files = files
-        self.parsed: dict[Path, dict[str, Any]] = {}
-
-    def info(self, name: str) -> tuple[str, tuple[int, ...]]:
-        f = self.files[name]
-        if f not in self.parsed:
-            self.parsed[f] = read_safetensors_header(f)
-        entry = self.parsed[f].get(name)
-        if not isinstance(entry, dict):
-            raise ForensicsError(f"tensor {name} is named in the index but not in the shard's header", path=f)
-        return str(entry.get("dtype")), tuple(int(x) for x in entry.get("shape", ()))
 
 
 def _layer_prefix(files: dict[str, Path], i: int) -> str | None:
@@ -473,14 +409,14 @@ def _kind_ok(canon: str, dtype: str) -> str | None:
     return None if dtype in FLOAT_DTYPES else "replay reads float16/bfloat16/float32 weights"
 
 
-def _check_headers(spec: DrafterSpec, names: dict[str, str], files: dict[str, Path], path: Path) -> None:
+def _check_headers(spec: DrafterSpec, names: dict[str, str], md: ModelDir, path: Path) -> None:
     """Shapes and dtypes of every tensor to be read, from the headers, against config.json: before any data is read."""
     want = expected_shapes(spec)
-    heads = _Headers(files)
+    files = {n: t.file for n, t in md.tensors.items()}
     for canon, stored in names.items():
         if stored not in files:
             continue
-        dtype, shape = heads.info(stored)
+        dtype, shape = md.info(stored).dtype, md.info(stored).shape
         why = _kind_ok(canon, dtype)
         if why is not None:
             raise ForensicsError(f"tensor {stored} has dtype {dtype}; {why}", path=files[stored])
@@ -518,7 +454,8 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
     if not d.is_dir():
         raise ForensicsError("expected the drafter's directory (config.json + safetensors)", path=d)
     spec = read_spec(d)
-    files = _weight_files(d)
+    md = ModelDir(d, "drafter directory")
+    files = {n: t.file for n, t in md.tensors.items()}
     names = _drafter_names(files, spec, d)
     missing = [names[c] for c in required(spec) if names[c] not in files]
     if missing:
@@ -528,7 +465,7 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
         raise ForensicsError(f"drafter has bias tensors ({', '.join(biases[:3])}); replay supports bias-free "
                              "EAGLE-3 drafters only", path=d)
     names = {c: s for c, s in names.items() if s in files}
-    _check_headers(spec, names, files, d)  # nothing is read before every shape and dtype is known to fit
+    _check_headers(spec, names, md, d)  # nothing is read before every shape and dtype is known to fit
     reader = _Reader(files)
     weights: dict[str, torch.Tensor] = {}
     sources: dict[str, str] = {}
@@ -559,16 +496,6 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
     return Drafter(spec, weights, sources, embed_from_target=need_embed)
 
 
-def _find(files: dict[str, Path], suffix: str) -> str | None:
-    """The stored name for ``suffix`` (exact HF name first, else the one name ending with it)."""
-    exact = {"embed": "model.embed_tokens.weight", "lm_head": "lm_head.weight", "norm": "model.norm.weight"}[suffix]
-    if exact in files:
-        return exact
-    tail = {"embed": "embed_tokens.weight", "lm_head": "lm_head.weight", "norm": "model.norm.weight"}[suffix]
-    hits = [k for k in files if k.endswith(tail) and "mtp" not in k and ".layers." not in k]
-    return hits[0] if len(hits) == 1 else None
-
-
 def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = True, norm: bool = True,
                 expect: dict[str, tuple[int, ...]] | None = None) -> TargetHead:
     """Read only the target's embedding / lm_head / final norm (as asked) from its safetensors shards.
@@ -580,23 +507,23 @@ def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = Tr
     d = Path(directory)
     if not d.is_dir():
         raise ForensicsError("expected the target model's directory (config.json + safetensors shards)", path=d)
-    cfg = read_json(d / "config.json", "target config.json")
+    cfg = read_config(d / "config.json", "target config.json")
     text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     eps = _float(text_cfg, "rms_norm_eps", d / "config.json", 1e-6)
-    files = _weight_files(d)
+    md = ModelDir(d, "target directory")
+    files = {n: t.file for n, t in md.tensors.items()}
     reader = _Reader(files)
-    heads = _Headers(files)
     layers = text_cfg.get("num_hidden_layers")
     out = TargetHead(str(d), None, None, None, eps,
                      num_layers=layers if isinstance(layers, int) and not isinstance(layers, bool) else None)
     wanted = [k for k, on in (("embed", embed), ("lm_head", lm_head), ("norm", norm)) if on]
     for what in wanted:
-        name = _find(files, what)
+        name = md.find(what)
         if name is None and what == "lm_head" and text_cfg.get("tie_word_embeddings"):
-            name = _find(files, "embed")
+            name = md.find("embed")
         if name is None:
             raise ForensicsError(f"target has no {what} tensor (looked for {what} names in the safetensors index)", path=d)
-        dtype, shape = heads.info(name)
+        dtype, shape = md.info(name).dtype, md.info(name).shape
         if len(shape) != (1 if what == "norm" else 2) or dtype not in FLOAT_DTYPES or 0 in shape:
             raise ForensicsError(f"target tensor {name} has shape {list(shape)} {dtype}; not a {what}", path=files[name])
         if expect is not None and what in expect and shape != expect[what]:

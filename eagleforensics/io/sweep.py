@@ -20,7 +20,8 @@ from ..arrays import as_array, is_torch, to_torch
 from ..errors import ForensicsError
 from .atomic import atomic_path
 from .capture import CAPTURE_FORMAT, META_KEY
-from .guards import check_regular_tree, memory_limit, parse_json, read_regular
+from .guards import check_regular_tree, memory_limit
+from .modeldir import read_config
 from .safeload import read_safetensors_header
 from .sizecheck import claimed_int, human_bytes
 
@@ -155,7 +156,7 @@ def check_model_size(d: Path) -> None:
     import torch
     import transformers as tf
 
-    cfg = read_json(d / "config.json")
+    cfg = read_config(d / "config.json")
     for scope in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
         if "num_hidden_layers" in scope:
             claimed_int(scope["num_hidden_layers"], "config.json num_hidden_layers", d / "config.json", lo=1,
@@ -186,17 +187,6 @@ def check_model_size(d: Path) -> None:
     if stored and claimed > 2 * stored + (1 << 20):
         raise ForensicsError(f"config.json describes {claimed:,} parameters but the safetensors files hold "
                              f"{stored:,}: the config does not belong to these weights", path=d)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A model's config.json as an object (regular file, bounded size and nesting), or ForensicsError naming it."""
-    try:
-        obj = parse_json(read_regular(path, MAX_CONFIG_BYTES, "config.json"), path, "config.json")
-    except json.JSONDecodeError as exc:
-        raise ForensicsError(f"config.json is not valid JSON ({exc.msg})", path=path) from None
-    if not isinstance(obj, dict):
-        raise ForensicsError("config.json is not a JSON object", path=path)
-    return obj
 
 
 def tokenize(model_dir: str | Path, prompt: str) -> torch.Tensor:
