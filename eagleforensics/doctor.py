@@ -10,9 +10,9 @@ something must be written or changed (a warning), OK otherwise; exit 0 / 1 / 1, 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .checks.base import CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs
 from .checks.registry import all_checks
@@ -20,7 +20,11 @@ from .errors import ForensicsError, printable
 from .results import IMPACTS, Finding
 from .verdict import ACTION, EXIT_CODES, OK, PROBLEM, SEVERITY_ORDER
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .results import AlignmentResult
+
 SCHEMA = "eagleforensics-doctor-v1"
+PIPELINE_ROWS = ("wiring", "replay")  # rows that run a whole pipeline (their info lines stay in their own JSON)
 _LEVEL_RANK = {OK: 0, ACTION: 1, PROBLEM: 2}
 
 
@@ -59,8 +63,15 @@ class DoctorReport:
         object.__setattr__(self, "findings", rank(self.outcomes))
 
     @property
+    def flagged(self) -> list[RankedFinding]:
+        """The errors and warnings of rows that found something (a pipeline row's own verdict decides whether its
+        warnings count: align can warn about a capture and still judge the wiring OK)."""
+        found = {o.name for o in self.outcomes if o.status == FOUND}
+        return [r for r in self.findings if r.finding.severity in FLAGGED and r.check in found]
+
+    @property
     def level(self) -> str:
-        severities = {r.finding.severity for r in self.findings}
+        severities = {r.finding.severity for r in self.flagged}
         level = PROBLEM if "error" in severities else ACTION if "warning" in severities else OK
         return max(level, self.extra_level, key=_LEVEL_RANK.__getitem__)
 
@@ -68,12 +79,21 @@ class DoctorReport:
     def exit_code(self) -> int:
         return EXIT_CODES[self.level]
 
+    def rows(self) -> list[CheckOutcome]:
+        """One row per check, most severe first: found (by worst severity, then cost), clean, not run."""
+        def key(o: CheckOutcome) -> tuple[int, int, int]:
+            worst = min((SEVERITY_ORDER.get(f.severity, 9) for f in o.findings if f.severity in FLAGGED), default=9)
+            cost = min((IMPACTS.index(f.impact) if f.impact in IMPACTS else 9 for f in o.findings
+                        if f.severity in FLAGGED), default=9)
+            return ({FOUND: 0, CLEAN: 1, NOT_RUN: 2}.get(o.status, 3), worst, cost)
+        return sorted(self.outcomes, key=key)  # stable: registry order within a tier
+
     def by_status(self, status: str) -> list[CheckOutcome]:
         return [o for o in self.outcomes if o.status == status]
 
     @property
     def summary(self) -> str:
-        flagged = [r for r in self.findings if r.finding.severity in FLAGGED]
+        flagged = self.flagged
         ran = len(self.outcomes) - len(self.by_status(NOT_RUN))
         if not ran:
             return "no check could run with these inputs (see 'not run' for what each needs)"
@@ -93,8 +113,7 @@ class DoctorReport:
     @property
     def todo(self) -> list[str]:
         """What to do, most costly first, one line per distinct fix."""
-        return list(dict.fromkeys(r.finding.fix for r in self.findings
-                                  if r.finding.fix and r.finding.severity in FLAGGED))
+        return list(dict.fromkeys(r.finding.fix for r in self.flagged if r.finding.fix))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: ``schema``, ``verdict``, ``level``, ``exit_code``, ``todo``, ``findings`` (ranked; each
@@ -118,9 +137,10 @@ def render_text(report: DoctorReport) -> str:
     given = report.inputs.given()
     lines = ["doctor: " + ", ".join(f"{k.replace('_', '-')} {printable(v)}" for k, v in given.items()),
              "", f"VERDICT: {report.verdict}"]
-    if report.findings:
+    shown = report.flagged  # a clean pipeline row's warnings do not count (align judged them): in its JSON
+    if shown:
         lines += ["", "findings (most costly first):"]
-        for i, r in enumerate(report.findings, 1):
+        for i, r in enumerate(shown, 1):
             f = r.finding
             impact = f" ({f.impact})" if f.impact else ""
             lines.append(f"  {i}. [{f.severity}] {f.code}{impact}: {printable(f.message)}")
@@ -128,9 +148,13 @@ def render_text(report: DoctorReport) -> str:
                 lines.append(f"     fix: {printable(f.fix)}")
             if f.source:
                 lines.append(f"     source: {printable(f.source)}")
+    context = [r for r in report.findings if r.finding.severity not in FLAGGED and r.check not in PIPELINE_ROWS]
+    if context:  # the checks' info lines; align's and replay's own are in their JSON (--json)
+        lines += ["", "context:"] + [f"  - {r.finding.code}: {printable(r.finding.message)}" for r in context]
     head = ("check", "status", "what")
-    rows = [(o.name, o.status, ", ".join(sorted({f.code for f in o.findings if f.severity in FLAGGED}))
-             or printable(o.note or o.reason)) for o in report.outcomes]
+    rows = [(o.name, o.status, (o.status == FOUND and ", ".join(sorted({f.code for f in o.findings
+                                                                        if f.severity in FLAGGED})))
+             or printable(o.note or o.reason)) for o in report.rows()]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head[:2])]
     lines += ["", "checks:", "  " + "  ".join(h.ljust(w) for h, w in zip(head, widths + [0])).rstrip(),
               "  " + "  ".join("-" * w for w in widths) + "  " + "-" * 4]
@@ -158,8 +182,12 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     return CheckOutcome(check.name, check.title, status, tuple(result.findings), result.note, data=dict(result.data))
 
 
-def _check_paths(inputs: DoctorInputs) -> None:
-    """Bad paths are one line before any check runs."""
+def check_inputs(inputs: DoctorInputs) -> None:
+    """Bad inputs are one line before any check runs (and before a report's kernel starts)."""
+    if not any(v is not None for v in (inputs.drafter, inputs.target, inputs.train, inputs.capture,
+                                       inputs.draft_config, inputs.log, inputs.served_prompts)):
+        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log, "
+                             "--served-prompts")
     for name, want_dir in (("drafter", True), ("target", True), ("train", None), ("capture", None),
                            ("draft_config", None), ("log", False), ("served_prompts", False)):
         value = getattr(inputs, name)
@@ -180,6 +208,17 @@ Pipeline = Callable[[Artifacts], tuple[CheckOutcome, dict[str, Any] | None, str]
 WIRING_TITLE = "aux-layer wiring (align: record against capture)"
 
 
+def model_type_of(art: Artifacts) -> str | None:
+    """--model-type, else the target's model_type (the engine rules depend on it)."""
+    if art.inputs.model_type:
+        return art.inputs.model_type
+    if art.available("target"):
+        from .checks.drafterfacts import target_facts
+
+        return target_facts(art.target.config).model_type
+    return None
+
+
 def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str]:
     """Align's verdict on the first training record against the capture, as one doctor row."""
     missing = art.missing(("train", "capture"))
@@ -190,36 +229,87 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     i = art.inputs
     engine = art.engine
     draft = (i.draft_config or i.drafter) if engine is not None else None
-    result = align(art.record_paths[0], art.capture, engine=engine, draft_config=draft,
-                   engine_version=i.engine_version if engine else None, model_type=i.model_type if engine else None,
-                   vllm_runner=i.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
+
+    def run_align() -> AlignmentResult:
+        return align(art.record_paths[0], art.capture, engine=engine, draft_config=draft,
+                     engine_version=art.engine_version if engine else None,
+                     model_type=model_type_of(art) if engine else None,
+                     vllm_runner=art.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
+    result = art.memo("aligned", run_align)
     verdict = result.judge()
-    fix = "; ".join(verdict.todo) if verdict.level == PROBLEM else "write the aux ids explicitly: " + "; ".join(
-        f"{a.engine} {a.ids} in {a.key}" for a in verdict.actions if a.snippet) + " (align prints each snippet)"
-    findings = tuple(Finding(f.code, f.severity, f.message, fix=fix if f.severity in FLAGGED else "",
+    snippets = [f"{a.engine} {a.ids} in {a.key}" for a in verdict.actions if a.snippet]
+    fix = ("; ".join(verdict.todo) if verdict.level == PROBLEM else
+           "write the aux ids explicitly: " + "; ".join(snippets) + " (align prints each snippet)" if snippets else "")
+    first = next((i for i, f in enumerate(result.findings) if f.severity in FLAGGED), None)
+    findings = tuple(Finding(f.code, f.severity, f.message, fix=fix if i == first else "",  # one fix for the verdict
                              source="align (content of the record against the capture)",
                              impact={"error": "collapse", "warning": "high"}.get(f.severity, ""))
-                     for f in result.findings)
+                     for i, f in enumerate(result.findings))
     status = FOUND if verdict.level != OK else CLEAN
     note = f"{verdict.level}: {verdict.summary}"
     return CheckOutcome("wiring", WIRING_TITLE, status, findings, note), result.to_dict(), verdict.level
 
 
-DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row,)
+REPLAY_TITLE = "replay: the drafter's accept length per wiring (trained, engine, as served)"
+def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str]:
+    """Replay's accept length per wiring on the capture, and, when the engine ignores a flag the drafter uses,
+    the "as served" variant that drops it: the cost of ``flag-ignored`` (and of any wiring) as a number.
+
+    Informative, never a cause by itself: the row is clean, its numbers in the note and the JSON's ``replay``.
+    A drafter replay cannot run (a refusal of its own: an unsupported layer, a map out of range) is "not run"
+    with replay's reason; the other checks say what is wrong with it.
+    """
+    missing = art.missing(("drafter", "capture"))
+    if missing:
+        return _not_run("replay", REPLAY_TITLE, missing), None, OK
+    from .checks.flags import served_without
+    from .io.served import SERVED_FEATURES
+    from .replay import run_replay
+
+    i = art.inputs
+    dropped = sorted(f for f in served_without(art) if f in SERVED_FEATURES)  # flagrules names = replay names
+    aligned = art.memoised("aligned")  # the wiring row's alignment, when it ran
+    try:
+        rep = run_replay(i.drafter, art.capture, target=i.target, train=aligned if aligned is not None else i.train,
+                         engine=art.engine if art.engine != "trtllm" else None,
+                         draft_config=i.draft_config, engine_version=art.engine_version,
+                         model_type=i.model_type, convention=i.capture_convention, allow_unsafe=i.allow_unsafe,
+                         served_without=tuple(dropped))
+    except ForensicsError as exc:
+        return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
+            None, OK
+    summary = rep.to_dict()
+    art.memo("replay-report", lambda: rep)
+    parts = []
+    for r in rep.results:
+        tag = f" ({r.source})" if r.source else ""
+        parts.append(f"{r.label}{tag}: accept length {r.accept_length:.2f} (acc@1 {r.acc[0]:.2f})")
+    trained, served = rep.trained, getattr(rep, "served", None)
+    if served is not None and trained is not None:
+        parts.append(f"as served without {', '.join(served.served_without)}: {served.accept_length:.2f} against "
+                     f"{trained.accept_length:.2f} as trained ({served.accept_length - trained.accept_length:+.2f})")
+    findings = tuple(Finding(f.code, f.severity, f.message, source="replay (the drafter run offline on the capture)")
+                     for f in rep.findings)
+    return CheckOutcome("replay", REPLAY_TITLE, CLEAN, findings, "; ".join(parts),
+                        data={"served_without": dropped}), summary, OK
+
+
+DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row, replay_row)
 
 
 def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
-             pipelines: tuple[Pipeline, ...] = DEFAULT_PIPELINES) -> DoctorReport:
+             pipelines: tuple[Pipeline, ...] = DEFAULT_PIPELINES, aligned: AlignmentResult | None = None
+             ) -> DoctorReport:
     """Run every check ``inputs`` allow (all registered ones unless ``checks`` is given) and rank the findings.
 
     ``pipelines`` are the rows that run a whole pipeline on the same artifacts (align's wiring verdict).
+    ``aligned``: align's result on the same record and capture, already computed (the align notebook's),
+    which the wiring row then reuses instead of aligning again.
     """
-    if not any(v is not None for v in (inputs.drafter, inputs.target, inputs.train, inputs.capture,
-                                       inputs.draft_config, inputs.log, inputs.served_prompts)):
-        raise ForensicsError("give at least one of --drafter, --target, --train, --capture, --draft-config, --log, "
-                             "--served-prompts")
-    _check_paths(inputs)
+    check_inputs(inputs)
     art = Artifacts(inputs)
+    if aligned is not None:
+        art.memo("aligned", lambda: aligned)
     outcomes = [run_check(c, art) for c in (all_checks() if checks is None else checks)]
     summaries: dict[str, dict[str, Any] | None] = {}
     extra = OK
@@ -228,5 +318,30 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
         outcomes.append(outcome)
         summaries[outcome.name] = summary
         extra = max(extra, level, key=_LEVEL_RANK.__getitem__)
+    outcomes = join_replay(outcomes, art.memoised("replay-report"))
     return DoctorReport(inputs, outcomes, align=summaries.get("wiring"), replay=summaries.get("replay"),
                         extra_level=extra)
+
+
+def join_replay(outcomes: list[CheckOutcome], rep: Any) -> list[CheckOutcome]:
+    """Put replay's numbers where they answer a check: the cost of the ignored flags in ``flag-ignored``'s
+    message, and whether the drafter's acc@1 reaches the vocabulary's ceiling in the coverage row's note."""
+    if rep is None or rep.trained is None:
+        return outcomes
+    trained, served = rep.trained, rep.served
+    out = []
+    for o in outcomes:
+        if o.name == "flags" and served is not None:
+            cost = (f" Replay on the capture: accept length {served.accept_length:.2f} as served (without "
+                    f"{', '.join(served.served_without)}) against {trained.accept_length:.2f} as trained "
+                    f"({served.accept_length - trained.accept_length:+.2f}).")
+            o = replace(o, findings=tuple(replace(f, message=f.message + cost)
+                                          if f.code == "flag-ignored" and f.severity == "warning" else f
+                                          for f in o.findings))
+        if o.name == "vocab-coverage" and "capture" in o.data.get("sources", {}):
+            ceiling = o.data["sources"]["capture"]
+            if ceiling["exact"] and ceiling["share"] < 1.0 and trained.acc[0] >= 0.9 * ceiling["share"]:
+                o = replace(o, note=f"{o.note}; replay's acc@1 {trained.acc[0]:.2f} reaches the capture's ceiling "
+                                    f"{ceiling['share']:.2f}: a larger draft vocabulary is what would raise it")
+        out.append(o)
+    return out

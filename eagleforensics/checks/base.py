@@ -17,6 +17,9 @@ from ..io.modeldir import ModelDir, read_config
 from ..results import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ..engines.serverargs import ServerArgs
     from ..io.capture import Capture
     from ..io.training import TrainingRecord
 
@@ -108,6 +111,17 @@ class Artifacts:
 
     def __init__(self, inputs: DoctorInputs) -> None:
         self.inputs = inputs
+        self._memo: dict[str, Any] = {}
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()`` computed once per doctor run and shared between checks (a map diagnosis, next tokens)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def memoised(self, key: str) -> Any:
+        """What ``memo(key, ...)`` computed earlier in this run, or None."""
+        return self._memo.get(key)
 
     # ------------------------------------------------------------------ which inputs are there
     def available(self, name: str) -> bool:
@@ -175,6 +189,23 @@ class Artifacts:
         return load_capture(self.inputs.capture, convention=self.inputs.capture_convention,
                             allow_unsafe=self.inputs.allow_unsafe)
 
+    # ------------------------------------------------------------------ the server log
+    @cached_property
+    def server_log(self) -> pd.DataFrame:
+        """The log's data lines (``engines.logs.parse_log``); ``attrs["server_args"]`` is its arguments line."""
+        from ..engines.logs import parse_log
+
+        if self.inputs.log is None:
+            raise ForensicsError("no --log given")
+        return parse_log(self.inputs.log)
+
+    @property
+    def server_args(self) -> ServerArgs | None:
+        """The last server start's arguments line (``engines.serverargs``), None without a log or such a line."""
+        if self.inputs.log is None:
+            return None
+        return self.server_log.attrs.get("server_args")
+
     @cached_property
     def served_prompts(self) -> list[Any]:
         """The served requests of ``--served-prompts`` (``io.servedprompts.ServedPrompt``)."""
@@ -202,8 +233,46 @@ class Artifacts:
 
     @property
     def engine(self) -> str | None:
-        return self.inputs.engine
+        """--engine, else the engine whose arguments line the log holds."""
+        if self.inputs.engine is not None:
+            return self.inputs.engine
+        args = self.server_args
+        return args.engine if args is not None else None
+
+    @property
+    def engine_version(self) -> str | None:
+        """--engine-version, else the log's exact version (vLLM prints it), else the newest release whose
+        arguments line looks like the log's (``ServerArgs.version_range``), else None (the newest known)."""
+        if self.inputs.engine_version is not None:
+            return self.inputs.engine_version
+        args = self.server_args
+        if args is None or (self.inputs.engine is not None and args.engine != self.inputs.engine):
+            return None
+        if args.version:
+            return args.version
+        if args.version_range is not None and args.version_range[1] is not None:
+            return args.version_range[1]
+        return None
+
+    @property
+    def engine_version_from(self) -> str:
+        """Where ``engine_version`` came from, in words (empty when given on the command line or unknown)."""
+        if self.inputs.engine_version is not None or self.engine_version is None:
+            return ""
+        args = self.server_args
+        if args is not None and args.version:
+            return "the log"
+        return f"the log's arguments format ({args.version_hint})" if args is not None and args.version_hint \
+            else "the log's arguments format"
+
+    @property
+    def vllm_runner(self) -> str | None:
+        return self.inputs.vllm_runner
 
     @property
     def served_len(self) -> int | None:
-        return self.inputs.served_len
+        """--served-len, else the context length the log's arguments line states."""
+        if self.inputs.served_len is not None:
+            return self.inputs.served_len
+        args = self.server_args
+        return args.max_len if args is not None and args.max_len else None

@@ -33,13 +33,16 @@ ENGINES = ("sglang", "vllm", "trtllm")
 @click.option("--max-records", type=click.IntRange(min=1), default=64, show_default=True,
               help="With --train DIR: read at most this many records.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write an offline HTML report (notebooks/doctor.ipynb, one row per check) to this file.")
+@click.option("--title", default=None, help="Title of the --report page (default 'Doctor: <first input>').")
 @click.option("--allow-unsafe-pickle", is_flag=True,
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def doctor(drafter: str | None, target: str | None, train: str | None, capture: str | None,
            draft_config: str | None, engine: str | None, engine_version: str | None, vllm_runner: str | None,
            model_type: str | None, log: str | None, served_len: int | None, served_prompts: str | None,
-           capture_convention: str,
-           max_records: int, as_json: bool, allow_unsafe_pickle: bool) -> None:
+           capture_convention: str, max_records: int, as_json: bool, report_path: str | None, title: str | None,
+           allow_unsafe_pickle: bool) -> None:
     """Why is acceptance low? Run every check the given artifacts allow, most costly finding first.
 
     Each check looks for one common cause (vocabulary map, embedding, sizes, flags an engine ignores,
@@ -47,7 +50,11 @@ def doctor(drafter: str | None, target: str | None, train: str | None, capture: 
     do and the source it rests on; checks whose inputs are missing are listed with the option that
     would enable them.
 
+    With --report OUT.html the same checks run in notebooks/doctor.ipynb (papermill -> nbconvert,
+    one offline page); the verdict, what to do and the page's path are printed (--json: the object).
+
     Exit 0: nothing found (OK). 1: something to change (ACTION) or broken (PROBLEM). 2: bad input.
+    3: the report notebook crashed.
     """
     from ..checks.base import DoctorInputs
     from ..doctor import diagnose
@@ -57,6 +64,23 @@ def doctor(drafter: str | None, target: str | None, train: str | None, capture: 
                           model_type=model_type, log=log, served_len=served_len, served_prompts=served_prompts,
                           capture_convention=capture_convention, max_records=max_records,
                           allow_unsafe=allow_unsafe_pickle)
+    if report_path is not None:
+        import json
+        from pathlib import Path
+
+        from ..errors import printable
+        from ..report.doctorreport import build_doctor_report
+
+        outcome = run_guarded(lambda: build_doctor_report(inputs, Path(report_path), title=title))
+        if as_json:
+            echo_text(json.dumps({k: v for k, v in outcome.summary.items() if k != "parameters"}, indent=2,
+                                 allow_nan=False, default=str))
+        else:
+            echo_text(f"VERDICT: {outcome.verdict}")
+            for item in outcome.summary.get("todo", []):
+                echo_text(f"  - {item}")
+            echo_text(f"report: {printable(outcome.html)}")
+        sys.exit(outcome.exit_code)
     report = run_guarded(lambda: diagnose(inputs))
     echo_text(report.to_json() if as_json else report.to_text())
     sys.exit(report.exit_code)

@@ -18,7 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     import plotly.graph_objects as go
 
+    from ..doctor import DoctorReport
     from ..results import AlignmentResult
+    from .doctorreport import DoctorParams
     from .runs import RunsParams
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -312,3 +314,32 @@ def runs_verdict(summary: pd.DataFrame, params: RunsParams) -> None:
     markup = (f"<div class='ef-verdict' style='border-left:6px solid #4575b4;padding:0.4em 1em;background:#f7f7f7'>"
               f"<p style='font-size:1.15em'><b>Verdict:</b> {esc(record['verdict'])}</p></div>")
     html(markup, "VERDICT: " + record["verdict"], {SUMMARY_KEY: record})
+
+
+def doctor_header(params: DoctorParams) -> None:
+    """Title and the doctor's inputs, escaped."""
+    pairs = [(k.replace("_", " "), v) for k, v in params.inputs.given().items()]
+    html(f"<h1>{esc(params.heading)}</h1><table>{_rows(pairs)}</table>", params.heading)
+
+
+def doctor_verdict(report: DoctorReport, params: DoctorParams | None = None) -> None:
+    """The doctor's verdict and what to do, most costly first; carries the doctor's JSON in its output metadata."""
+    from .doctorreport import doctor_summary
+
+    colour = LEVEL_COLOUR.get(report.level, "#000")
+    parts = [f"<p style='font-size:1.2em;margin:0.2em 0'><b style='color:{colour}'>Verdict: {esc(report.level)}</b> "
+             f"{esc(report.summary)}</p>"]
+    if report.todo:
+        parts.append("<p><b>What to do</b> (most costly first)</p><ol>"
+                     + "".join(f"<li>{esc(t)}</li>" for t in report.todo) + "</ol>")
+    markup = (f"<div class='ef-verdict ef-level-{esc(report.level)}' style='border-left:8px solid {colour};"
+              f"padding:0.4em 1em;background:#f7f7f7'>{''.join(parts)}</div>")
+    plain = "\n".join(["VERDICT: " + report.verdict] + [f"- {t}" for t in report.todo])
+    html(_assets() + markup, plain, {SUMMARY_KEY: doctor_summary(report, params)})
+
+
+def doctor_checks(report: DoctorReport) -> None:
+    """One row per check, most severe first: found / clean / not run and why (escaped by pandas)."""
+    from .doctorreport import checks_table
+
+    table(checks_table(report))

@@ -24,14 +24,17 @@ BOS_ID = 1
 MASSIVE_DIMS = (3, 17)
 
 
-def _config(family: str, num_layers: int, hidden: int, vocab: int) -> Any:
+def _config(family: str, num_layers: int, hidden: int, vocab: int, rope: dict[str, Any] | None = None,
+            max_positions: int = 512) -> Any:
     import transformers as tf
 
     common = dict(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=num_layers, num_attention_heads=4, max_position_embeddings=512,
+        num_hidden_layers=num_layers, num_attention_heads=4, max_position_embeddings=max_positions,
         bos_token_id=BOS_ID, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
     )
+    if rope is not None:  # transformers 5's rope_parameters (theta and scaling in one object)
+        common["rope_parameters"] = dict(rope)
     if family == "llama":
         return tf.LlamaConfig(num_key_value_heads=2, **common)
     if family == "qwen3":
@@ -48,13 +51,17 @@ def _config(family: str, num_layers: int, hidden: int, vocab: int) -> Any:
 
 def build_model(
     family: str = "llama", *, num_layers: int = 12, hidden: int = 128, vocab: int = 512,
-    seed: int = 0, damping: float = 0.25, massive: float = 100.0,
+    seed: int = 0, damping: float = 0.25, massive: float = 100.0, rope: dict[str, Any] | None = None,
+    max_positions: int = 512,
 ) -> torch.nn.Module:
-    """A seeded, eval-mode causal LM of ``family`` with the realism tweaks above (float32, CPU)."""
+    """A seeded, eval-mode causal LM of ``family`` with the realism tweaks above (float32, CPU).
+
+    ``rope`` (``rope_parameters``, e.g. ``{"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+    "original_max_position_embeddings": 128}``) and ``max_positions`` vary the rotary settings."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    config = _config(family, num_layers, hidden, vocab)
+    config = _config(family, num_layers, hidden, vocab, rope, max_positions)
     model = tf.AutoModelForCausalLM.from_config(config).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

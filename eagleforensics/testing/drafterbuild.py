@@ -1,0 +1,187 @@
+"""Export a correctly made EAGLE-3 drafter (and the target files it is checked against) for a tiny target.
+
+What the doctor's false-alarm measurement needs: for a ``tinymodels`` target of any family, seed and
+RoPE, the files a user would hand the doctor when nothing is wrong. ``export_target`` writes the
+target's config and, as a two-shard checkpoint with an index, the tensors the checks read
+(embedding, final norm, lm_head). ``export_drafter`` writes a drafter the way its trainer would:
+
+* SpecForge layout (``specforge/modeling/draft/llama3_eagle.py`` names, 0.2.0): ``fc``, ``midlayer.*``,
+  ``norm``, ``lm_head`` over the draft vocabulary (trained from scratch: here a fresh init),
+  ``embed_tokens`` copied from the target, ``d2t`` offsets and ``t2d`` mask of a frequency-pruned
+  vocabulary (the ``draft_vocab_size`` most frequent of the target's own greedy tokens on seeded
+  prompts), a config built from the target's (sizes, ``rms_norm_eps``, RoPE as transformers 4 keys,
+  ``max_position_embeddings``);
+* speculators layout (0.9.0 ``speculators/models/eagle3``): the same decoder layer under
+  ``layers.0.``, the config nested in ``transformer_layer_config``, and ``lm_head`` = the target's
+  ``lm_head`` rows at the draft ids (speculators copies and freezes them).
+
+The decoder layer is untrained (a seeded init): the doctor's checks judge how a drafter is made and
+wired, not how well it was trained. ``write_record`` and ``write_capture`` give a training record
+(SpecForge layout) and a capture of the same target from real forward passes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ..io.sweep import sweep, write_capture as write_sweep
+from .tinymodels import prompt_ids
+
+SPECFORGE, SPECULATORS = "specforge", "speculators"
+
+
+def greedy_tokens(model: torch.nn.Module, prompts: int = 32, seq_len: int = 64, seed: int = 1000) -> torch.Tensor:
+    """The target's greedy next token at every position of ``prompts`` seeded prompts: [prompts, seq_len]."""
+    vocab = model.config.vocab_size
+    seqs = torch.stack([prompt_ids(seq_len, seed=seed + i, vocab=vocab) for i in range(prompts)])
+    with torch.no_grad():
+        return model(seqs).logits.argmax(-1)
+
+
+def frequency_vocab(tokens: torch.Tensor, vocab: int, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``size`` most frequent ``tokens`` (ties by id), sorted: (target ids, d2t offsets, t2d mask)."""
+    counts = torch.bincount(tokens.flatten(), minlength=vocab).double() - torch.arange(vocab) * 1e-9
+    keep = counts.argsort(descending=True)[:size].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[keep] = True
+    return keep, keep - torch.arange(size), t2d
+
+
+def _text_cfg(model: torch.nn.Module) -> Any:
+    cfg = model.config
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def export_target(model: torch.nn.Module, out: Path, *, dtype: str = "bfloat16") -> Path:
+    """config.json (``dtype`` declared, as a released checkpoint does) and the embedding, final norm and lm_head
+    as two shards with ``model.safetensors.index.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    cfg["dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+    tdtype = getattr(torch, dtype)
+    shard1 = {"model.embed_tokens.weight": model.get_input_embeddings().weight.detach().to(tdtype).contiguous(),
+              "model.norm.weight": model.model.norm.weight.detach().to(tdtype).contiguous()}
+    shard2 = {"lm_head.weight": model.lm_head.weight.detach().to(tdtype).contiguous()}
+    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+    for name, tensors in zip(names, (shard1, shard2)):
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {**{k: names[0] for k in shard1}, **{k: names[1] for k in shard2}}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return out
+
+
+def _rope_keys(tc: Any) -> dict[str, Any]:
+    """The target's RoPE as a SpecForge draft config writes it (transformers 4 keys)."""
+    params = dict(getattr(tc, "rope_parameters", None) or {})
+    theta = params.pop("rope_theta", getattr(tc, "rope_theta", None) or 10000.0)
+    out: dict[str, Any] = {"rope_theta": float(theta)}
+    if params.get("rope_type", "default") != "default":
+        out["rope_scaling"] = params
+    return out
+
+
+def draft_config(model: torch.nn.Module, draft_vocab: int, aux_ids: list[int] | None) -> dict[str, Any]:
+    """A SpecForge draft config built from the target's."""
+    tc = _text_cfg(model)
+    hidden, heads = tc.hidden_size, 4
+    cfg: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+        "num_attention_heads": heads, "num_key_value_heads": 2, "head_dim": hidden // heads,
+        "intermediate_size": tc.intermediate_size, "num_hidden_layers": 1, "hidden_act": "silu",
+        "rms_norm_eps": tc.rms_norm_eps, "max_position_embeddings": tc.max_position_embeddings,
+        "vocab_size": tc.vocab_size, "draft_vocab_size": draft_vocab, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", **_rope_keys(tc)}
+    if aux_ids is not None:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_ids)}
+    return cfg
+
+
+def _layer_weights(cfg: dict[str, Any], gen: torch.Generator, prefix: str) -> dict[str, torch.Tensor]:
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    nh, nkv, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+
+    def lin(o: int, i: int) -> torch.Tensor:
+        return torch.randn(o, i, generator=gen) / i ** 0.5
+
+    w = {"self_attn.q_proj.weight": lin(nh * d, 2 * h), "self_attn.k_proj.weight": lin(nkv * d, 2 * h),
+         "self_attn.v_proj.weight": lin(nkv * d, 2 * h), "self_attn.o_proj.weight": lin(h, nh * d),
+         "mlp.gate_proj.weight": lin(inter, h), "mlp.up_proj.weight": lin(inter, h), "mlp.down_proj.weight": lin(h, inter),
+         "input_layernorm.weight": torch.ones(h), "hidden_norm.weight": torch.ones(h),
+         "post_attention_layernorm.weight": torch.ones(h)}
+    return {prefix + k: v for k, v in w.items()}
+
+
+def export_drafter(model: torch.nn.Module, out: Path, *, draft_vocab: int | None = None, layout: str = SPECFORGE,
+                   aux_ids: list[int] | None = None, own_embedding: bool = True, prompts: int = 32, seq_len: int = 64,
+                   seed: int = 0) -> Path:
+    """Write a correctly made drafter for ``model`` into ``out`` (see the module docstring)."""
+    if layout not in (SPECFORGE, SPECULATORS):
+        raise ValueError(f"layout must be {SPECFORGE} or {SPECULATORS}, got {layout!r}")
+    tc = _text_cfg(model)
+    vocab = tc.vocab_size
+    n = draft_vocab or vocab // 2
+    keep, d2t, t2d = frequency_vocab(greedy_tokens(model, prompts, seq_len), vocab, n)
+    cfg = draft_config(model, n, aux_ids)
+    gen = torch.Generator().manual_seed(seed)
+    h = cfg["hidden_size"]
+    prefix = "midlayer." if layout == SPECFORGE else "layers.0."
+    w = _layer_weights(cfg, gen, prefix)
+    w["fc.weight"] = torch.randn(h, 3 * tc.hidden_size, generator=gen) / (3 * tc.hidden_size) ** 0.5
+    w["norm.weight"] = torch.ones(h)
+    if layout == SPECFORGE:  # trained from scratch over the draft vocabulary
+        w["lm_head.weight"] = torch.randn(n, h, generator=gen) * 0.02
+    else:  # speculators: the target's head rows at the draft ids, frozen
+        w["lm_head.weight"] = model.lm_head.weight.detach()[keep].clone()
+    if own_embedding:
+        w["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()
+    stored = {k: v.to(torch.bfloat16).contiguous() for k, v in w.items()}
+    stored["d2t"], stored["t2d"] = d2t.contiguous(), t2d.contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    if layout == SPECULATORS:
+        layer = {k: v for k, v in cfg.items() if k not in ("architectures", "eagle_config", "draft_vocab_size",
+                                                           "torch_dtype")}
+        cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+               "speculators_version": "0.9.0", "draft_vocab_size": n, "norm_before_residual": False,
+               "transformer_layer_config": layer, "torch_dtype": "bfloat16",
+               "eagle_aux_hidden_state_layer_ids": aux_ids,
+               "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "target"}}}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    save_file(dict(sorted(stored.items())), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def default_positions(num_layers: int) -> tuple[int, int, int]:
+    """The positions the engines capture by default (ids 1, N//2-1, N-4: p = 2, N//2, N-3)."""
+    return 2, num_layers // 2, num_layers - 3
+
+
+def write_record(model: torch.nn.Module, path: Path, *, length: int = 64, prompt: int = 40, seed: int = 7,
+                 positions: tuple[int, ...] | None = None) -> Path:
+    """A SpecForge-layout record (``input_ids``, ``loss_mask``, post-norm ``hidden_state``, ``aux_hidden_state``
+    at ``positions``, default the engines'), the response part the target's own greedy continuation."""
+    tc = _text_cfg(model)
+    ids = prompt_ids(prompt, seed=seed, vocab=tc.vocab_size)
+    with torch.no_grad():
+        for _ in range(length - prompt):  # the answer is the target's own greedy output, as regenerated data is
+            nxt = model(ids[None]).logits[0, -1].argmax()
+            ids = torch.cat([ids, nxt[None]])
+        hs = model(ids[None], output_hidden_states=True).hidden_states
+    pos = positions or default_positions(tc.num_hidden_layers)
+    mask = torch.cat([torch.zeros(prompt), torch.ones(length - prompt)]).to(torch.int64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"input_ids": ids.clone(), "loss_mask": mask,
+                "hidden_state": hs[tc.num_hidden_layers].to(torch.bfloat16).contiguous(),
+                "aux_hidden_state": torch.cat([hs[p] for p in pos], -1).to(torch.bfloat16).contiguous()}, path)
+    return path
+
+
+def write_capture(model: torch.nn.Module, path: Path, *, length: int = 40, seed: int = 7) -> Path:
+    """A capture-helper sweep of ``length`` prompt tokens (p = 0..N raw plus the post-norm final)."""
+    ids = prompt_ids(length, seed=seed, vocab=_text_cfg(model).vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_sweep(path, sweep(model, ids), model)
