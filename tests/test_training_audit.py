@@ -281,6 +281,22 @@ def test_target_generated_data_passes(world: World, tmp_path: Path, temperature:
         assert a["agreement"] > 0.97 and a["top5_miss"] < 0.01
 
 
+def test_a_small_targets_own_greedy_answer_is_not_flagged(tmp_path: Path) -> None:
+    """Found by the doctor's false-alarm run: a tiny DeepSeek-V3 target's own greedy answer (every token its argmax)
+    failed the shape test, because at the lowest fitted temperature (0.05) its top token still holds only about
+    half the mass; greedy decoding explains such tokens, and 24 tokens are too few for a 10-bin chi-square."""
+    from eagleforensics.testing.drafterbuild import export_target, write_record
+
+    model = tinymodels.build_model("deepseek_v3", num_layers=8, seed=3)
+    export_target(model, tmp_path / "target")
+    write_record(model, tmp_path / "data_0.ckpt")
+    report = diagnose(DoctorInputs(target=str(tmp_path / "target"), train=str(tmp_path / "data_0.ckpt")),
+                      checks=[get_check("data-origin")], pipelines=())
+    a = next(o for o in report.outcomes if o.name == "data-origin").data["agreement"]
+    assert a["agreement"] == 1.0 and a["shape_chi2"] > 33.7  # the PIT alone would have flagged it
+    assert not _flagged(report)
+
+
 def test_raw_final_states_are_normalised_by_the_targets_norm(world: World, tmp_path: Path) -> None:
     """speculators-style raw finals: decided by content, the target's norm applied, same verdict as post-norm."""
     answers = chat.generate(world.model, _prompts(world), ANSWER, seed=5)

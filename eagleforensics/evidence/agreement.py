@@ -43,6 +43,11 @@ Z_MIN = 4.0  # ... and that far from chance under "sampled from the target"
 PIT_BINS = 10  # the shape test: a histogram of where each token falls in the target's distribution ...
 SHAPE_CHI2 = 33.7  # ... whose chi-square against flat (9 degrees of freedom) exceeds this (p = 1e-4) ...
 SHAPE_PER_TOKEN = 0.01  # ... and is at least this large per token (an effect, not just a large sample)
+SHAPE_MIN_TOKENS = 5 * PIT_BINS  # the chi-square needs about 5 expected tokens a bin; fewer: no shape test
+# greedy decoding (temperature 0) is a hypothesis of its own: tokens that are (nearly) all the target's argmax
+# are what it writes, whatever the PIT at the lowest fitted temperature looks like (at T = 0.05 a small
+# model's top token can still hold only half the mass, so its own greedy text failed the shape test)
+GREEDY_AGREEMENT = 0.98
 MIN_TOKENS = 16  # fewer supervised tokens: no verdict
 # temperatures at which the likelihood of the data is computed: the best fit says how peaked the source sampled
 TEMPERATURES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0)
@@ -303,6 +308,8 @@ class Agreement:
       (its randomised PIT) is not uniform, as it is for the target's own samples (chi-square over
       ``PIT_BINS`` bins above ``SHAPE_CHI2`` and ``SHAPE_PER_TOKEN`` per token): as confident as the target,
       but choosing differently (another model's or the pre-fine-tune model's answers, in-domain human text).
+      Not applied below ``SHAPE_MIN_TOKENS`` tokens (the chi-square is not yet valid), nor when at least
+      ``GREEDY_AGREEMENT`` of the tokens are the target's argmax: greedy decoding explains them.
     """
 
     tokens: int = 0
@@ -395,7 +402,8 @@ class Agreement:
         if (self.mean_surprise or 0.0) > SURPRISE_MAX and (self.z or 0.0) > Z_MIN:
             out.append("surprise")
         chi = self.shape_chi2 or 0.0
-        if chi > SHAPE_CHI2 and chi > SHAPE_PER_TOKEN * self.tokens:
+        greedy = (self.agreement or 0.0) >= GREEDY_AGREEMENT
+        if not greedy and self.tokens >= SHAPE_MIN_TOKENS and chi > SHAPE_CHI2 and chi > SHAPE_PER_TOKEN * self.tokens:
             out.append("shape")
         return tuple(out)
 
