@@ -269,7 +269,9 @@ def origin_findings(s: AuditSummary, *, show: int = 5) -> list[Finding]:
                         f"only {a.tokens} supervised tokens scored ({_figures(a, n)}): too few (< {MIN_TOKENS}) to "
                         "judge where the answers came from.")]
     return [Finding("data-not-from-target", "info",
-                    f"the supervised tokens read as the target's own generation: {_figures(a, n)}.")]
+                    f"nothing shows the supervised tokens came from another source than this target: {_figures(a, n)}; "
+                    f"the target's mean entropy there is {a.mean_entropy:.2f} nats (the flatter the target, the less "
+                    "these tests can tell its samples from any other text).")]
 
 
 def shift_findings(s: AuditSummary, *, show: int = 5) -> list[Finding]:
