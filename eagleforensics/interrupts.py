@@ -3,13 +3,16 @@
 Python turns SIGINT (Ctrl-C) into ``KeyboardInterrupt``, so every ``with`` and ``finally`` on the
 way out runs: temporary files beside an output are removed, a report's work folder and its
 kernel go. SIGTERM's default action ends the process on the spot and leaves all of that behind.
-``sigterm_unwinds`` makes SIGTERM raise ``Terminated`` (a ``KeyboardInterrupt``) instead, so the
+``signals_unwind`` makes SIGTERM raise ``Terminated`` (a ``KeyboardInterrupt``) instead, so the
 same cleanup runs; ``signals_held`` holds both signals while cleanup itself runs, and delivers
-one that arrived once it is done.
+one that arrived once it is done. From the moment either signal arrives, log records are dropped:
+a stopped command prints its one line, not what the libraries log while they unwind (papermill's
+"Kernel died while waiting for execute reply.", asyncio's "Task exception was never retrieved").
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from typing import Any, Iterator
@@ -36,25 +39,42 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _quiet() -> None:
+    """Drop log records from here on: the command is ending and prints its own one line."""
+    logging.disable(logging.CRITICAL)
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    _quiet()
     raise Terminated()
 
 
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    _quiet()
+    raise KeyboardInterrupt()
+
+
 @contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """While the block runs, SIGTERM raises ``Terminated`` in the main thread (a SIGTERM set to be ignored stays so)."""
-    if not _main_thread() or not hasattr(signal, "SIGTERM"):
+def signals_unwind() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``Terminated`` and SIGINT ``KeyboardInterrupt`` in the main thread,
+    both silencing the libraries' logs first (a signal set to be ignored, or handled by someone else, stays so)."""
+    if not _main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_IGN:
-        yield
-        return
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    handlers = {}
+    for name, handler, default in (("SIGTERM", _raise_terminated, signal.SIG_DFL),
+                                   ("SIGINT", _raise_interrupted, signal.default_int_handler)):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) in (default, None):
+            handlers[sig] = handler
+    previous = {sig: signal.getsignal(sig) for sig in handlers}
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager

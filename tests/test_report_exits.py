@@ -22,6 +22,7 @@ import nbformat
 import pytest
 
 from eagleforensics.errors import ForensicsError
+from eagleforensics.interrupts import Terminated, signals_unwind
 from eagleforensics.report import pipeline
 from eagleforensics.report.provenance import EMBED_ID, EMBED_SCHEMA, read_report
 
@@ -75,10 +76,15 @@ def test_report_stopped_while_the_kernel_runs_leaves_nothing(how: str, tmp_path:
                              str(SAMPLES / "capture.pt"), "-o", str(tmp_path / "r.html")], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 120
-        while not _cells_done(tmp) and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.05)  # stop it mid-run: the kernel is busy with the next cells
-        assert _cells_done(tmp) and _connection_files(tmp), "the notebook never ran a cell"
+        deadline, done = time.time() + 120, False
+        while not done and time.time() < deadline and proc.poll() is None:
+            done = _cells_done(tmp)  # read once a round: papermill rewrites the notebook, so a second read may
+            time.sleep(0.05)  # catch it half-written; stop it mid-run: the kernel is busy with the next cells
+        if proc.poll() is not None:  # it ended before it could be stopped: say how, not "never ran"
+            out, err = proc.communicate()
+            pytest.fail(f"report ended (exit {proc.returncode}) before 3 cells were recorded: {err[-2000:]}")
+        assert done, "the notebook never ran a cell"
+        assert _connection_files(tmp), "no kernel connection file in the work folder while the kernel runs"
         if how == "SIGTERM":
             proc.send_signal(signal.SIGTERM)
         else:
@@ -247,3 +253,24 @@ def test_read_report_reads_the_last_embedded_element(tmp_path: Path) -> None:
         (tmp_path / "none.html").write_text("<html></html>")
         read_report(tmp_path / "none.html")
     assert json.loads(json.dumps(read_report(tmp_path / "r.html")))  # plain JSON back
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs POSIX signals")
+@pytest.mark.parametrize("sig, exc", [("SIGINT", KeyboardInterrupt), ("SIGTERM", Terminated)])
+def test_a_stopped_command_drops_what_the_libraries_log_while_they_unwind(sig: str, exc: type, caplog) -> None:
+    """Under load, papermill logged "Kernel died while waiting for execute reply." (and asyncio "Task exception was
+    never retrieved") between the signal and the command's one line: from the signal on, log records are dropped."""
+    import logging
+
+    stray = logging.getLogger("papermill")
+    try:
+        with pytest.raises(exc):
+            with signals_unwind():
+                os.kill(os.getpid(), getattr(signal, sig))
+                time.sleep(1)  # the handler raises in the main thread before this returns
+        stray.error("Kernel died while waiting for execute reply.")
+        assert "Kernel died" not in caplog.text
+    finally:
+        logging.disable(logging.NOTSET)
+    stray.error("logged again once the command is over")
+    assert "logged again" in caplog.text

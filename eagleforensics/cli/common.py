@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar
 import click
 
 from ..errors import ForensicsError, path_error, printable
-from ..interrupts import exit_code, sigterm_unwinds, what
+from ..interrupts import exit_code, signals_unwind, what
 
 T = TypeVar("T")
 TRACEBACK_ENV = "EAGLEFORENSICS_TRACEBACK"
@@ -27,7 +27,7 @@ def run_guarded(fn: Callable[[], T]) -> T:
     While ``fn`` runs SIGTERM raises ``interrupts.Terminated``, so it unwinds as Ctrl-C does.
     """
     try:
-        with sigterm_unwinds():
+        with signals_unwind():
             return fn()
     except ForensicsError as exc:  # one line even when a file name holds a newline
         click.echo(f"eagleforensics: error: {printable(exc)}", err=True)
