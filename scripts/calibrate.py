@@ -40,7 +40,7 @@ import torch
 from eagleforensics.alignment import align
 from eagleforensics.positions import Position
 from eagleforensics.testing import drift as D
-from eagleforensics.testing.tinymodels import FAMILIES, build_model, prompt_ids
+from eagleforensics.testing.tinymodels import FAMILIES, build_model, mid_layer_states, prompt_ids
 
 N, H, T = 8, 64, 32
 AUX = [2, 4, 5]
@@ -169,20 +169,6 @@ def drifted(pool: Pool, tmp: Path) -> list[dict]:
     return rows
 
 
-def _mid_states(model: torch.nn.Module, ids: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Every decoder layer's residual after attention, before the MLP (post_attention_layernorm's input)."""
-    grabbed: dict[int, torch.Tensor] = {}
-    hooks = [layer.post_attention_layernorm.register_forward_pre_hook(
-        lambda _m, args, i=i: grabbed.__setitem__(i, args[0][0].detach().float().clone()))
-        for i, layer in enumerate(model.model.layers)]
-    try:
-        with torch.no_grad():
-            model(ids[None], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    return grabbed
-
 
 def mid_layer(pool: Pool, tmp: Path) -> list[dict]:
     """Mid-layer states of layers 1..N-2 (both neighbours in an HF sweep) as bf16 record slots."""
@@ -194,7 +180,7 @@ def mid_layer(pool: Pool, tmp: Path) -> list[dict]:
                 pool.get(family, mseed, 0, "float32", damping)
                 model = pool.models[(family, mseed, damping)]
                 s = pool.get(family, mseed, 0, "float32", damping)
-                mids = _mid_states(model, ids)
+                mids = {k: v.float() for k, v in mid_layer_states(model, ids).items()}
                 cap = _save_capture(tmp / "m_cap.pt", s, ids)
                 for k in range(1, N - 1):
                     torch.save({"hidden_states": [_bf16(mids[k])], "input_ids": ids.clone()}, tmp / "m_rec.pt")

@@ -25,15 +25,8 @@ from eagleforensics.checks.base import DoctorInputs
 from eagleforensics.doctor import diagnose
 from eagleforensics.testing.defects import sglang_log
 from eagleforensics.testing.drafterbuild import export_drafter, export_target, write_capture, write_record
-from eagleforensics.testing.tinymodels import FAMILIES, build_model
+from eagleforensics.testing.tinymodels import FAMILIES, SCALED_ROPE, build_model
 
-SCALED_ROPE = {
-    "llama": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "original_max_position_embeddings": 128,
-              "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-    "qwen3": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 128},
-    "deepseek_v3": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
-                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-}
 LAYOUTS = ("specforge", "speculators")
 # the engines each layout is checked against (None: no engine); SGLang has no loader for the speculators
 # layout (engines.flagtable), so refusing it there is right, not a false alarm, and is not run

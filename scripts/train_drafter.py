@@ -36,6 +36,7 @@ from make_samples import PROMPT_TOKENS, RESPONSE_TOKENS, N, sample_ids, target_m
 
 from eagleforensics.evidence.replay import DraftForward
 from eagleforensics.io.drafter import DrafterSpec
+from eagleforensics.testing.drafterbuild import frequency_vocab
 from eagleforensics.testing.tinymodels import prompt_ids
 
 TRAINED_POSITIONS = (3, N // 2 + 1, N - 2)  # outputs of layers 2, 6, 9: record_layer_outputs.pt
@@ -58,14 +59,6 @@ def features(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.
         targets = (hs[N] @ model.lm_head.weight.T).argmax(-1)
     return seqs, aux, targets
 
-
-def draft_vocab(targets: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The DRAFT_VOCAB most frequent target tokens (ties by id): draft->target ids, d2t offsets, t2d mask."""
-    counts = torch.bincount(targets.flatten(), minlength=vocab).double() - torch.arange(vocab) * 1e-9
-    keep = counts.argsort(descending=True)[:DRAFT_VOCAB].sort().values
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[keep] = True
-    return keep, keep - torch.arange(DRAFT_VOCAB), t2d
 
 
 def spec(model: torch.nn.Module) -> DrafterSpec:
@@ -96,7 +89,7 @@ def init_weights(s: DrafterSpec, gen: torch.Generator) -> dict[str, torch.Tensor
 
 def train(model: torch.nn.Module) -> tuple[DrafterSpec, dict[str, torch.Tensor], float]:
     seqs, aux, targets = features(model)
-    keep, d2t, t2d = draft_vocab(targets, model.config.vocab_size)
+    keep, d2t, t2d = frequency_vocab(targets, model.config.vocab_size, DRAFT_VOCAB)
     to_draft = torch.full((model.config.vocab_size,), -100, dtype=torch.long)
     to_draft[keep] = torch.arange(DRAFT_VOCAB)
     labels = to_draft[targets]  # -100 where the target's token is outside the draft vocabulary

@@ -392,16 +392,7 @@ def write(case: KindCase, scratch: Path) -> Path:
         d = scratch / "draft"
         d.mkdir(exist_ok=True)
         (d / "config.json").write_bytes(_config())
-        inside = d / "model.safetensors"
-        if inside.exists() or inside.is_symlink():
-            inside.unlink()
-        if case.fifo:
-            os.mkfifo(inside)
-            target.write_bytes(b"(a FIFO)")
-        else:
-            data = mutated(case)
-            inside.write_bytes(data)
-            target.write_bytes(data)
+        _fill(d / "model.safetensors", case, target)
         return d
     target.write_bytes(mutated(case))
     return target
@@ -420,8 +411,13 @@ def _write_dir(case: KindCase, scratch: Path, target: Path) -> Path:
         (d / name).write_bytes(base(case.kind, name))
     if case.variant == "no-index":
         (d / "model.safetensors.index.json").unlink()
-    inside = d / case.member
-    if inside.exists():
+    _fill(d / case.member, case, target)
+    return d
+
+
+def _fill(inside: Path, case: KindCase, target: Path) -> None:
+    """Put the case's mutated bytes (or a FIFO) at ``inside``, and a copy of what went there at ``target``."""
+    if inside.exists() or inside.is_symlink():
         inside.unlink()
     if case.fifo:
         os.mkfifo(inside)
@@ -430,7 +426,6 @@ def _write_dir(case: KindCase, scratch: Path, target: Path) -> Path:
         data = mutated(case)
         inside.write_bytes(data)
         target.write_bytes(data)
-    return d
 
 
 def run(case: KindCase, scratch: Path) -> tuple[str, str, str]:

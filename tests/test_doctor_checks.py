@@ -130,22 +130,15 @@ def test_rope_reads_transformers_4_and_5_keys_alike() -> None:
 
 
 # ---------------------------------------------------------------- false alarms
-FAMILY_ROPE = {
-    "llama": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "original_max_position_embeddings": 128,
-              "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-    "qwen3": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 128},
-    "deepseek_v3": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
-                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-}
 
 
 @pytest.mark.parametrize("family, layout, engine", [("llama", "specforge", "sglang"), ("qwen3", "speculators", "vllm"),
                                                     ("deepseek_v3", "specforge", "vllm")])
 def test_clean_drafters_of_other_families_raise_nothing(tmp_path: Path, family: str, layout: str, engine: str) -> None:
     from eagleforensics.testing.drafterbuild import export_drafter, export_target, write_capture, write_record
-    from eagleforensics.testing.tinymodels import build_model
+    from eagleforensics.testing.tinymodels import SCALED_ROPE, build_model
 
-    model = build_model(family, num_layers=8, seed=3, rope=FAMILY_ROPE[family])
+    model = build_model(family, num_layers=8, seed=3, rope=SCALED_ROPE[family])
     export_target(model, tmp_path / "target")
     export_drafter(model, tmp_path / "drafter", layout=layout, prompts=8)
     write_record(model, tmp_path / "data_0.ckpt", length=48, prompt=40)

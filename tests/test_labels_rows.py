@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from eagleforensics.alignment import align
 from eagleforensics.positions import Position
 from eagleforensics.testing import drift as D
-from eagleforensics.testing.tinymodels import build_model, prompt_ids
+from eagleforensics.testing.tinymodels import build_model, mid_layer_states, prompt_ids
 
 N, H, T = 8, 64, 40
 AUX = [2, 4, 5]
@@ -191,25 +191,10 @@ def test_token_runs_offsets_and_distinct_pairs(flattened, ids, s):
 
 # ---- 2. states between positions ---------------------------------------------------------------------
 
-def _mid_layer_states(model, ids):
-    """The residual after attention, before the MLP, of every decoder layer: the input of
-    post_attention_layernorm (what a fused add-norm returns as ``residual``)."""
-    grabbed = {}
-    hooks = [layer.post_attention_layernorm.register_forward_pre_hook(
-        lambda _m, args, i=i: grabbed.__setitem__(i, args[0][0].detach().clone()))
-        for i, layer in enumerate(model.model.layers)]
-    try:
-        with torch.no_grad():
-            model(ids[None], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    return grabbed
-
 
 @pytest.mark.parametrize("layer", [0, 3, 4])
 def test_a_mid_layer_dump_sits_between_two_positions(tmp_path, llama, s, ids, layer):
-    mid = _mid_layer_states(llama, ids)[layer]
+    mid = mid_layer_states(llama, ids)[layer]
     cos = [float(torch.nn.functional.cosine_similarity(mid, s.raw[q], dim=-1).median()) for q in (layer, layer + 1)]
     assert all(0.99 < c < 0.99999 for c in cos), cos  # close to both neighbours, a copy of neither
     obj = {"hidden_states": [_bf16(s.raw[1 if layer > 1 else 6]), _bf16(mid), _bf16(s.normed)], "input_ids": ids.clone()}

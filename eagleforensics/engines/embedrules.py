@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..errors import ForensicsError
-from .rules import ENGINE_NAMES, ENGINES, NEWEST, TRT_MAIN, parse_version
+from .rules import ENGINE_NAMES, ENGINES, NEWEST, TRT_MAIN, parse_version, row_at
 
 
 def _span(since: str, until: str | None) -> str:
@@ -29,16 +29,6 @@ def _span(since: str, until: str | None) -> str:
     return since if since == until else f"{since} - {until}"
 
 
-def _pick(rows, version: str):
-    """The row with the greatest ``since`` <= version, None when its ``until`` is passed."""
-    v = parse_version(version)
-    best = None
-    for r in sorted(rows, key=lambda r: parse_version(r.since)):
-        if parse_version(r.since) <= v:
-            best = r
-    if best is not None and best.until is not None and parse_version(best.until) < v:
-        return None
-    return best
 
 
 # --- whose embedding and head ---------------------------------------------------------------------
@@ -138,7 +128,7 @@ def embed_rule(engine: str, version: str | None = None, runner: str | None = Non
     ver = str(parse_version(version or NEWEST[eng]))
     run = (runner or "v1") if eng == "vllm" else None
     rows = [r for r in EMBED_RULES if r.engine == eng and (r.runner is None or r.runner == run)]
-    row = _pick(rows, ver)
+    row = row_at(rows, ver)
     if row is None and eng == "vllm" and run == "v2":
         raise ForensicsError(f"vLLM's V2 model runner has no EAGLE path before 0.17.1, not {ver}")
     if row is None:
@@ -186,7 +176,7 @@ def d2t_rule(engine: str, version: str | None = None) -> D2TRule | None:
         raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if eng == "trtllm":
         return None
-    return _pick([r for r in D2T_RULES if r.engine == eng], str(parse_version(version or NEWEST[eng])))
+    return row_at([r for r in D2T_RULES if r.engine == eng], str(parse_version(version or NEWEST[eng])))
 
 
 def d2t_missing_consequence(engine: str, version: str | None, draft_vocab: int, vocab: int) -> str:
@@ -302,7 +292,7 @@ def trainer_rule(trainer: str, version: str | None = None) -> TrainerRule:
         raise ForensicsError(f"unknown trainer {trainer!r}; choose one of {', '.join(TRAINERS)}")
     if version is None or key == "eagle":
         return max(rows, key=lambda r: parse_version(r.since) if key != "eagle" else 0)
-    row = _pick(rows, str(parse_version(version)))
+    row = row_at(rows, str(parse_version(version)))
     if row is None:
         raise ForensicsError(f"{trainer} {version} is outside the versions the trainer table read "
                              f"({', '.join(r.label for r in rows)})")

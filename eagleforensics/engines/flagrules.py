@@ -39,6 +39,7 @@ from .rules import (
     TRT_MAIN,
     default_runner,
     parse_version,
+    row_at,
 )
 
 __all__ = ["ARCHS", "FEATURES", "FLAG_RULES", "LAYOUTS", "STATUSES", "FlagRow", "FlagRuling",
@@ -225,27 +226,16 @@ def _arch_of(model_type: str | None) -> str:
     return "llama"
 
 
-def _pick(rows: list, version: str):
-    """The row with the greatest ``since`` <= version whose ``until`` (if any) is not passed."""
-    v = parse_version(version)
-    best = None
-    for r in sorted(rows, key=lambda r: parse_version(r.since)):
-        if parse_version(r.since) <= v:
-            best = r
-    if best is not None and getattr(best, "until", None) is not None and (
-            parse_version(best.until) < v):
-        return None
-    return best
 
 
 def _row_for(engine: str, feature: str, version: str, arch: str, layout: str) -> FlagRow | None:
     rows = [r for r in FLAG_RULES if r.engine == engine and r.arch in (arch, None)
             and (r.layout is None or r.layout == layout)]
-    blanket = _pick([r for r in rows if r.feature == "*"], version)
+    blanket = row_at([r for r in rows if r.feature == "*"], version)
     if blanket is not None:  # the engine cannot load this drafter at all
         return blanket
     own = [r for r in rows if r.feature == feature]
-    return _pick([r for r in own if r.arch == arch], version) or _pick(
+    return row_at([r for r in own if r.arch == arch], version) or row_at(
         [r for r in own if r.arch is None], version)
 
 
@@ -288,7 +278,7 @@ def _one(engine: str, version: str, runner: str | None, feature: str, arch: str,
 
 def _aux_off(engine: str, version: str, runner: str | None) -> FlagRuling:
     rows = [k for k in KEY_RULES if k.engine == engine and (engine != "vllm" or k.runner == runner)]
-    row = _pick(rows, version)
+    row = row_at(rows, version)
     if row is None:
         return FlagRuling("aux_hidden_state_off", "unknown", "no key rule for this runner/version",
                           "rules.KEY_RULES", "")

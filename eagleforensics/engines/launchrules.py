@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from ..errors import ForensicsError
-from .rules import NEWEST, family_of, parse_version
+from .rules import NEWEST, family_of, parse_version, row_at
 
 ENGINES = ("sglang", "vllm")
 OUTCOMES = ("survives", "drops", "rejected", "unsupported")
@@ -263,14 +263,9 @@ def _pick(rows: Sequence, engine: str, version: str | None, **match: object):
     """The row with the greatest ``since`` <= version (None: the newest) among this engine's matching rows."""
     eng = _engine(engine)
     ver = parse_version(version if version is not None else NEWEST[eng])
-    cands = sorted((r for r in rows if r.engine == eng and all(
+    return row_at([r for r in rows if r.engine == eng and all(
         (getattr(r, k) == v if not isinstance(getattr(r, k), tuple) else (not getattr(r, k) or v in getattr(r, k)))
-        for k, v in match.items())), key=lambda r: parse_version(r.since))
-    best = None
-    for r in cands:
-        if parse_version(r.since) <= ver:
-            best = r
-    return best
+        for k, v in match.items())], str(ver))
 
 
 def algorithm_rule(engine: str, version: str | None = None) -> AlgorithmRow | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import ForensicsError
-from .rules import ENGINE_NAMES, ENGINES, NEWEST, RUNNERS, parse_version
+from .rules import ENGINE_NAMES, ENGINES, NEWEST, RUNNERS, parse_version, row_at
 
 # RoPE types whose max_position_embeddings only sizes the cos/sin cache (vLLM 0.33.0
 # config/speculative.py _CACHE_ONLY_ROPE_TYPES); yarn, dynamic, longrope, deepseek derive more.
@@ -117,15 +117,6 @@ ROPE_RULES: tuple[RopeRule, ...] = (
 )
 
 
-def _pick(rows, version: str):
-    v = parse_version(version)
-    best = None
-    for r in sorted(rows, key=lambda r: parse_version(r.since)):
-        if parse_version(r.since) <= v:
-            best = r
-    if best is not None and best.until is not None and parse_version(best.until) < v:
-        return None
-    return best
 
 
 def draft_rope_rule(engine: str, version: str | None = None, runner: str | None = None,
@@ -147,7 +138,7 @@ def draft_rope_rule(engine: str, version: str | None = None, runner: str | None 
     kind = "cache-only" if (rope_type or "default") in CACHE_ONLY_ROPE_TYPES else "other"
     rows = [r for r in ROPE_RULES if r.engine == eng and r.runner == run
             and r.rope_types in (None, kind)]
-    row = _pick(rows, ver)
+    row = row_at(rows, ver)
     if row is None:
         raise ForensicsError(f"no RoPE rule for {ENGINE_NAMES[eng]} {ver}"
                              + (f" ({run} runner)" if run else ""))

@@ -21,7 +21,8 @@ source column names a version, and say "not re-read" where they were not.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -383,17 +384,28 @@ class Rule:
         return self.capture.index != "none"
 
 
+def row_at(rows: Iterable[Any], version: str, *, until: bool = True) -> Any | None:
+    """The row with the greatest ``since`` <= ``version``, None before the first; None too when that row has an
+    ``until`` below ``version`` (``until=False``: the tables here, whose ``until`` only labels the range). Every
+    versioned table of the engines room picks its row here."""
+    def key(text: str) -> Version:
+        return _v(text) if text == TRT_MAIN else parse_version(text)
+
+    v = key(version)
+    best = None
+    for r in sorted(rows, key=lambda r: key(r.since)):
+        if key(r.since) <= v:
+            best = r
+    end = getattr(best, "until", None) if until else None
+    return None if end is not None and key(end) < v else best
+
+
 def _pick(rows: Sequence, version: str, match: Callable[[object], bool] = lambda r: True):
-    """The row with the greatest ``since`` <= version among those ``match`` accepts."""
-    cands = sorted((r for r in rows if match(r)), key=lambda r: _v(r.since))
+    """The row with the greatest ``since`` <= version among those ``match`` accepts (the earliest before any)."""
+    cands = [r for r in rows if match(r)]
     if not cands:
         raise ForensicsError("internal: no rule row for this engine")
-    v = _v(version)
-    best = cands[0]
-    for r in cands:
-        if _v(r.since) <= v:
-            best = r
-    return best
+    return row_at(cands, version, until=False) or min(cands, key=lambda r: _v(r.since))
 
 
 def resolve(engine: str, model_type: str | None = None, version: str | None = None,

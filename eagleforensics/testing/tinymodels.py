@@ -24,6 +24,16 @@ BOS_ID = 1
 MASSIVE_DIMS = (3, 17)
 
 
+# each family's long-context RoPE (llama3 factor 8, YaRN factor 4) over a tiny 128-position original context
+SCALED_ROPE: dict[str, dict[str, Any]] = {
+    "llama": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "original_max_position_embeddings": 128,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "qwen3": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 128},
+    "deepseek_v3": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+}
+
+
 def _config(family: str, num_layers: int, hidden: int, vocab: int, rope: dict[str, Any] | None = None,
             max_positions: int = 512) -> Any:
     import transformers as tf
@@ -107,3 +117,20 @@ def prompt_ids(length: int = 40, *, seed: int = 0, vocab: int = 512) -> torch.Te
     ids = torch.randint(3, vocab, (length,), generator=gen)
     ids[0] = BOS_ID
     return ids
+
+
+def mid_layer_states(model: torch.nn.Module, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Every decoder layer's residual after attention, before the MLP: the input of its
+    ``post_attention_layernorm``, which is what a fused add-norm returns as ``residual`` (a state
+    that sits between two residual-stream positions). Layer index -> [T, H] in the model's dtype."""
+    grabbed: dict[int, torch.Tensor] = {}
+    hooks = [layer.post_attention_layernorm.register_forward_pre_hook(
+        lambda _m, args, i=i: grabbed.__setitem__(i, args[0][0].detach().clone()))
+        for i, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            model(ids[None], use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return grabbed
