@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_PROCESS = [b for b in hostile.BUILDERS if b.__name__ not in hostile.AS_PROCESS]
 AS_PROCESS = [b for b in hostile.BUILDERS if b.__name__ in hostile.AS_PROCESS]
 GIB = 1024**3
+PEAKRSS = ROOT / "benchmarks" / "peakrss.py"
 
 
 @pytest.mark.parametrize("build", IN_PROCESS, ids=[b.__name__ for b in IN_PROCESS])
@@ -57,28 +58,27 @@ def test_hang_or_memory_case_is_one_line_in_bounded_time_and_memory(build, tmp_p
 
 def run_process(args: list[str], cwd: Path, timeout: float = 120, env: dict | None = None
                 ) -> tuple[int, str, str, int]:
-    """``python -m eagleforensics ARGS`` as a process: (exit code, stdout, stderr, peak resident bytes).
+    """``python -m eagleforensics ARGS`` as a process: (exit code, stdout, stderr, its own peak resident bytes).
 
-    Killed with its process group after ``timeout`` s (the test then fails as a hang)."""
+    Started through benchmarks/peakrss.py, a small parent: Linux carries the forking process's RSS high-water
+    mark into the child's ``ru_maxrss``, so a child forked straight from pytest (over 1 GiB late in the suite)
+    reported pytest's peak, not its own. Killed with its process group after ``timeout`` s (a hang fails)."""
     import tempfile
 
+    cmd = [sys.executable, str(PEAKRSS), sys.executable, "-m", "eagleforensics", *map(str, args)]
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
-        proc = subprocess.Popen([sys.executable, "-m", "eagleforensics", *args], stdout=fo, stderr=fe, cwd=cwd,
+        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, cwd=cwd,
                                 env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, start_new_session=True)
-        deadline = time.time() + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.time() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                os.wait4(proc.pid, 0)
-                pytest.fail(f"no answer in {timeout:.0f} s: {args}")
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"no answer in {timeout:.0f} s: {args}")
         fo.seek(0)
         fe.seek(0)
-        return proc.returncode, fo.read().decode(), fe.read().decode(), usage.ru_maxrss * 1024
+        err, _, peak = fe.read().decode().rpartition("\npeak_rss_kib=")
+        return proc.returncode, fo.read().decode(), err, int(peak) * 1024
 
 
 def test_log_line_with_an_impossible_date_is_one_line(tmp_path: Path) -> None:
