@@ -171,6 +171,14 @@ def test_bad_drafters_are_refused_naming_the_file(tmp_path):
     (t / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ForensicsError, match="same directory"):
         load_target(t)
+    # found by scripts/fuzz.py: a control character inside a string of the index was a JSONDecodeError (exit 3)
+    (t / "model.safetensors.index.json").write_text('{"weight_map": {"lm_head.weight": "a\tb"}}')
+    with pytest.raises(ForensicsError, match="safetensors shard index is not valid JSON") as err:
+        load_target(t)
+    assert "model.safetensors.index.json" in str(err.value)
+    (t / "model.safetensors.index.json").write_text("[1, 2]")
+    with pytest.raises(ForensicsError, match="safetensors shard index is not a JSON object"):
+        load_target(t)
 
 
 def test_wiring_parser():

@@ -100,9 +100,7 @@ class ModelDir:
     def _files(self) -> list[Path]:
         index = self.path / INDEX_NAME
         if index.is_file():
-            obj = parse_json(read_regular(index, MAX_CONFIG_BYTES, "safetensors shard index"), index,
-                             "safetensors shard index")
-            wmap = obj.get("weight_map") if isinstance(obj, dict) else None
+            wmap = read_config(index, "safetensors shard index").get("weight_map")
             if not isinstance(wmap, dict) or not wmap:
                 raise ForensicsError("shard index has no weight_map object", path=index)
             shards = []
