@@ -85,7 +85,7 @@ class SlotMatch:
     fitted: bool = False  # best is a post-norm column computed by fitting a norm gain, not a captured one
     # fidelity: how close it is to that state (evidence.fidelity)
     fidelity: str = ""  # copy / drift / different
-    fidelity_cause: str = ""  # routing / uniform / corrupted / scale
+    fidelity_cause: str = ""  # routing / uniform / corrupted / scale (drift); norms (different)
     fidelity_text: str = ""
     differing_tokens: int = 0
     distinct_tokens: int = -1  # distinct (slot row, capture row) pairs the identity rests on (-1: not counted)
@@ -133,8 +133,8 @@ class SlotMatch:
         the lower confidence bound of the median), ``neighbour_step`` (the capture's own cosine
         between this position and its closest captured neighbour ``neighbour``),
         ``missing_neighbours`` (p-1 / p+1 not in the capture).
-        ``fidelity``: ``kind`` (copy / drift / different), ``cause`` (routing / uniform / scale /
-        corrupted), ``differing_tokens`` and ``text`` (the finding in words).
+        ``fidelity``: ``kind`` (copy / drift / different), ``cause`` (drift: routing / uniform / scale /
+        corrupted; different: norms, or empty), ``differing_tokens`` and ``text`` (the finding in words).
         """
         pos = self.position
         return {

@@ -94,7 +94,8 @@ def _slot_rows(r, truth: list[Position], kind: str) -> list[dict]:
         out.append({"kind": kind, "identity": m.identity_verdict, "confident": m.confident,
                     "right": m.best == want, "fidelity": m.fidelity, "cause": m.fidelity_cause,
                     "robust": m.robust_score, "bound": m.paired_bound, "step": m.neighbour_step,
-                    "votes": m.vote_share, "tokens": m.tokens, "fraction": m.between_fraction})
+                    "votes": m.vote_share, "tokens": m.tokens, "fraction": m.between_fraction,
+                    "norm_ratio": m.norm_ratio})
     return out
 
 
@@ -274,6 +275,9 @@ def summarise(rows: list[dict]) -> dict:
         c["min_mean"] = min(c["min_mean"], r["mean"])
         if r["fraction"] == r["fraction"]:  # how far toward a neighbour the true drifted match sits
             c["max_fraction"] = max(c.get("max_fraction", -1.0), r["fraction"])
+        if r["confident"] and r["right"] and r["norm_ratio"] == r["norm_ratio"]:  # fidelity.DRIFT_NORM_LIMIT
+            c["norm_ratio_range"] = [min(c.get("norm_ratio_range", [9e9])[0], r["norm_ratio"]),
+                                     max(c.get("norm_ratio_range", [0, -9e9])[1], r["norm_ratio"])]
     out["drift"] = {k: {**v, "fidelity": dict(v["fidelity"])} for k, v in cases.items()}
     mid = [r for r in rows if r["kind"] == "mid-layer"]
     if mid:

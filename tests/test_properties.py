@@ -309,4 +309,28 @@ def test_a_capture_shifted_mid_file_never_places_a_slot_next_to_corrupted_neighb
     assert any(f.code == "nonfinite-capture" for f in out.result.findings)  # the corruption is visible
     assert wrong_placements(out.result, clean) == []
     placed = {m.name: m.identity_verdict for m in out.result.matches}
-    assert placed["aux_hidden_state[0]"] == "best-among-captured"
+    # its best, the intact embedding p0, sits at 4.5x the slot's norm: no drift does that (fidelity.DRIFT_NORM_LIMIT)
+    assert placed["aux_hidden_state[0]"] == "none"
+    reason = next(m.reason for m in out.result.matches if m.name == "aux_hidden_state[0]")
+    assert "best p0" in reason and "a drifted copy keeps its norm" in reason, reason
+
+
+def test_a_post_norm_slot_is_never_placed_as_raw_drift_when_the_capture_s_final_is_corrupted(scratch: Path) -> None:
+    """Found by the fuzz of the final main: 8 bytes inserted in the header's padding and 8 deleted a third
+    into the sweep, so p0, p1, p10 and p11 (stored first) are shifted by 4 values and garbage, and so is the
+    stored post-norm final. The record's post-norm final then matched raw p12 at 0.91, with its step to the
+    garbage p11 looking huge, and was placed there as uniform drift, 'the raw last-layer output': confidently
+    wrong. Its norms are 31x p12's: drift does not do that, so it is now not placed at all."""
+    case = Case(train="record_layer_outputs.pt", capture="capture_sweep.safetensors", side="capture",
+                edits=(Edit("insert", 0.004747847179157021, 0, 8), Edit("delete", 1 / 3, 0, 8)))
+    out = run_case(case, scratch / "shifted_final")
+    assert out.kind == "result", out.detail
+    clean = baseline(case.train, case.capture, str(scratch / "clean"))
+    assert next(m for m in clean.matches if m.name == "hidden_states[3]").position == Position(12, True)
+    assert wrong_placements(out.result, clean) == []
+    final = next(m for m in out.result.matches if m.name == "hidden_states[3]")
+    assert not final.confident and final.fidelity == "different" and final.fidelity_cause == "norms", final
+    assert final.norm_ratio > 10, final.norm_ratio
+    assert not any(f.code == "final-raw" for f in out.result.findings)
+    placed = {m.name: m.position for m in out.result.matches if m.confident}
+    assert placed == {"hidden_states[0]": Position(3), "hidden_states[1]": Position(7)}  # the intact ones stay

@@ -9,7 +9,8 @@ Read from the per-token score pattern of the matched column:
   weights, other attention kernels or dtypes), or rows that are garbage (zeros, random,
   non-finite: corrupted or written from another state);
 * ``different``: not the same state at all: the typical token is farther from this
-  position than the capture's neighbouring layers are from each other.
+  position than the capture's neighbouring layers are from each other, or every row is off
+  while the norms differ by more than ``DRIFT_NORM_LIMIT`` (drift does not rescale a state).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ KINDS = ("copy", "drift", "different")
 AGREE_GAP = 1e-3  # "the rest agree to 0.999+"
 GARBAGE = 0.5  # a row scoring below this is not a drifted copy of anything
 DRIFT_STEP_FRACTION = 0.5  # drift may move the typical token by at most half the layer step (docs/calibration.md)
+DRIFT_NORM_LIMIT = 2.0  # a uniformly drifted copy keeps its norm within this factor (docs/calibration.md)
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class Fidelity:
     """Fidelity of one slot's best column; ``text`` says it in words for findings and tables."""
 
     kind: str  # copy / drift / different ("" when nothing was compared)
-    cause: str  # "" / routing / uniform / corrupted / scale
+    cause: str  # "" / routing / uniform / corrupted / scale (drift); "" / norms (different)
     differing: int  # tokens beyond 0.999 (or the copy bar, if stricter)
     tokens: int
     typical_gap: float  # 1 - median per-token score
@@ -71,6 +73,13 @@ def judge_fidelity(per: np.ndarray, copy_gap: float, norm_ratio: float, norm_tol
         return Fidelity("drift", "scale", k, n, gap,
                         f"directions agree to the dtype's rounding but norms differ by {abs(norm_ratio - 1):.1%}: "
                         "a rescaled state")
+    if norm_ratio == norm_ratio and not 1.0 / DRIFT_NORM_LIMIT <= norm_ratio <= DRIFT_NORM_LIMIT:
+        # quantised weights or other kernels move a state a little in every direction, its size included;
+        # a post-norm slot against a raw column (or a column whose neighbours are garbage, so the step
+        # looks huge) points roughly the same way at many times the norm
+        return Fidelity("different", "norms", k, n, gap,
+                        f"different: typical token scores {med:.4f} with the slot's norms {norm_ratio:.3g}x the "
+                        f"capture's (a drifted copy keeps its norm within {DRIFT_NORM_LIMIT:g}x)")
     return Fidelity("drift", "uniform", k, n, gap,
                     f"every row drifts by about {gap:.1e} (median per-token score {med:.6f}; {k} of {n} tokens "
                     f"below {1 - agree:.3f}): consistent with quantised weights or other kernels / dtypes")

@@ -210,7 +210,9 @@ def _judge(per_token: np.ndarray, columns: list[Position], real: set[Position], 
                         f"only {int(tokens)} tokens compared (need {min_tokens})", few)
     if rb < MIN_SCORE_ANY or fid.kind == "different":
         return make("none", f"no captured position holds this state: best {best.label} scores {rb:.4f}"
-                    + (f", farther from it than neighbouring layers are from each other (step {step:.4f})"
+                    + (f", with the slot's norms {float(norm_ratio[jb]):.3g}x the capture's (a drifted copy keeps "
+                       "its norm)" if fid.cause == "norms" else
+                       f", farther from it than neighbouring layers are from each other (step {step:.4f})"
                        if fid.kind == "different" and step == step else ""))
     if unlabelled:
         return make("position-unknown", f"matches the capture entry read as {best.label} ({fid.kind or 'compared'}, "
