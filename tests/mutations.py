@@ -255,7 +255,16 @@ def relabelled(mutated: Any, clean: Any) -> bool:
 
 
 def wrong_placements(mutated: Any, clean: Any) -> list[str]:
-    """Slots placed confidently at a position the clean run does not give them."""
+    """Slots placed confidently at a position the clean run does not give them.
+
+    When the record lost whole entries (a pickle edit dropped an item of a list record: 3 slots where
+    the clean record has 4), the names after the gap shift, so a slot is judged by content alone: it
+    must hold a position some clean slot holds (found by the fuzz: [p3, p7, p12n] of a 4-entry record
+    whose p10 was cut out, each placed right, read as 'hidden_states[2] is p10')."""
+    if len(mutated.matches) != len(clean.matches):
+        held = {m.position for m in clean.matches if m.position is not None}
+        return [f"{m.name}: {m.position.label} (clean record holds {sorted(q.label for q in held)})"
+                for m in mutated.matches if m.confident and m.position not in held]
     truth = {m.name: m.position for m in clean.matches}
     return [f"{m.name}: {m.position.label} (clean: {truth[m.name].label if truth.get(m.name) else 'unplaced'})"
             for m in mutated.matches

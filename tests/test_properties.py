@@ -334,3 +334,25 @@ def test_a_post_norm_slot_is_never_placed_as_raw_drift_when_the_capture_s_final_
     assert not any(f.code == "final-raw" for f in out.result.findings)
     placed = {m.name: m.position for m in out.result.matches if m.confident}
     assert placed == {"hidden_states[0]": Position(3), "hidden_states[1]": Position(7)}  # the intact ones stay
+
+
+def test_a_record_that_lost_a_list_entry_is_judged_by_content(scratch: Path) -> None:
+    """Found by the fuzz of the final main: 59 bytes cut from the pickle of the 4-entry list record drop its
+    third entry (p10), leaving [p3, p7, p12 post-norm], each placed right as a copy. The oracle compared by
+    name ('hidden_states[2] is p10') and called it wrong; now a record with fewer slots is judged by content,
+    and a placement at a position the clean record does not hold still counts as wrong."""
+    from types import SimpleNamespace as NS
+
+    case = Case(train="record_layer_outputs.pt", capture="capture_sweep.safetensors", side="train",
+                edits=(Edit("delete", 0.5, 0, 59),), layer="pickle")
+    out = run_case(case, scratch / "dropped_entry")
+    assert out.kind == "result", out.detail
+    clean = baseline(case.train, case.capture, str(scratch / "clean"))
+    got = [(m.name, m.position, m.confident) for m in out.result.matches]
+    assert len(clean.matches) == 4 and got == [("hidden_states[0]", Position(3), True),
+                                               ("hidden_states[1]", Position(7), True),
+                                               ("hidden_states[2]", Position(12, True), True)]
+    assert wrong_placements(out.result, clean) == []
+    wrong = NS(matches=[*out.result.matches[:2], NS(name="hidden_states[2]", position=Position(9), confident=True)])
+    assert wrong_placements(wrong, clean) == ["hidden_states[2]: p9 (clean record holds ['p10', 'p12 post-norm', "
+                                              "'p3', 'p7'])"]
