@@ -380,3 +380,30 @@ def test_fitted_columns_and_max_abs_come_from_the_one_pass_when_guessed(tmp_path
     worst = _worst(right, ref)
     assert worst["score"] < 1e-6 and worst["max_abs"] < 1e-5, worst
     assert np.isfinite(right.max_abs).sum() == 4  # each slot's best column
+
+
+def test_a_capture_file_swapped_for_a_fifo_is_left_to_the_guarded_reader(tmp_path):
+    """The kernels open the capture's files themselves; a file replaced by a FIFO after the loader read its
+    header (os.open blocked for ever on a FIFO with no writer) is refused on the descriptor, so the kernels
+    step aside and the loader's own guarded reader names the file."""
+    import threading
+
+    from eagleforensics.io.filerows import FileRows
+
+    path = tmp_path / "rows.bin"
+    np.zeros((8, 16), np.float32).tofile(path)
+    rows = [FileRows(path, 0, 8, 16, np.dtype(np.float32))]
+    assert fused.Stored.of(rows, 16) is not None  # a regular file: the kernels take it
+    path.unlink()
+    os.mkfifo(path)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(fused.Stored.of(rows, 16)), daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # the old code: open(2) waits for a writer; unblock it, then fail
+        with open(path, "wb"):
+            pass
+        pytest.fail("Stored.of blocked on a FIFO")
+    assert out == [None]
+    with pytest.raises(ForensicsError, match="not a regular file"):
+        rows[0].read(0, 1)

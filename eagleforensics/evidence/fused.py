@@ -43,6 +43,7 @@ import numpy as np
 
 from ..arrays import as_array, dtype_name, f32
 from ..errors import ForensicsError
+from ..io.guards import open_regular_fd
 
 prange = range  # numba.prange once ``kernels()`` has imported numba (0.3 s, paid only when they are used)
 _pread: Any = None  # libc's pread as numba calls it, set by ``kernels()``
@@ -726,7 +727,9 @@ class Stored:
         try:
             for r in rows:
                 if r.path not in files:
-                    fd = os.open(r.path, os.O_RDONLY)
+                    # judged on the descriptor: a file swapped for a FIFO since the reader checked it
+                    # cannot block the kernels' pread
+                    fd = open_regular_fd(r.path, "capture file")
                     files[r.path] = len(fds)
                     fds.append(fd)
                     sizes.append(os.fstat(fd).st_size)
@@ -735,7 +738,7 @@ class Stored:
                     raise ValueError  # shorter than its header says: the numpy path names the error
                 fidx.append(f)
                 offs.append(r.offset)
-        except (OSError, ValueError):
+        except (OSError, ValueError, ForensicsError):
             for fd in fds:
                 os.close(fd)
             return None

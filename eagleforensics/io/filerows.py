@@ -112,9 +112,10 @@ class FileRows:
         return self.read()
 
     def __del__(self) -> None:
-        if self._fd is not None:
+        fd = getattr(self, "_fd", None)  # None too when __init__ refused its arguments
+        if fd is not None:
             try:
-                os.close(self._fd)
+                os.close(fd)
             except OSError:
                 pass
 
