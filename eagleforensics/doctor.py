@@ -71,6 +71,10 @@ class DoctorReport:
 
     @property
     def level(self) -> str:
+        """PROBLEM on an error, ACTION on a warning, else OK; ACTION too when no check could run: nothing was
+        checked, so OK would vouch for what was never looked at (the 'not run' rows say what to give)."""
+        if all(o.status == NOT_RUN for o in self.outcomes):
+            return max(ACTION, self.extra_level, key=_LEVEL_RANK.__getitem__)
         severities = {r.finding.severity for r in self.flagged}
         level = PROBLEM if "error" in severities else ACTION if "warning" in severities else OK
         return max(level, self.extra_level, key=_LEVEL_RANK.__getitem__)
@@ -96,7 +100,7 @@ class DoctorReport:
         flagged = self.flagged
         ran = len(self.outcomes) - len(self.by_status(NOT_RUN))
         if not ran:
-            return "no check could run with these inputs (see 'not run' for what each needs)"
+            return "no check could run with these inputs: nothing was checked (see 'not run' for what each needs)"
         if flagged:
             codes = list(dict.fromkeys(r.finding.code for r in flagged))
             head = f"{len(codes)} likely cause{'s' if len(codes) > 1 else ''} of low acceptance: " + ", ".join(codes)
