@@ -289,6 +289,29 @@ def _b_float8(d: Path) -> list[str]:
     return ["align", str(_save(d / "f8.pt", rec)), str(CAP)]
 
 
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+
+
+def _b_plan_baseline_only(d: Path) -> list[str]:
+    return ["plan", str(LOGS / "sglang_0.4_baseline.log")]
+
+
+def _b_plan_launch_unknown_run(d: Path) -> list[str]:
+    return ["plan", f"broken={LOGS / 'sglang_0.5.5_broken.log'}", "--launch", "fixed=3"]
+
+
+def _b_plan_launch_malformed(d: Path) -> list[str]:
+    return ["plan", f"broken={LOGS / 'sglang_0.5.5_broken.log'}", "--launch", "broken=three"]
+
+
+def _b_doctor_nothing(d: Path) -> list[str]:
+    return ["doctor"]
+
+
+def _b_doctor_file_for_dir(d: Path) -> list[str]:
+    return ["doctor", "--drafter", str(SAMPLES / "drafter" / "config.json")]
+
+
 ROWS = [
     Row("missing-file", _b_missing, ("no_such_record.pt", "no such file")),
     Row("missing-file", _b_missing_capture, ("no_such_capture.pt", "no such file")),
@@ -336,6 +359,12 @@ ROWS = [
     Row("tensor-outside-storage", _b_outside_storage, ("outside.pt", "a tensor of shape [1, 128, 128]",
                                                        "needs 32.0 KiB of its storage '0', which holds 16.0 KiB: corrupt")),
     Row("unsupported-tensor", _b_float8, ("f8.pt", "holds a float8_e4m3fn tensor that cannot be read as an array")),
+    Row("no-speculative-run", _b_plan_baseline_only, ("plan needs at least one speculative run",
+                                                      "sglang_0.4_baseline (no speculation)")),
+    Row("launch-not-a-run", _b_plan_launch_unknown_run, ("--launch names run 'fixed'", "not one of the runs: broken")),
+    Row("launch-not-a-run", _b_plan_launch_malformed, ("launch 'three': expected STEPS[,TOPK[,DRAFT_TOKENS]]",)),
+    Row("doctor-without-inputs", _b_doctor_nothing, ("give at least one of --drafter, --target, --train",)),
+    Row("doctor-without-inputs", _b_doctor_file_for_dir, ("config.json", "--drafter expects a directory")),
 ]
 
 
