@@ -212,17 +212,6 @@ Pipeline = Callable[[Artifacts], tuple[CheckOutcome, dict[str, Any] | None, str]
 WIRING_TITLE = "aux-layer wiring (align: record against capture)"
 
 
-def model_type_of(art: Artifacts) -> str | None:
-    """--model-type, else the target's model_type (the engine rules depend on it)."""
-    if art.inputs.model_type:
-        return art.inputs.model_type
-    if art.available("target"):
-        from .checks.drafterfacts import target_facts
-
-        return target_facts(art.target.config).model_type
-    return None
-
-
 def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str]:
     """Align's verdict on the first training record against the capture, as one doctor row."""
     missing = art.missing(("train", "capture"))
@@ -237,7 +226,7 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     def run_align() -> AlignmentResult:
         return align(art.record_paths[0], art.capture, engine=engine, draft_config=draft,
                      engine_version=art.engine_version if engine else None,
-                     model_type=model_type_of(art) if engine else None,
+                     model_type=art.model_type if engine else None,
                      vllm_runner=art.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
     result = art.memo("aligned", run_align)
     verdict = result.judge()

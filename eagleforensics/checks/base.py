@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import ForensicsError
 from ..io.modeldir import ModelDir, read_config
 from ..results import Finding
+from .drafterfacts import target_facts
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -268,6 +269,15 @@ class Artifacts:
     @property
     def vllm_runner(self) -> str | None:
         return self.inputs.vllm_runner
+
+    @property
+    def model_type(self) -> str | None:
+        """--model-type, else the target's model_type (the engine rules depend on it)."""
+        if self.inputs.model_type:
+            return self.inputs.model_type
+        if self.available("target"):
+            return target_facts(self.target.config).model_type
+        return None
 
     @property
     def served_len(self) -> int | None:

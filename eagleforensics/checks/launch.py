@@ -56,14 +56,6 @@ def is_eagle3(art: Artifacts) -> tuple[bool | None, str]:
     return None, ""
 
 
-def _model_type(art: Artifacts) -> str | None:
-    if art.inputs.model_type:
-        return art.inputs.model_type
-    if art.available("target"):
-        return target_facts(art.target.config).model_type
-    return None
-
-
 def _same_path(a: str, b: str) -> bool:
     def norm(p: str) -> str:
         return str(PurePosixPath(p.strip().rstrip("/"))).lower()
@@ -111,7 +103,7 @@ def check_draft_path(art: Artifacts, name: str) -> list[Finding]:
     if args.algorithm not in DRAFTING:
         return []
     if not args.draft:
-        fact = launch_fact("draft-path-missing", args.engine, art.engine_version, _model_type(art))
+        fact = launch_fact("draft-path-missing", args.engine, art.engine_version, art.model_type)
         detail = fact.detail if fact is not None else "the engine has no drafter to load"
         source = f"{fact.source}; {PATH_SOURCE}" if fact is not None else PATH_SOURCE
         return [Finding("draft-path-missing", "error",
@@ -146,7 +138,7 @@ def _served_positions(art: Artifacts, num_layers: int) -> list[int] | None:
     draft = art.inputs.draft_config or (str(art.drafter.path / "config.json") if art.available("drafter") else None)
     try:
         audit = serving_audit(draft, art.engine, num_layers, engine_version=art.engine_version,
-                              model_type=_model_type(art), vllm_runner=art.vllm_runner)
+                              model_type=art.model_type, vllm_runner=art.vllm_runner)
     except ForensicsError:
         return None
     return [p.p for p in audit.positions if p is not None]
@@ -156,7 +148,7 @@ def check_pp(art: Artifacts, name: str) -> tuple[list[Finding], dict[str, Any]]:
     args = art.server_args
     if args.algorithm != "eagle3" or not args.pp or args.pp <= 1:
         return [], {}
-    mtype = _model_type(art)
+    mtype = art.model_type
     survives, detail = aux_survives_pp(args.engine, art.engine_version, mtype)
     data: dict[str, Any] = {"pp": args.pp, "aux_survive": survives}
     if survives is True:
