@@ -55,10 +55,13 @@ def sweep(model: torch.nn.Module, input_ids: Any) -> dict[str, torch.Tensor]:
         return _sweep(model, input_ids if is_torch(input_ids) else to_torch(as_array(input_ids)))
 
 
-def _sweep(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def forward_with_final(model: torch.nn.Module, ids: torch.Tensor
+                       ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+    """One forward pass of ``ids`` [B, S] without gradients: the model's ``hidden_states`` and the final
+    norm's input (raw p = N) and output (post-norm), [B, S, H] each, caught by a hook on that norm
+    (``hidden_states[-1]`` is post-norm in HF models, so the raw last state is only seen there)."""
     import torch
 
-    ids = input_ids.reshape(1, -1).to(torch.int64)
     grabbed: dict[str, torch.Tensor] = {}
 
     def hook(_module: Any, args: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -67,14 +70,22 @@ def _sweep(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.T
 
     handle = _final_norm(model).register_forward_hook(hook)
     try:
-        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     finally:
         handle.remove()
-    hs = out.hidden_states
+    return out.hidden_states, grabbed["raw"], grabbed["normed"]
+
+
+def _sweep(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    import torch
+
+    ids = input_ids.reshape(1, -1).to(torch.int64)
+    hs, raw, normed = forward_with_final(model, ids)
     n = len(hs) - 1
     tensors = {f"hidden.{p}": hs[p][0] for p in range(n)}
-    tensors[f"hidden.{n}"] = grabbed["raw"][0]
-    tensors["final_norm"] = grabbed["normed"][0]
+    tensors[f"hidden.{n}"] = raw[0]
+    tensors["final_norm"] = normed[0]
     tensors["input_ids"] = ids[0]
     return tensors
 

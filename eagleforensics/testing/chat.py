@@ -25,6 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..io.sweep import forward_with_final
+
 CHATML_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 LLAMA3_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 VOCAB = 512
@@ -239,16 +241,9 @@ def specforge_record(model: Any, ids: list[int], mask: list[int], *, raw_final: 
     bf16 as SpecForge writes them; right-padded with zeros to ``pad_to``."""
     import torch
 
-    x = torch.tensor([ids])
-    grabbed: dict[str, Any] = {}
-    hook = model.model.norm.register_forward_hook(lambda _m, args, out: grabbed.update(raw=args[0], normed=out))
-    try:
-        with torch.no_grad():
-            hs = model(x, output_hidden_states=True, use_cache=False).hidden_states
-    finally:
-        hook.remove()
+    hs, raw, normed = forward_with_final(model, torch.tensor([ids]))
     n = model.config.num_hidden_layers
-    final = grabbed["raw"] if raw_final else grabbed["normed"]
+    final = raw if raw_final else normed
     aux = torch.cat([hs[p] for p in (2, n // 2, n - 3)], dim=-1)
     rec = {"input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask),
            "hidden_state": final.to(torch.bfloat16), "aux_hidden_state": aux.to(torch.bfloat16)}

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..io.sweep import forward_with_final
 from .tinymodels import BOS_ID
 
 NUM_LAYERS = 8
@@ -64,15 +65,9 @@ def _forward(seed: int) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor,
     system[0] = BOS_ID
     rest = torch.randint(3, vocab, (PROMPTS + 1, MAX_TOKENS - SYSTEM_TOKENS), generator=gen)
     ids = torch.cat([system.expand(PROMPTS + 1, -1), rest], dim=1)
-    grabbed: dict[str, torch.Tensor] = {}
-    hook = model.model.norm.register_forward_hook(lambda _m, args, out: grabbed.update(raw=args[0], normed=out))
-    try:
-        with torch.no_grad():
-            hs = model(ids, output_hidden_states=True, use_cache=False).hidden_states
-    finally:
-        hook.remove()
-    states = [h.to(torch.bfloat16) for h in hs[:-1]] + [grabbed["raw"].to(torch.bfloat16)]
-    return ids, states, grabbed["normed"].to(torch.bfloat16), model, ids[PROMPTS]
+    hs, raw, normed = forward_with_final(model, ids)
+    states = [h.to(torch.bfloat16) for h in hs[:-1]] + [raw.to(torch.bfloat16)]
+    return ids, states, normed.to(torch.bfloat16), model, ids[PROMPTS]
 
 
 def _save(obj: dict[str, torch.Tensor], path: Path, gz: bool) -> None:
