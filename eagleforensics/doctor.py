@@ -70,10 +70,15 @@ class DoctorReport:
         return [r for r in self.findings if r.finding.severity in FLAGGED and r.check in found]
 
     @property
+    def nothing_ran(self) -> bool:
+        """No check could run with the inputs given."""
+        return all(o.status == NOT_RUN for o in self.outcomes)
+
+    @property
     def level(self) -> str:
         """PROBLEM on an error, ACTION on a warning, else OK; ACTION too when no check could run: nothing was
         checked, so OK would vouch for what was never looked at (the 'not run' rows say what to give)."""
-        if all(o.status == NOT_RUN for o in self.outcomes):
+        if self.nothing_ran:
             return max(ACTION, self.extra_level, key=_LEVEL_RANK.__getitem__)
         severities = {r.finding.severity for r in self.flagged}
         level = PROBLEM if "error" in severities else ACTION if "warning" in severities else OK
@@ -98,8 +103,7 @@ class DoctorReport:
     @property
     def summary(self) -> str:
         flagged = self.flagged
-        ran = len(self.outcomes) - len(self.by_status(NOT_RUN))
-        if not ran:
+        if self.nothing_ran:
             return "no check could run with these inputs: nothing was checked (see 'not run' for what each needs)"
         if flagged:
             codes = list(dict.fromkeys(r.finding.code for r in flagged))
