@@ -21,6 +21,7 @@ from .engines.crosscheck import check_request, crosscheck, serving_audit
 from .errors import ForensicsError
 from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
 from .evidence.findings import identity_findings, slot_findings, token_evidence_findings
+from .evidence.fused import preload
 from .evidence.identity import Identity, judge, step_reader, unverified_rows
 from .evidence.labels import LabelCheck, check_labels, massive_ratio, norm_kind
 from .evidence.match import ScoreMatrix, score_slots
@@ -34,6 +35,7 @@ from .evidence.tokens import (
     trailing_padding,
 )
 from .io.capture import Capture, load_capture
+from .io.guards import stored_bytes
 from .io.training import Slot, TrainingRecord, load_training
 from .positions import Position
 from .results import AlignmentResult, Finding, SlotMatch
@@ -125,6 +127,25 @@ def align(
     ``vllm_runner`` (v1, v2) overrides the model runner vLLM would pick for that version.
     """
     check_request(draft_config, engine, engine_version, model_type, vllm_runner)
+    # a large input's kernels load on another thread while the inputs are read (fused.preload)
+    loading = preload(stored_bytes(train) + stored_bytes(capture)) if device == "cpu" else None
+    try:
+        return _align(train, capture, fmt, convention, num_layers, max_tokens, allow_unsafe, progress, min_score,
+                      min_margin, draft_config, engine, engine_version, model_type, device, vllm_runner)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (interrupts.Terminated): stop now, the loader is a daemon
+        loading = None
+        raise
+    finally:  # else the loader ends before align returns or raises: no thread outlives the call
+        if loading is not None:
+            loading.join()
+
+
+def _align(train: str | Path | TrainingRecord, capture: str | Path | Capture, fmt: str | None, convention: str,
+           num_layers: int | None, max_tokens: int | None, allow_unsafe: bool,
+           progress: Callable[[Position], None] | None, min_score: float | None, min_margin: float | None,
+           draft_config: str | Path | None, engine: str | None, engine_version: str | None,
+           model_type: str | None, device: str, vllm_runner: str | None) -> AlignmentResult:
+    """``align``'s work, once the kernels are loading."""
     record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
     from .evidence.fingerprint import Fingerprint, is_fingerprint, load_fingerprint
 

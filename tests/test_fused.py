@@ -407,3 +407,96 @@ def test_a_capture_file_swapped_for_a_fifo_is_left_to_the_guarded_reader(tmp_pat
     assert out == [None]
     with pytest.raises(ForensicsError, match="not a regular file"):
         rows[0].read(0, 1)
+
+
+KERNEL_NAMES = ("row_stats", "direct", "fit_scores")
+_SIGNATURES = ("import json\nfrom eagleforensics.evidence import fused\n"
+               "def signatures():\n"
+               f"    return {{n: [str(s) for s in getattr(fused._KERNELS, n).signatures] for n in {KERNEL_NAMES!r}}}\n")
+
+
+def test_the_kernels_load_ahead_with_the_argument_types_the_scorer_passes(tmp_path):
+    """``fused.preload`` loads each kernel for the exact argument types a real align passes: a real
+    run in another process (kernels forced) ends with the same single signature per kernel, on a
+    SpecForge record (column slices of aux_hidden_state) and on a record of whole arrays."""
+    env = {"PYTHONPATH": str(ROOT), "EAGLEFORENSICS_FUSED": "1"}
+    warm = _child(_SIGNATURES + "t = fused.preload(1)\nassert t is not None\nt.join()\nprint(json.dumps(signatures()))",
+                  env, tmp_path)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    ahead = json.loads(warm.stdout.strip().splitlines()[-1])
+    assert all(len(ahead[n]) == 1 for n in KERNEL_NAMES), ahead
+    for record, capture in (("data_0.ckpt", "capture.pt"), ("record_layer_outputs.safetensors",
+                                                             "capture_sweep.safetensors")):
+        code = (_SIGNATURES + "from eagleforensics.alignment import align\nfused.preload = lambda n: None\n"
+                f"align({str(SAMPLES / record)!r}, {str(SAMPLES / capture)!r})\nprint(json.dumps(signatures()))")
+        real = _child(code, env, tmp_path)
+        assert real.returncode == 0, real.stderr[-2000:]
+        used = json.loads(real.stdout.strip().splitlines()[-1])
+        assert used == ahead, (record, used, ahead)  # every kernel ran (one signature each), as loaded ahead
+
+
+def test_a_small_align_loads_no_kernels_and_a_large_one_starts_loading_them(tmp_path):
+    """Below ``MIN_BYTES`` of input nothing is loaded ahead (numba's import alone would cost the samples
+    their start-up target); from it on, ``preload`` starts one daemon thread, once per process."""
+    code = ("import sys, threading\nfrom eagleforensics.cli import main\nfrom eagleforensics.evidence import fused\n"
+            f"try:\n    main(['align', {str(SAMPLES / 'record_layer_outputs.safetensors')!r}, "
+            f"{str(SAMPLES / 'capture_sweep.safetensors')!r}, '--json'], standalone_mode=False)\n"
+            "except SystemExit:\n    pass\n"
+            "assert 'numba' not in sys.modules, 'a small align imported numba'\n"
+            "assert threading.active_count() == 1\n"
+            "assert fused.preload(fused.MIN_BYTES - 1) is None\n"
+            "t = fused.preload(fused.MIN_BYTES)\nassert t is not None and t.daemon\nt.join()\n"
+            "assert fused.preload(fused.MIN_BYTES) is None  # loaded: nothing more to start\nprint('ok')")
+    env = {k: v for k, v in os.environ.items() if k != "EAGLEFORENSICS_FUSED"}
+    res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.split()[-1] == "ok", res.stderr[-2000:]
+
+
+def test_align_leaves_no_loader_thread_behind_on_success_or_bad_input(tmp_path, monkeypatch):
+    """align joins the loader it started, whether it returns or raises (a thread left running would
+    race the next call's kernel counts in a notebook or a test)."""
+    import threading
+
+    from eagleforensics import alignment
+
+    started = []
+
+    def slow(nbytes):
+        t = threading.Thread(target=lambda: __import__("time").sleep(1.0), daemon=True)
+        t.start()
+        started.append(t)
+        return t
+
+    monkeypatch.setattr(alignment, "preload", slow)
+    align(SAMPLES / "record_layer_outputs.safetensors", SAMPLES / "capture_sweep.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    with pytest.raises(ForensicsError):
+        align(bad, SAMPLES / "capture_sweep.safetensors")
+    assert len(started) == 2 and not any(t.is_alive() for t in started)
+
+
+def test_ctrl_c_in_align_does_not_wait_for_the_loader(monkeypatch):
+    """Ctrl-C (or SIGTERM, ``interrupts.Terminated``) leaves at once: the loader is a daemon, not joined."""
+    import threading
+    import time
+
+    from eagleforensics import alignment
+
+    done = threading.Event()
+    loader = threading.Thread(target=done.wait, args=(3.0,), daemon=True)  # joined, it would hold align 3 s
+    loader.start()
+    monkeypatch.setattr(alignment, "preload", lambda n: loader)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(alignment, "_align", interrupted)
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            align(SAMPLES / "record_layer_outputs.safetensors", SAMPLES / "capture_sweep.safetensors")
+    finally:
+        done.set()
+    assert time.perf_counter() - t0 < 1.0

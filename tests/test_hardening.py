@@ -405,6 +405,24 @@ def test_a_directory_holding_a_fifo_is_refused_without_opening_it(tmp_path: Path
         open_regular_fd(tmp_path / "tokenizer.json")  # O_NONBLOCK: a FIFO with no writer does not block
 
 
+def test_stored_bytes_is_a_hint_that_opens_nothing(tmp_path: Path) -> None:
+    """The size ``align`` decides its kernel loading by: a file's size, a folder's files (not below), 0 for
+    a FIFO (never opened: no writer, and it would block), a missing path, a NUL in the name, an object."""
+    from eagleforensics.io.guards import stored_bytes
+
+    (tmp_path / "a.bin").write_bytes(b"x" * 300)
+    (tmp_path / "b.bin").write_bytes(b"x" * 50)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "deep.bin").write_bytes(b"x" * 1000)
+    os.mkfifo(tmp_path / "pipe")
+    assert stored_bytes(tmp_path / "a.bin") == 300
+    assert stored_bytes(str(tmp_path)) == 350
+    assert stored_bytes(tmp_path / "pipe") == 0
+    assert stored_bytes(tmp_path / "missing") == 0
+    assert stored_bytes(str(tmp_path / "a\0.bin")) == 0
+    assert stored_bytes(object()) == 0
+
+
 def test_an_output_that_is_a_fifo_or_device_is_refused_before_anything_runs(tmp_path: Path, monkeypatch) -> None:
     """report -o FIFO: refused before the kernel starts (the atomic rename would have replaced it); the FIFO stays."""
     import stat as stat_mod

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..arrays import as_array, dtype_name, f32
+from ..arrays import BF16 as BF16_NP, as_array, dtype_name, f32
 from ..errors import ForensicsError
 from ..io.guards import open_regular_fd
 
@@ -894,3 +894,47 @@ def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarr
                  yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, _row_buffers(st, rows, work), err)
     st.check(err, g)
     return out
+
+
+
+# ---- loading the kernels ahead of their first use ---------------------------------------------
+
+def _warm() -> None:
+    """Call the kernels a large align always uses (``row_stats``, ``direct``, ``fit_scores``) once on
+    zero-sized arguments built as the scorer builds them: their machine code is loaded from the cache
+    and numba's thread pool started, with no row read."""
+    from .sums import Sums
+
+    h, k = 8, 4
+    slots = [np.zeros((1, 3 * h), BF16_NP)[:, :h] for _ in range(k)]  # a record's aux slots are column slices
+    row_stats(slots[0], 1 << 62)
+    st = Stored([""], [-1], np.zeros(1, np.int64), np.zeros(1, np.int64), BF16, h, 0)  # one position, no rows
+    st.fds = []  # nothing to read and nothing to close
+    sums = Sums(k, 1, 0, 0, 0, h, [0], [0])
+    adj = np.full(sums.xx.shape, np.nan, np.float32)
+    direct(st, slots, 0, 0, 0, np.zeros(1, np.int8), sums.xx, sums.bad, sums.dot, sums.yy, sums.y_ok, adj,
+           tokens=(0, 0))
+    assert sums.gain is not None
+    fit_scores(st, 0, slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, 0, 0, sums.fdot, sums.fpp)
+
+
+def preload(nbytes: int) -> threading.Thread | None:
+    """Start loading the kernels on a background thread when ``nbytes`` of input will be scored by
+    them (``wanted``): numba's import and the cached code's load (~0.4 s of Python) then overlap the
+    reading of the inputs, which waits on the OS with the GIL released. The first real call waits
+    for it on ``LOCK``. Returns the thread (join it when the work ends), or None when nothing was
+    started. A daemon, so that Ctrl-C need not wait for it; a failure here is left for the real call
+    to meet and report."""
+    if not wanted(nbytes) or _KERNELS is not None:
+        return None
+
+    def run() -> None:
+        try:
+            with LOCK:
+                _warm()
+        except Exception:  # noqa: BLE001 - the first real call meets it again, where it is handled
+            pass
+
+    thread = threading.Thread(target=run, name="eagleforensics-kernels", daemon=True)
+    thread.start()
+    return thread

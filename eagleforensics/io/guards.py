@@ -118,6 +118,21 @@ def check_regular_tree(directory: str | Path, what: str = "directory") -> None:
             raise ForensicsError(f"{NOT_REGULAR} (inside the {what})", path=entry.path)
 
 
+def stored_bytes(path: Any) -> int:
+    """Bytes on disk of an input: a regular file's size, or the sum over the regular files directly
+    in a folder; 0 for anything else (a loaded object, a FIFO, a path that cannot be read). A hint
+    for work sized before the input is read, never a check: nothing is opened."""
+    if not isinstance(path, (str, Path)):
+        return 0
+    try:
+        if os.path.isdir(path):
+            with os.scandir(path) as entries:
+                return sum(e.stat().st_size for e in entries if e.is_file())
+        return os.stat(path).st_size if os.path.isfile(path) else 0
+    except (OSError, ValueError):  # ValueError: a NUL in the name; the reader names that error
+        return 0
+
+
 def read_regular(path: str | Path, limit: int, what: str = "file") -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (a config, a header), refused when larger."""
     with open_regular(path, what) as fh:
