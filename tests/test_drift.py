@@ -276,6 +276,37 @@ def test_sign_rank_is_exact_on_small_counts_and_finite_on_long_captures():
         assert abs(k - (n / 2 - 3.09 * n ** 0.5 / 2)) < 2  # the normal approximation at z(0.999) = 3.09
 
 
+def test_robust_medians_of_all_columns_at_once_equal_one_column_at_a_time(monkeypatch):
+    """``_robust_rows`` (one median call over the columns finite throughout) gives bit for bit what
+    ``_robust`` gives per column, on the per-token scores of a real align, with NaN cells and empty
+    columns mixed in, at odd and even token counts and at none."""
+    import warnings
+
+    import numpy as np
+
+    from eagleforensics import alignment
+    from eagleforensics.evidence import identity
+
+    from .realdata import SAMPLES
+
+    seen = []
+    real_judge = alignment.judge
+    monkeypatch.setattr(alignment, "judge", lambda per_token, *a, **k: seen.append(per_token) or
+                        real_judge(per_token, *a, **k))
+    align(SAMPLES / "record_layer_outputs.safetensors", SAMPLES / "capture_sweep.safetensors")
+    assert seen and all(np.isnan(m).all(axis=1).any() for m in seen)  # fitted columns never scored: empty rows
+    for m in seen:
+        holed = m.copy()
+        holed[1, ::7] = np.nan
+        holed[2, 3] = np.inf
+        for x in (m, holed, m[:, :-1], holed[:, :-1], m[:, :0]):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                got = identity._robust_rows(x)
+            want = np.array([identity._robust(row) for row in x])
+            assert np.array_equal(got, want, equal_nan=True)
+
+
 def test_a_long_capture_is_placed(tmp_path, llama):
     """1,100 tokens (past the 1,023 where the paired bound's 2.0 ** n overflowed): every slot placed, as copies."""
     long_ids = prompt_ids(1100, seed=3)
