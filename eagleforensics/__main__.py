@@ -1,3 +1,3 @@
-from eagleforensics.cli import main
+from eagleforensics.cli import run
 
-main()
+run()

@@ -437,20 +437,41 @@ def test_the_kernels_load_ahead_with_the_argument_types_the_scorer_passes(tmp_pa
 
 def test_a_small_align_loads_no_kernels_and_a_large_one_starts_loading_them(tmp_path):
     """Below ``MIN_BYTES`` of input nothing is loaded ahead (numba's import alone would cost the samples
-    their start-up target); from it on, ``preload`` starts one daemon thread, once per process."""
-    code = ("import sys, threading\nfrom eagleforensics.cli import main\nfrom eagleforensics.evidence import fused\n"
-            f"try:\n    main(['align', {str(SAMPLES / 'record_layer_outputs.safetensors')!r}, "
-            f"{str(SAMPLES / 'capture_sweep.safetensors')!r}, '--json'], standalone_mode=False)\n"
-            "except SystemExit:\n    pass\n"
-            "assert 'numba' not in sys.modules, 'a small align imported numba'\n"
-            "assert threading.active_count() == 1\n"
-            "assert fused.preload(fused.MIN_BYTES - 1) is None\n"
-            "t = fused.preload(fused.MIN_BYTES)\nassert t is not None and t.daemon\nt.join()\n"
-            "assert fused.preload(fused.MIN_BYTES) is None  # loaded: nothing more to start\nprint('ok')")
+    their start-up target); from it on, ``preload`` starts one daemon thread, once per process. In a
+    command (the CLI marks its process short-lived) numba's objects are then frozen out of the cyclic
+    collector's sight; in a host process (a notebook) nothing is frozen and the collector runs as before."""
+    cli = ("import gc, sys, threading\nfrom eagleforensics.cli import run\nfrom eagleforensics.evidence import fused\n"
+           f"sys.argv = ['eagleforensics', 'align', {str(SAMPLES / 'record_layer_outputs.safetensors')!r}, "
+           f"{str(SAMPLES / 'capture_sweep.safetensors')!r}, '--json']\n"
+           "try:\n    run()\nexcept SystemExit:\n    pass\n"
+           "assert 'numba' not in sys.modules, 'a small align imported numba'\n"
+           "assert threading.active_count() == 1\n"
+           "assert fused.preload(fused.MIN_BYTES - 1) is None\n"
+           "t = fused.preload(fused.MIN_BYTES)\nassert t is not None and t.daemon\nt.join()\n"
+           "assert fused.preload(fused.MIN_BYTES) is None  # loaded: nothing more to start\n"
+           "assert gc.get_freeze_count() > 10_000 and gc.isenabled(), gc.get_freeze_count()\nprint('ok')")
+    host = ("import gc\nfrom eagleforensics.evidence import fused\n"
+            "t = fused.preload(fused.MIN_BYTES)\nassert t is not None\nt.join()\n"
+            "assert gc.get_freeze_count() == 0 and gc.isenabled()\nprint('ok')")
     env = {k: v for k, v in os.environ.items() if k != "EAGLEFORENSICS_FUSED"}
-    res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and res.stdout.split()[-1] == "ok", res.stderr[-2000:]
+    for code in (cli, host):
+        res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and res.stdout.split()[-1] == "ok", res.stderr[-2000:]
+
+
+def test_the_collector_pause_restores_whatever_state_it_found():
+    import gc
+
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            with fused._collector_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_align_leaves_no_loader_thread_behind_on_success_or_bad_input(tmp_path, monkeypatch):
@@ -500,3 +521,17 @@ def test_ctrl_c_in_align_does_not_wait_for_the_loader(monkeypatch):
     finally:
         done.set()
     assert time.perf_counter() - t0 < 1.0
+
+
+def test_main_called_in_process_leaves_its_host_process_long_lived():
+    """A notebook or a test that calls the CLI's ``main`` in-process must not get the command's GC policy
+    (``cli.run``, the program, sets it: see the child processes above)."""
+    from click.testing import CliRunner
+
+    from eagleforensics import process
+    from eagleforensics.cli import main
+
+    res = CliRunner().invoke(main, ["align", str(SAMPLES / "record_layer_outputs.safetensors"),
+                                    str(SAMPLES / "capture_sweep.safetensors"), "--json"])
+    assert res.exit_code in (0, 1), res.output[-2000:]
+    assert process.SHORT_LIVED is False

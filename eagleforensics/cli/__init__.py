@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from ..process import mark_short_lived
 from .common import run_guarded
 
 
@@ -36,4 +37,13 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["main", "run_guarded"]
+
+def run() -> None:
+    """The program: ``eagleforensics ...`` and ``python -m eagleforensics ...``. Marks the process as one
+    short command (``process``) before ``main`` runs; ``main`` called in-process (a test's CliRunner,
+    a notebook) leaves its host process as it is."""
+    mark_short_lived()
+    main()
+
+
+__all__ = ["main", "run", "run_guarded"]

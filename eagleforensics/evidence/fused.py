@@ -33,14 +33,17 @@ writable (a read-only install) it is compiled in memory at each start instead.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
 import os
 import threading
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .. import process
 from ..arrays import BF16 as BF16_NP, as_array, dtype_name, f32
 from ..errors import ForensicsError
 from ..io.guards import open_regular_fd
@@ -918,6 +921,19 @@ def _warm() -> None:
     fit_scores(st, 0, slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, 0, 0, sums.fdot, sums.fpp)
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic collection while numba loads (it allocates ~10^5 objects that all stay): the collector
+    would walk them again and again. Restores the collector's state, whoever set it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def preload(nbytes: int) -> threading.Thread | None:
     """Start loading the kernels on a background thread when ``nbytes`` of input will be scored by
     them (``wanted``): numba's import and the cached code's load (~0.4 s of Python) then overlap the
@@ -930,10 +946,15 @@ def preload(nbytes: int) -> threading.Thread | None:
 
     def run() -> None:
         try:
-            with LOCK:
+            with LOCK, _collector_paused():
                 _warm()
         except Exception:  # noqa: BLE001 - the first real call meets it again, where it is handled
-            pass
+            return
+        if process.SHORT_LIVED:
+            # numba leaves ~10^5 objects that live as long as the process: out of the cyclic collector's
+            # sight, later collections stop walking them (0.1-0.2 s of a command's CPU). Not in a host
+            # process: frozen objects' cycles are never collected there.
+            gc.freeze()
 
     thread = threading.Thread(target=run, name="eagleforensics-kernels", daemon=True)
     thread.start()
