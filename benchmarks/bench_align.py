@@ -15,7 +15,9 @@ SpecForge's ``.ckpt`` and as safetensors. Then, in one run:
   T=512 and T=2048 interleaved, ``--repeat`` times each; best and median wall time, CPU time
   (user + sys) and peak RSS (``peakrss.py``);
 * the marginal throughput: (input bytes at T=2048 - at T=512) / (wall at 2048 - at 512), so
-  start-up cancels, and its ratio to the ``cat`` rate (target >= 0.6x); peak RSS over the
+  start-up cancels, and its ratio to the ``cat`` rate (target >= 0.6x), from the best runs, from
+  the medians, and from the repetitions as pairs (each T=512 run and the T=2048 run right after it:
+  the median of their differences, with its quartiles, the steadiest of the three); peak RSS over the
   capture at T=2048 (target <= 0.3x); align's wall at T=512 with the .ckpt record (target <= 1 s);
   whether torch was imported (``-X importtime``, one extra run per record);
 * the verdict: align must place the three aux slots and the post-norm final where they were drawn from;
@@ -212,6 +214,11 @@ def bench_shape(shape: str, args: argparse.Namespace, folder: Path, columns: lis
         col["marginal"] = extra / max(b["wall"] - a["wall"], 1e-9)
         col["marginal_median"] = extra / max(b["median"] - a["median"], 1e-9)
         col["marginal_cpu"] = extra / max(b["cpu"] - a["cpu"], 1e-9)
+        # each repetition ran T=small then T=large back to back: their difference is one paired sample, and
+        # its median (with the quartiles) shrugs off a slow spell that only one size's best or median met
+        pairs = sorted(y - x for x, y in zip(a["walls"], b["walls"]))
+        col["paired_s"] = [pairs[len(pairs) // 4], statistics.median(pairs), pairs[3 * len(pairs) // 4]]
+        col["ratio_paired"] = [extra / max(d, 1e-9) / cat for d in reversed(col["paired_s"])]  # low, mid, high
         col["measurable"] = b["wall"] - a["wall"] > 0.02
         col["ratio"], col["ratio_median"] = col["marginal"] / cat, col["marginal_median"] / cat
         col["cat_rate"] = cat
@@ -262,6 +269,9 @@ def print_shape(shape: str, r: dict[str, Any], tokens: list[int]) -> None:
     line(f"  / cat (target >= {TARGETS['ratio']}x)", ["1.00x"] * len(recs),
          [f"{r['columns'][c]['ratio']:.2f}x ({r['columns'][c]['ratio_median']:.2f}x)"
           if r["columns"][c]["measurable"] else "" for c in cols])
+    line("  / cat, paired runs: median (IQR)", [""] * len(recs),
+         [f"{r['columns'][c]['ratio_paired'][1]:.2f}x ({r['columns'][c]['ratio_paired'][0]:.2f}-"
+          f"{r['columns'][c]['ratio_paired'][2]:.2f}x)" if r["columns"][c]["measurable"] else "" for c in cols])
     line("  per CPU-second, GB", [""] * len(recs), [f"{r['columns'][c]['marginal_cpu'] / 1e9:.2f}" for c in cols])
     if any("inproc_marginal" in r["columns"][c] for c in cols):
         line("  in-process marginal / cat", [""] * len(recs), [
