@@ -605,6 +605,8 @@ def kernels() -> types.SimpleNamespace:
     """The compiled kernels (``direct``, ``fit_equations``, ``fit_scores``, ``max_abs``, ``row_stats``):
     numba imported, each loaded from its cache (or compiled) on first call."""
     global _KERNELS, prange, _pread
+    if _KERNELS is not None:  # set last, once everything below is done: no lock needed to read it
+        return _KERNELS
     with LOCK:
         if _KERNELS is None:
             import numba
@@ -810,14 +812,28 @@ class Plan:
         return self.mx[k].view(np.float32)
 
 
+def _launch(kernel: Any, args: tuple[Any, ...], load_only: bool) -> bool:
+    """Run ``kernel`` on ``args`` (the caller holds ``LOCK``), or with ``load_only`` only load its machine
+    code for their types: no launch, so no ``LOCK``, and a kernel running meanwhile is not disturbed.
+    Returns whether it ran."""
+    if load_only:
+        import numba
+
+        kernel.compile(tuple(numba.typeof(a) for a in args))
+        return False
+    kernel(*args)
+    return True
+
+
 def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.ndarray, xx: np.ndarray,
            bad: np.ndarray, dot: np.ndarray, yy: np.ndarray, y_ok: np.ndarray, adj: np.ndarray,
-           plan: Plan | None = None, tokens: tuple[int, int] | None = None) -> None:
+           plan: Plan | None = None, tokens: tuple[int, int] | None = None, load_only: bool = False) -> None:
     """One pass over every row of every position (``direct``), filling ``Sums``' arrays in place:
     xx, bad, adj [P, T]; dot [Lw, P, K]; yy, y_ok [Lw, K]. Slot k's aligned row j is row ts + j of
     ``slots[k]`` ([S, H] tensors or arrays); ``below[g]`` marks positions whose lower neighbour
     is position g - 1 (``steps.lower_neighbours``). ``plan``: what else to compute in the same pass
-    (its ``num``, ``den`` and ``mx`` are filled). ``tokens``: only capture rows [a, b)."""
+    (its ``num``, ``den`` and ``mx`` are filled). ``tokens``: only capture rows [a, b). ``load_only``:
+    see ``_launch``."""
     h, t = st.h, st.t
     a, b = tokens if tokens is not None else (0, t)
     ys = [_as16(s)[:2] for s in slots]  # kept alive: the kernel reads their memory by address
@@ -835,8 +851,10 @@ def direct(st: Stored, slots: list[Any], ts: int, cs: int, lw: int, below: np.nd
     accf = st.buffers(work * max(n_fit, 1), (n_f + 1) * h if n_fit else 1, dtype=np.float64, name="accf")
     accf = accf.reshape(work, max(n_fit, 1), n_f + 1 if n_fit else 1, h if n_fit else 1)
     mx = plan.mx if plan.mx.shape[1] == lw else np.zeros((len(slots), lw), np.uint32)
-    kern.direct(st.gfd, st.offs, below, h, st.kind, a, b, cs, lw, yaddr, ystep, ykind, READ_ROWS, CHUNK, work,
-                xx, bad, dot, yy, y_ok, adj, err, plan.fitg, plan.fitk, accf, plan.maxk, mx)
+    args = (st.gfd, st.offs, below, h, st.kind, a, b, cs, lw, yaddr, ystep, ykind, READ_ROWS, CHUNK, work,
+            xx, bad, dot, yy, y_ok, adj, err, plan.fitg, plan.fitk, accf, plan.maxk, mx)
+    if not _launch(kern.direct, args, load_only):
+        return
     st.check(err)
     if n_fit:
         total = accf.sum(0)
@@ -870,15 +888,18 @@ def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np
 
 
 def fit_scores(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
-               y_ok: np.ndarray, gain: np.ndarray, vj: int, f: int, fdot: np.ndarray, fpp: np.ndarray) -> np.ndarray:
+               y_ok: np.ndarray, gain: np.ndarray, vj: int, f: int, fdot: np.ndarray, fpp: np.ndarray,
+               load_only: bool = False) -> np.ndarray:
     """fdot[:, vj, f], fpp[:, vj, f] of position g against the fitted gain ``gain[vj, f]`` (``_fit_scores``);
-    returns, from the same pass, the per-token max |training - fitted prediction| (float32 [Lw], as ``max_abs``)."""
+    returns, from the same pass, the per-token max |training - fitted prediction| (float32 [Lw], as ``max_abs``).
+    ``load_only``: see ``_launch``."""
     kern, yv = kernels(), Rows(y)
     rows, work, err = _one_position_work(lw)
     mx = np.zeros(lw, np.uint32)
-    kern.fit_scores(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
-                    yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, _row_buffers(st, rows, work), err, mx)
-    st.check(err, g)
+    args = (int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
+            yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, _row_buffers(st, rows, work), err, mx)
+    if _launch(kern.fit_scores, args, load_only):
+        st.check(err, g)
     return mx.view(np.float32)
 
 
@@ -903,22 +924,25 @@ def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarr
 # ---- loading the kernels ahead of their first use ---------------------------------------------
 
 def _warm() -> None:
-    """Call the kernels a large align always uses (``row_stats``, ``direct``, ``fit_scores``) once on
-    zero-sized arguments built as the scorer builds them: their machine code is loaded from the cache
-    and numba's thread pool started, with no row read."""
+    """Load the kernels a large align always uses, in the order it needs them, for argument types built
+    as the scorer builds them (zero-sized). ``row_stats`` runs once under ``LOCK`` (which also starts
+    numba's thread pool); ``direct`` and ``fit_scores`` are only loaded, without ``LOCK``, so the
+    record's norms (and then the direct pass) can run while the next kernel loads."""
     from .sums import Sums
 
     h, k = 8, 4
     slots = [np.zeros((1, 3 * h), BF16_NP)[:, :h] for _ in range(k)]  # a record's aux slots are column slices
-    row_stats(slots[0], 1 << 62)
+    with LOCK:
+        row_stats(slots[0], 1 << 62)
     st = Stored([""], [-1], np.zeros(1, np.int64), np.zeros(1, np.int64), BF16, h, 0)  # one position, no rows
     st.fds = []  # nothing to read and nothing to close
     sums = Sums(k, 1, 0, 0, 0, h, [0], [0])
     adj = np.full(sums.xx.shape, np.nan, np.float32)
     direct(st, slots, 0, 0, 0, np.zeros(1, np.int8), sums.xx, sums.bad, sums.dot, sums.yy, sums.y_ok, adj,
-           tokens=(0, 0))
+           tokens=(0, 0), load_only=True)
     assert sums.gain is not None
-    fit_scores(st, 0, slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, 0, 0, sums.fdot, sums.fpp)
+    fit_scores(st, 0, slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, 0, 0, sums.fdot, sums.fpp,
+               load_only=True)
 
 
 @contextlib.contextmanager
@@ -937,8 +961,8 @@ def _collector_paused() -> Iterator[None]:
 def preload(nbytes: int) -> threading.Thread | None:
     """Start loading the kernels on a background thread when ``nbytes`` of input will be scored by
     them (``wanted``): numba's import and the cached code's load (~0.4 s of Python) then overlap the
-    reading of the inputs, which waits on the OS with the GIL released. The first real call waits
-    for it on ``LOCK``. Returns the thread (join it when the work ends), or None when nothing was
+    reading of the inputs, which waits on the OS with the GIL released. A real call that comes first
+    waits for its kernel (on ``LOCK``, or on numba's compiler lock while that kernel loads). Returns the thread (join it when the work ends), or None when nothing was
     started. A daemon, so that Ctrl-C need not wait for it; a failure here is left for the real call
     to meet and report."""
     if not wanted(nbytes) or _KERNELS is not None:
@@ -946,7 +970,7 @@ def preload(nbytes: int) -> threading.Thread | None:
 
     def run() -> None:
         try:
-            with LOCK, _collector_paused():
+            with _collector_paused():
                 _warm()
         except Exception:  # noqa: BLE001 - the first real call meets it again, where it is handled
             return
