@@ -29,7 +29,8 @@ and ``Stored.check`` turns into a one-line error naming the file.
 
 Without numba (or for small captures, or off POSIX) the numpy path in ``match`` runs instead (CUDA: ``gpu``). The
 compiled code is cached next to this file, or in numba's user cache; where neither is
-writable (a read-only install) it is compiled in memory at each start instead.
+writable (a read-only install) it is compiled in memory at each start instead. ``align`` starts
+loading them on a background thread while it reads the inputs (``preload``).
 """
 from __future__ import annotations
 
@@ -920,7 +921,6 @@ def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarr
     return out
 
 
-
 # ---- loading the kernels ahead of their first use ---------------------------------------------
 
 def _warm() -> None:
@@ -962,9 +962,10 @@ def preload(nbytes: int) -> threading.Thread | None:
     """Start loading the kernels on a background thread when ``nbytes`` of input will be scored by
     them (``wanted``): numba's import and the cached code's load (~0.4 s of Python) then overlap the
     reading of the inputs, which waits on the OS with the GIL released. A real call that comes first
-    waits for its kernel (on ``LOCK``, or on numba's compiler lock while that kernel loads). Returns the thread (join it when the work ends), or None when nothing was
-    started. A daemon, so that Ctrl-C need not wait for it; a failure here is left for the real call
-    to meet and report."""
+    waits for its kernel (on ``LOCK``, or on numba's compiler lock while that kernel loads).
+
+    Returns the thread (join it when the work ends), or None when nothing was started. A daemon, so
+    that Ctrl-C need not wait for it; a failure here is left for the real call to meet and report."""
     if not wanted(nbytes) or _KERNELS is not None:
         return None
 
