@@ -474,53 +474,47 @@ def test_the_collector_pause_restores_whatever_state_it_found():
         (gc.enable if was else gc.disable)()
 
 
-def test_align_leaves_no_loader_thread_behind_on_success_or_bad_input(tmp_path, monkeypatch):
+class _Loader:
+    """A stand-in for preload's thread that records whether align joined it."""
+
+    def __init__(self) -> None:
+        self.joined = 0
+
+    def join(self) -> None:
+        self.joined += 1
+
+
+def test_align_joins_the_loader_on_success_and_on_bad_input(tmp_path, monkeypatch):
     """align joins the loader it started, whether it returns or raises (a thread left running would
     race the next call's kernel counts in a notebook or a test)."""
-    import threading
-
     from eagleforensics import alignment
 
-    started = []
-
-    def slow(nbytes):
-        t = threading.Thread(target=lambda: __import__("time").sleep(1.0), daemon=True)
-        t.start()
-        started.append(t)
-        return t
-
-    monkeypatch.setattr(alignment, "preload", slow)
+    loaders: list[_Loader] = []
+    monkeypatch.setattr(alignment, "preload", lambda nbytes: loaders.append(_Loader()) or loaders[-1])
     align(SAMPLES / "record_layer_outputs.safetensors", SAMPLES / "capture_sweep.safetensors")
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
     with pytest.raises(ForensicsError):
         align(bad, SAMPLES / "capture_sweep.safetensors")
-    assert len(started) == 2 and not any(t.is_alive() for t in started)
+    assert [t.joined for t in loaders] == [1, 1]
 
 
 def test_ctrl_c_in_align_does_not_wait_for_the_loader(monkeypatch):
-    """Ctrl-C (or SIGTERM, ``interrupts.Terminated``) leaves at once: the loader is a daemon, not joined."""
-    import threading
-    import time
-
+    """Ctrl-C (or SIGTERM, ``interrupts.Terminated``) leaves at once: the loader, a daemon, is not joined."""
     from eagleforensics import alignment
+    from eagleforensics.interrupts import Terminated
 
-    done = threading.Event()
-    loader = threading.Thread(target=done.wait, args=(3.0,), daemon=True)  # joined, it would hold align 3 s
-    loader.start()
-    monkeypatch.setattr(alignment, "preload", lambda n: loader)
+    for signal_exc in (KeyboardInterrupt, Terminated):
+        loader = _Loader()
+        monkeypatch.setattr(alignment, "preload", lambda nbytes, t=loader: t)
 
-    def interrupted(*args):
-        raise KeyboardInterrupt
+        def interrupted(*args, exc=signal_exc):
+            raise exc
 
-    monkeypatch.setattr(alignment, "_align", interrupted)
-    t0 = time.perf_counter()
-    try:
-        with pytest.raises(KeyboardInterrupt):
+        monkeypatch.setattr(alignment, "_align", interrupted)
+        with pytest.raises(signal_exc):
             align(SAMPLES / "record_layer_outputs.safetensors", SAMPLES / "capture_sweep.safetensors")
-    finally:
-        done.set()
-    assert time.perf_counter() - t0 < 1.0
+        assert loader.joined == 0
 
 
 def test_main_called_in_process_leaves_its_host_process_long_lived():
