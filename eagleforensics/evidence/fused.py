@@ -925,15 +925,14 @@ def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarr
 
 def _warm() -> None:
     """Load the kernels a large align always uses, in the order it needs them, for argument types built
-    as the scorer builds them (zero-sized). ``row_stats`` runs once under ``LOCK`` (which also starts
-    numba's thread pool); ``direct`` and ``fit_scores`` are only loaded, without ``LOCK``, so the
-    record's norms (and then the direct pass) can run while the next kernel loads."""
+    as the scorer builds them (zero-sized). ``row_stats`` runs once (under ``LOCK``, as every launch;
+    it also starts numba's thread pool); ``direct`` and ``fit_scores`` are only loaded, without
+    ``LOCK``, so the record's norms (and then the direct pass) can run while the next kernel loads."""
     from .sums import Sums
 
     h, k = 8, 4
     slots = [np.zeros((1, 3 * h), BF16_NP)[:, :h] for _ in range(k)]  # a record's aux slots are column slices
-    with LOCK:
-        row_stats(slots[0], 1 << 62)
+    row_stats(slots[0], 1 << 62)  # takes LOCK itself, as every launch does
     st = Stored([""], [-1], np.zeros(1, np.int64), np.zeros(1, np.int64), BF16, h, 0)  # one position, no rows
     st.fds = []  # nothing to read and nothing to close
     sums = Sums(k, 1, 0, 0, 0, h, [0], [0])
