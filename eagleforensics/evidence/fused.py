@@ -969,16 +969,18 @@ def preload(nbytes: int) -> threading.Thread | None:
         return None
 
     def run() -> None:
-        try:
-            with _collector_paused():
+        with _collector_paused():
+            try:
                 _warm()
-        except Exception:  # noqa: BLE001 - the first real call meets it again, where it is handled
-            return
-        if process.SHORT_LIVED:
-            # numba leaves ~10^5 objects that live as long as the process: out of the cyclic collector's
-            # sight, later collections stop walking them (0.1-0.2 s of a command's CPU). Not in a host
-            # process: frozen objects' cycles are never collected there.
-            gc.freeze()
+            except Exception:  # noqa: BLE001 - the first real call meets it again, where it is handled
+                return
+            if process.SHORT_LIVED:
+                # numba leaves ~10^5 objects that live as long as the process: out of the cyclic collector's
+                # sight, later collections stop walking them (0.1-0.2 s of a command's CPU). Frozen before
+                # the collector is back: in between, the main thread's next allocation could start a full
+                # collection over all of them (40-80 ms at T=512). Not in a host process: frozen
+                # objects' cycles are never collected there.
+                gc.freeze()
 
     thread = threading.Thread(target=run, name="eagleforensics-kernels", daemon=True)
     thread.start()
