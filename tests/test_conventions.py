@@ -196,6 +196,16 @@ def test_parse_version_orders_post_releases():
         parse_version("latest")
 
 
+def test_parse_version_is_parsed_once_and_refused_every_time():
+    """One align resolves every engine at every known version (~800 parses): each text is parsed once.
+    A refusal is not cached away: it is raised again, naming what the user wrote."""
+    assert parse_version("0.5.12.post1") is parse_version(" v0.5.12.post1")
+    assert parse_version(0.5) == parse_version("0.5")  # not text: read as its str(), as before
+    for _ in range(2):
+        with pytest.raises(ForensicsError, match="'vlatest'"):
+            parse_version("vlatest")
+
+
 @pytest.mark.parametrize("version,label", [
     ("0.5.4.post1", "sglang deepseek 0.4.10 - 0.5.4.post1"),
     ("0.5.4.post2", "sglang deepseek 0.5.4.post2 - 0.5.12.post1"),
