@@ -29,8 +29,6 @@ def _span(since: str, until: str | None) -> str:
     return since if since == until else f"{since} - {until}"
 
 
-
-
 # --- whose embedding and head ---------------------------------------------------------------------
 
 @dataclass(frozen=True)

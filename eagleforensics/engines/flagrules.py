@@ -226,8 +226,6 @@ def _arch_of(model_type: str | None) -> str:
     return "llama"
 
 
-
-
 def _row_for(engine: str, feature: str, version: str, arch: str, layout: str) -> FlagRow | None:
     rows = [r for r in FLAG_RULES if r.engine == engine and r.arch in (arch, None)
             and (r.layout is None or r.layout == layout)]

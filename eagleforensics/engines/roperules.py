@@ -117,8 +117,6 @@ ROPE_RULES: tuple[RopeRule, ...] = (
 )
 
 
-
-
 def draft_rope_rule(engine: str, version: str | None = None, runner: str | None = None,
                     rope_type: str | None = None) -> RopeRule | None:
     """The ``RopeRule`` of ``engine`` at ``version`` (None: newest); None for TensorRT-LLM.
