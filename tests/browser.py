@@ -27,22 +27,27 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          '--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=http://127.0.0.1:9",
          "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=15000"]
 # Reads where the verdict and its snippets sit once the page has laid out (window 1280 x 900), and
-# clicks the first copy button (its label turns to "copied" once the snippet is on the clipboard, and
-# back to "copy" 1.5 s later: it is read as soon as it changes).
+# clicks the first copy button. The clipboard is a stand-in installed before the click: Chromium's own
+# clipboard answers over IPC in real time while --virtual-time-budget races the page's timers ahead, so
+# waiting on it was flaky (CI: the label still read "copy"). The stand-in either takes the text
+# (``CLIP`` = resolve) or refuses it (reject), which sends the page to its selection fallback; both
+# settle within microtasks, so the label is read right after a single timer tick.
 _PROBE = """<script>window.addEventListener('load', function () {
   var v = document.querySelector('.ef-verdict'), b = v && v.querySelector('b');
   var out = {verdict: b ? b.textContent : null, verdict_bottom: b ? b.getBoundingClientRect().bottom : null,
              snippets: [].map.call(document.querySelectorAll('.ef-snippet'), function (p) {
-               return [p.textContent, p.getBoundingClientRect().bottom]; })};
-  var btn = document.querySelector('.ef-copy'), tries = 0;
+               return [p.textContent, p.getBoundingClientRect().bottom]; }),
+             clipboard: null};
+  var stand_in = {writeText: function (t) {
+    out.clipboard = t; return CLIP === 'resolve' ? Promise.resolve() : Promise.reject(new Error('refused')); }};
+  Object.defineProperty(navigator, 'clipboard', {value: stand_in, configurable: true});
+  var btn = document.querySelector('.ef-copy');
   if (btn) { btn.click(); }
-  // the label changes when the clipboard's promise settles, which a busy machine can delay past a
-  // fixed wait: look every 100 ms, for up to 5 s, then report what the label says
-  (function report() {
-    if (btn && btn.textContent !== 'copied' && ++tries < 50) { setTimeout(report, 100); return; }
+  setTimeout(function () {
     out.copy_button = btn ? btn.textContent : null;
+    out.selection = String(window.getSelection());
     var d = document.createElement('pre'); d.id = 'ef-probe'; d.textContent = JSON.stringify(out);
-    document.body.appendChild(d); })(); });</script>"""
+    document.body.appendChild(d); }, 0); });</script>"""
 
 
 def run(page: Path, *extra: str, netlog: Path | None = None) -> str:
@@ -80,12 +85,19 @@ def page_requests(page: Path) -> list[str]:
             if e["type"] == start and str(e.get("params", {}).get("network_isolation_key", "")).startswith("file://")]
 
 
-def probe(page: Path, tmp: Path) -> dict[str, Any]:
-    """Where the verdict and the snippets are on a 1280 x 900 window (a copy of the page with a probe script)."""
-    copy = tmp / f"probe-{page.name}"
+def probe(page: Path, tmp: Path, clipboard: str = "resolve") -> dict[str, Any]:
+    """Where the verdict and the snippets are on a 1280 x 900 window (a copy of the page with a probe script).
+
+    ``clipboard`` is what the stand-in clipboard does with the copy button's text: "resolve" takes it,
+    "reject" refuses it (the page should then select the snippet instead).
+    """
+    if clipboard not in ("resolve", "reject"):
+        raise ValueError(f"clipboard must be 'resolve' or 'reject', not {clipboard!r}")
+    copy = tmp / f"probe-{clipboard}-{page.name}"
     text = page.read_text(encoding="utf-8")
     at = text.rfind("</body>")
-    copy.write_text(text[:at] + _PROBE + text[at:], encoding="utf-8")
+    script = _PROBE.replace("CLIP", repr(clipboard))
+    copy.write_text(text[:at] + script + text[at:], encoding="utf-8")
     dom = run(copy, "--window-size=1280,900", "--dump-dom")
     found = re.search(r'<pre id="ef-probe">(.*?)</pre>', dom, re.S)
     assert found, "the probe did not run"

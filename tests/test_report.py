@@ -380,7 +380,12 @@ class TestVerdictAtTheTop:
             assert snippets[sglang] < 900 and snippets['{"eagle_aux_hidden_state_layer_ids": [3, 7, 10]}'] < 900
             assert "speculative_config:\n  eagle3_layers_to_capture: [2, 6, 9]" in snippets
             assert run.text.count('class="ef-copy"') == len(seen["snippets"]) == 3  # vllm, sglang, trtllm
-            assert seen["copy_button"] == "copied"  # the inline script ran and copied the first snippet
+            first = seen["snippets"][0][0]
+            assert seen["copy_button"] == "copied" and seen["clipboard"] == first  # the clipboard got the snippet
+            refused = browser.probe(run.html, tmp_path, clipboard="reject")
+            # the clipboard refused: the page selects the snippet for a manual copy and still says so
+            assert refused["clipboard"] == first and refused["selection"] == first
+            assert refused["copy_button"] == "copied"
         if level == "PROBLEM":
             assert "embedding" in run.summary["verdict"] and "What to do" in run.text
         if level == "OK":
