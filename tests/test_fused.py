@@ -357,9 +357,13 @@ def test_fitted_columns_and_max_abs_come_from_the_one_pass_when_guessed(tmp_path
     slots[3][20] = float("inf")
     fit = [False, False, False, True]
     window = (2, 2, 28)
-    calls = _counted(monkeypatch, ["fit_equations", "max_abs", "fit_scores"])
+    calls = _counted(monkeypatch, ["fit_equations", "max_abs"])
+    columns: list[int] = []  # positions each fit_scores launch reads
+    scores = fused.kernels().fit_scores
+    monkeypatch.setattr(fused.kernels(), "fit_scores", lambda *a: columns.append(len(a[8])) or scores(*a))
     right = match.score_slots(slots, fit, cap.positions, cap, *window)
-    assert calls == {"fit_equations": 0, "max_abs": 0, "fit_scores": match.FIT_CANDIDATES}, calls
+    assert calls == {"fit_equations": 0, "max_abs": 0}, calls
+    assert columns == [match.FIT_CANDIDATES], columns  # one launch scores every fitted column of the slot
 
     def wrong(m, sums, slots_, ts, below, fc):  # guesses nothing the answer needs
         return fused.Plan([sums.virt[0]], list(sums.fit_idx), [0] * sums.k, sums.k, sums.lw)

@@ -472,61 +472,77 @@ def _fit_equations(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: A
                     (u2 * np.float64(_ld(y2s, y2f, q, ykind)) + u3 * np.float64(_ld(y3s, y3f, q, ykind)))
 
 
-def _fit_scores(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
-                yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vj: int, f: int,
+def _fit_scores(fds: Any, offs: Any, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, gs: Any,
+                yb: Any, ybf: Any, yoff: int, yrow: int, ykind: int, y_ok: Any, col: int, gain: Any, vjs: Any, f: int,
                 fdot: Any, fpp: Any, rows: int, work: int, bufs: Any, err: Any, mx: Any) -> None:
-    """Per aligned token of position g against fitted gain ``gain[vj, f]``: pred = gain * u;
-    fdot[j, vj, f] = pred . y, fpp[j, vj, f] = |pred|^2 (arguments as ``fit_equations``; summed as
-    ``_sq64``, in one pass over the row). In the same pass ``mx[j]``: the largest |y - pred| as float32
-    bits (0 where either row is bad), what ``_max_abs`` gives for the fitted cell, should it be a slot's best."""
+    """Per aligned token, for each fitted column c (position ``gs[c]``, rows from byte ``offs[c]`` of file
+    ``fds[c]``) against its fitted gain ``gain[vjs[c], f]``: pred = gain * u; fdot[j, vj, f] = pred . y,
+    fpp[j, vj, f] = |pred|^2 (other arguments as ``fit_equations``; summed as ``_sq64``, in one pass over
+    the row). In the same pass ``mx[c, j]``: the largest |y - pred| as float32 bits (0 where either row is
+    bad), what ``_max_abs`` gives for the fitted cell, should it be a slot's best.
+
+    All the columns in one launch: each read brings ``rows`` rows of every column's position, and each
+    training row is met by all of them while it is in cache (one call per column streamed the slot's
+    rows from memory once per column). ``err[w]`` = g + 1 when position g could not be read."""
     xu_ = _units(kind)
     yu_ = _units(ykind)
     rowb = h * xu_ * 2
-    gn = gain[vj, f]
+    n_c = gs.shape[0]
     for w in prange(work):
         j0 = lw * w // work
         j1 = lw * (w + 1) // work
-        rw = bufs[w, :rows * h * xu_]
+        rw = bufs[w, :n_c * rows * h * xu_]
         rwf = rw.view(np.float32)
+        failed = False
         for b0 in range(j0, j1, rows):
             n = min(rows, j1 - b0)
-            if not _read(fd, rw, n * rowb, off + (cs + b0) * rowb):
-                err[w] = 1
+            for c in range(n_c):
+                u0 = c * rows * h * xu_
+                if not _read(fds[c], rw[u0:u0 + n * h * xu_], n * rowb, offs[c] + (cs + b0) * rowb):
+                    err[w] = gs[c] + 1
+                    failed = True
+                    break
+            if failed:
                 break
             for r in range(n):
                 j = b0 + r
                 i = cs + j
-                mx[j] = 0
-                if bad[g, i]:
-                    fdot[j, vj, f] = 0.0
-                    fpp[j, vj, f] = 0.0
-                    continue
-                scale = _scale(xx[g, i], h)
                 ok = y_ok[j, col]
                 y0 = yoff + j * yrow
                 ys, yf = yb[y0:y0 + h * yu_], ybf[y0 // 2:y0 // 2 + h]
-                xs, xf = rw[r * h:(r + 1) * h], rwf[r * h:(r + 1) * h]
-                pp = 0.0
-                py = 0.0
-                worst = np.uint32(0)
-                for c0 in range(0, h, BLOCK):
-                    m = min(BLOCK, h - c0)
-                    xs_, xf_, g_ = xs[c0:c0 + m], xf[c0:c0 + m], gn[c0:c0 + m]
-                    ys_, yf_ = ys[c0 * yu_:(c0 + m) * yu_], yf[c0:c0 + m]
-                    app = np.float32(0.0)
-                    apy = np.float32(0.0)
-                    for q in range(m):
-                        pr = _ld(xs_, xf_, q, kind) * scale * g_[q]
-                        yv = _ld(ys_, yf_, q, ykind)
-                        app += pr * pr
-                        apy += pr * yv
-                        worst = max(worst, _u32(abs(yv - pr)))
-                    pp += app
-                    py += apy
-                fpp[j, vj, f] = np.float32(pp)
-                fdot[j, vj, f] = np.float32(py) if ok else 0.0
-                if ok:
-                    mx[j] = worst
+                for c in range(n_c):
+                    g = gs[c]
+                    vj = vjs[c]
+                    mx[c, j] = 0
+                    if bad[g, i]:
+                        fdot[j, vj, f] = 0.0
+                        fpp[j, vj, f] = 0.0
+                        continue
+                    gn = gain[vj, f]
+                    scale = _scale(xx[g, i], h)
+                    xo = (c * rows + r) * h
+                    xs, xf = rw[xo:xo + h], rwf[xo:xo + h]
+                    pp = 0.0
+                    py = 0.0
+                    worst = np.uint32(0)
+                    for c0 in range(0, h, BLOCK):
+                        m = min(BLOCK, h - c0)
+                        xs_, xf_, g_ = xs[c0:c0 + m], xf[c0:c0 + m], gn[c0:c0 + m]
+                        ys_, yf_ = ys[c0 * yu_:(c0 + m) * yu_], yf[c0:c0 + m]
+                        app = np.float32(0.0)
+                        apy = np.float32(0.0)
+                        for q in range(m):
+                            pr = _ld(xs_, xf_, q, kind) * scale * g_[q]
+                            yv = _ld(ys_, yf_, q, ykind)
+                            app += pr * pr
+                            apy += pr * yv
+                            worst = max(worst, _u32(abs(yv - pr)))
+                        pp += app
+                        py += apy
+                    fpp[j, vj, f] = np.float32(pp)
+                    fdot[j, vj, f] = np.float32(py) if ok else 0.0
+                    if ok:
+                        mx[c, j] = worst
 
 
 def _max_abs(fd: int, off: int, h: int, kind: int, cs: int, lw: int, xx: Any, bad: Any, g: int,
@@ -888,20 +904,22 @@ def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np
     return acc_n.sum(0), acc_d.sum(0)
 
 
-def fit_scores(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
-               y_ok: np.ndarray, gain: np.ndarray, vj: int, f: int, fdot: np.ndarray, fpp: np.ndarray,
-               load_only: bool = False) -> np.ndarray:
-    """fdot[:, vj, f], fpp[:, vj, f] of position g against the fitted gain ``gain[vj, f]`` (``_fit_scores``);
-    returns, from the same pass, the per-token max |training - fitted prediction| (float32 [Lw], as ``max_abs``).
-    ``load_only``: see ``_launch``."""
+def fit_scores(st: Stored, gs: list[int], y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
+               y_ok: np.ndarray, gain: np.ndarray, vjs: list[int], f: int, fdot: np.ndarray, fpp: np.ndarray,
+               load_only: bool = False) -> list[np.ndarray]:
+    """fdot[:, vj, f], fpp[:, vj, f] of each fitted column ``vjs[c]`` (position ``gs[c]``) against its
+    fitted gain (``_fit_scores``, one launch for them all); returns, from the same pass, each column's
+    per-token max |training - fitted prediction| (float32 [Lw], as ``max_abs``). ``load_only``: see ``_launch``."""
     kern, yv = kernels(), Rows(y)
     rows, work, err = _one_position_work(lw)
-    mx = np.zeros(lw, np.uint32)
-    args = (int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
-            yv.kind, y_ok, col, gain, vj, f, fdot, fpp, rows, work, _row_buffers(st, rows, work), err, mx)
+    g_arr, vj_arr = np.array(gs, np.int64), np.array(vjs, np.int64)
+    mx = np.zeros((len(gs), lw), np.uint32)
+    args = (st.gfd[g_arr], st.offs[g_arr], st.h, st.kind, cs, lw, xx, bad, g_arr, yv.base, yv.basef, yv.off,
+            yv.row, yv.kind, y_ok, col, gain, vj_arr, f, fdot, fpp, rows, work,
+            _row_buffers(st, rows * len(gs), work), err, mx)
     if _launch(kern.fit_scores, args, load_only):
-        st.check(err, g)
-    return mx.view(np.float32)
+        st.check(err)
+    return [m.view(np.float32) for m in mx]
 
 
 def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
@@ -940,7 +958,7 @@ def _warm() -> None:
     direct(st, slots, 0, 0, 0, np.zeros(1, np.int8), sums.xx, sums.bad, sums.dot, sums.yy, sums.y_ok, adj,
            tokens=(0, 0), load_only=True)
     assert sums.gain is not None
-    fit_scores(st, 0, slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, 0, 0, sums.fdot, sums.fpp,
+    fit_scores(st, [0], slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, [0], 0, sums.fdot, sums.fpp,
                load_only=True)
 
 

@@ -385,11 +385,12 @@ def _fused_sweep(m: fused.Stored, positions: list[Position], sums: Sums, slots: 
             sums.num[g, f] = num
             sums.den[g] = den
     sums.fit(js)
-    for j in js:
-        g = sums.virt[j]
-        for f, i in enumerate(sums.fit_idx):
-            sums.fitted_max[(j, f)] = fused.fit_scores(m, g, slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok,
-                                                       sums.gain, j, f, sums.fdot, sums.fpp)
+    if not js:
+        return
+    for f, i in enumerate(sums.fit_idx):  # every fitted column of one slot in one read of their positions
+        kept = fused.fit_scores(m, [sums.virt[j] for j in js], slots[i][ts:ts + lw], i, cs, lw, xx, bad, y_ok,
+                                sums.gain, js, f, sums.fdot, sums.fpp)
+        sums.fitted_max.update(((j, f), mx) for j, mx in zip(js, kept))
 
 
 def _preview(m: fused.Stored, sums: Sums, slots: list[np.ndarray], ts: int, below: np.ndarray,
