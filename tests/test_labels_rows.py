@@ -175,6 +175,32 @@ def test_the_content_signatures_on_real_states(s, ids):
         assert embedding_signature(cast(s.raw[0]), torch.arange(T).numpy())[0] is None  # no repeated id
 
 
+def test_the_embedding_signature_skips_non_finite_rows_and_survives_huge_ones(s, ids):
+    """A corrupted capture's rows (round three's fuzz: a shifted sweep) reached the identical-rows test:
+    a NaN row, or one of huge finite values, overflowed its norms, printed numpy's RuntimeWarnings on
+    the console and lost the pair. A non-finite row is left out (the capture's own finding names it);
+    a huge finite row is compared in float64 and differs from its token's other rows, as it does."""
+    import warnings
+
+    import numpy as np
+
+    from eagleforensics.evidence.labels import embedding_signature
+
+    id_arr = ids.numpy()
+    repeated = [int(t) for t in np.unique(id_arr) if (id_arr == t).sum() >= 2]
+    assert len(repeated) >= 2, "the prompt repeats at least two tokens"
+    a0, a1 = np.flatnonzero(id_arr == repeated[0])[:2]
+    b0, b1 = np.flatnonzero(id_arr == repeated[1])[:2]
+    rows = s.raw[0].numpy().copy()
+    rows[a0] = np.nan  # left out: its token has one row left, the other repeated tokens still count
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's RuntimeWarnings fail the test
+        assert embedding_signature(rows, id_arr)[0] is True
+        rows[b0] = 3e30  # finite, but its squares overflow float32
+        found, why = embedding_signature(rows, id_arr)
+    assert found is False and f"token {repeated[1]} at rows {b0} and {b1}" in why, why
+
+
 def test_token_runs_offsets_and_distinct_pairs(flattened, ids, s):
     from eagleforensics.evidence.tokens import candidate_offsets, distinct_pairs, find_run
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -303,8 +304,12 @@ def test_a_capture_shifted_mid_file_never_places_a_slot_next_to_corrupted_neighb
     drift'; a neighbour with non-finite rows now counts as not captured whole."""
     case = Case(train="data_0.ckpt", capture="capture_sweep.safetensors", side="capture",
                 edits=(Edit("insert", 0.99814, 11, 11), Edit("delete", 0.13829, 0, 11)))
-    out = run_case(case, scratch / "shifted_capture")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run_case(case, scratch / "shifted_capture")
     assert out.kind == "result", out.detail
+    # the garbage rows once overflowed numpy's norms, whose warnings the CLI printed under its answer
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
     clean = baseline(case.train, case.capture, str(scratch / "clean"))
     assert any(f.code == "nonfinite-capture" for f in out.result.findings)  # the corruption is visible
     assert wrong_placements(out.result, clean) == []

@@ -93,16 +93,20 @@ def embedding_signature(rows: Any, ids: Any | None) -> tuple[bool | None, str]:
             return True, f"{int((counts > 1).sum())} rows repeat byte for byte (no token ids to say they are one token)"
         return None, "no token ids, and no row repeats"
     ids = np.asarray(as_array(ids)).reshape(-1)[: x.shape[0]]
+    # a row with NaN/Inf says nothing about its token (the capture's non-finite finding names it); in
+    # float64 a garbage row of huge finite values keeps a finite norm (in float32 it overflowed to Inf,
+    # the pair was lost as NaN, and numpy's warnings reached the console)
+    finite = np.isfinite(x[: ids.size]).all(axis=1)
     same = differ = 0
     example = ""
     for tok in np.unique(ids):
-        where = np.flatnonzero(ids == tok)
+        where = np.flatnonzero((ids == tok) & finite)
         if where.size < 2:
             continue
-        a = x[where[0]]
+        a = x[where[0]].astype(np.float64)
         na = float(np.linalg.norm(a)) or 1e-30
         for r in where[1:]:
-            d = float(np.linalg.norm(x[r] - a)) / na
+            d = float(np.linalg.norm(x[r].astype(np.float64) - a)) / na
             if d <= SAME_ROW:
                 same += 1
             elif d >= OTHER_ROW:
