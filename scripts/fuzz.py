@@ -18,6 +18,8 @@ inner torch zip stores its records deflated (an archive in an archive), and .npz
 * ``hang``/``crash`` the worker stopped answering for ``--timeout`` s or died (SIGBUS, ...);
 * ``memory``      the worker's peak resident memory passed ``--max-rss-mib`` (1 GiB) during this input
                   (every input is under 1 MB); the worker is then replaced, so each input is judged alone.
+* ``warning``     a ``RuntimeWarning`` (numpy's overflow, invalid value, ...) while the input was read
+                  or aligned: the CLI would print it under its answer or its one-line error.
 
 The kinds of issue 19 (tests/fuzzkinds.py ``ISSUE_19_KINDS``: drafter and target directories,
 report pages for ``read_report``, safetensors/npy headers claiming other layouts, fingerprints)
@@ -38,11 +40,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-BAD = ("failure", "wrong", "hang", "crash", "memory")
+BAD = ("failure", "wrong", "hang", "crash", "memory", "warning")
 MIB = 1024 * 1024
 
 
@@ -85,12 +88,14 @@ def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int,
             raise Stop
         current.write_text(json.dumps({"case": repr(case)[:2000], "file": f"mutated_{case.target}"}))
         faulthandler.dump_traceback_later(timeout, exit=True)
-        if isinstance(case, fuzzkinds.KindCase):  # configs, draft directories, logs, nested archives
-            kind, detail, sig = fuzzkinds.run(case, scratch / "in")
-            out = None
-        else:
-            out = run_case(case, scratch / "in")
-            kind, detail, sig = out.kind, out.detail, out.signature
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            if isinstance(case, fuzzkinds.KindCase):  # configs, draft directories, logs, nested archives
+                kind, detail, sig = fuzzkinds.run(case, scratch / "in")
+                out = None
+            else:
+                out = run_case(case, scratch / "in")
+                kind, detail, sig = out.kind, out.detail, out.signature
         faulthandler.cancel_dump_traceback_later()
         if kind == "result" and out is not None:
             clean = baseline(case.train, case.capture, str(scratch / "clean"))
@@ -99,6 +104,12 @@ def worker(deadline: float, log: Path, scratch: Path, timeout: float, seed: int,
                 kind, detail = "relabelled", f"N={out.result.num_layers}: " + "; ".join(wrong)
             elif wrong:
                 kind, detail, sig = "wrong", "; ".join(wrong), f"confident wrong placement ({case.side} side)"
+        # after the placements are judged, so a warning never hides a wrong answer
+        noisy = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+        if noisy and kind not in BAD:
+            w = noisy[0]
+            kind, detail = "warning", f"{kind}, then {w.category.__name__}: {w.message}"
+            sig = f"{w.category.__name__} at {Path(w.filename).name}:{w.lineno}"
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if peak > max_rss and kind not in BAD:
             kind, detail, sig = "memory", f"peak resident memory {peak / MIB:.0f} MiB", \
