@@ -113,9 +113,9 @@ def readahead(paths: list[Path]) -> None:
     """Put ``paths`` in the page cache as a first read after eviction leaves them: drop their pages
     (``posix_fadvise(DONTNEED)``, these files only) and read them back, so readahead builds the cache.
 
-    How a file entered the cache changes how fast it is read from there: the same 1.85 GB sweep read
-    at 10-11 GB/s by ``cat`` as written by ``synth.py``, and at 25-27 GB/s once dropped and read back
-    (kernel 6.18 here; readahead caches it in larger pieces). Same-run ratios to ``cat`` depend on it."""
+    The cache's state changes how fast a file is read from there: ``cat`` read the 1.85 GB sweep at
+    25-27 GB/s freshly written or dropped and read back, and at 10-14 GB/s once a test-suite run had
+    churned memory while it stayed cached (kernel 6.18 here). Same-run ratios to ``cat`` depend on it."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
