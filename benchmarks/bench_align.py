@@ -330,7 +330,7 @@ def main() -> None:
     ap.add_argument("--no-startup", action="store_true", help="skip --help and the samples")
     ap.add_argument("--cache", default="as-is", choices=("as-is", "readahead"),
                     help="readahead: drop the sweep's files from the page cache and read them back first "
-                         "(cat then reads them 2-2.5x faster here: see readahead())")
+                         "(from the slow state, cat then read them 2-2.5x faster here: see readahead())")
     args = ap.parse_args()
     modes = list(dict.fromkeys(args.modes + (["gpu"] if args.device != "cpu" else [])))
     columns = [(m, "safetensors" if m == "torch-loop" else r) for m in modes for r in args.records]
