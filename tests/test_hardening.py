@@ -322,6 +322,25 @@ def test_ctrl_c_stops_scan_workers_quietly(tmp_path: Path) -> None:
                 os.kill(p, signal.SIGKILL)
 
 
+def test_an_interrupted_scan_leaves_no_pool_thread_for_the_exit_hook() -> None:
+    """After ``stop_pool`` on an unfinished scan the pool's manager thread has ended and closed its wake-up pipe:
+    the interpreter's exit hook then has nothing to write to (Python before gh-125451 raced a closing pipe and
+    printed a "Bad file descriptor" traceback under the Ctrl-C line)."""
+    from concurrent.futures import process as cf_process
+
+    from eagleforensics.scan.runner import make_pool, stop_pool
+
+    pool = make_pool(2, None)
+    futures = [pool.submit(time.sleep, 120) for _ in range(4)]
+    manager = pool._executor_manager_thread
+    wakeup = cf_process._threads_wakeups[manager]
+    assert manager.is_alive() and not wakeup._closed
+    stop_pool(pool, finished=False)
+    assert not manager.is_alive(), "the manager thread outlived stop_pool"
+    assert wakeup._closed
+    assert all(f.done() for f in futures)
+
+
 def _ppid(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat") as fh:
