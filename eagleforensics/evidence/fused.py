@@ -144,6 +144,17 @@ def _read(fd: int, buf: Any, nbytes: int, off: int) -> bool:
     return True
 
 
+def _read_rows(fds: Any, offs: Any, buf: Any, stride: int, nbytes: int, at: int) -> int:
+    """For each c, ``nbytes`` from byte ``offs[c] + at`` of file ``fds[c]`` into ``buf`` from unit
+    ``c * stride`` (the same rows of several positions, side by side); the first c that could not be
+    read in full, or -1."""
+    for c in range(fds.shape[0]):
+        u0 = c * stride
+        if not _read(fds[c], buf[u0:u0 + nbytes // 2], nbytes, offs[c] + at):
+            return c
+    return -1
+
+
 def _widen(src: Any, start: int, n: int, kind: int, out: Any, bits: Any) -> None:
     """n stored values from unit ``start`` of uint16 ``src`` into float32 ``out`` (``bits``: it as uint32)."""
     if kind == BF16:  # bf16 is the top half of a float32
@@ -313,18 +324,11 @@ def _direct(gfd: Any, goff: Any, below: Any, h: int, kind: int, a: int, b: int, 
         yz = np.zeros(4, np.bool_)
         if n_fit:
             accf[w] = 0.0
-        failed = False
         for r0 in range(t0, t1, rows):
-            if failed:
-                break
             n = min(rows, t1 - r0)
-            for g in range(p_count):
-                u0 = g * rows * h * xu_
-                if not _read(gfd[g], rw[u0:u0 + n * h * xu_], n * rowb, goff[g] + r0 * rowb):
-                    err[w] = g + 1
-                    failed = True
-                    break
-            if failed:
+            g = _read_rows(gfd, goff, rw, rows * h * xu_, n * rowb, r0 * rowb)
+            if g >= 0:
+                err[w] = g + 1
                 break
             for r in range(n):
                 i = r0 + r
@@ -493,16 +497,11 @@ def _fit_scores(fds: Any, offs: Any, h: int, kind: int, cs: int, lw: int, xx: An
         j1 = lw * (w + 1) // work
         rw = bufs[w, :n_c * rows * h * xu_]
         rwf = rw.view(np.float32)
-        failed = False
         for b0 in range(j0, j1, rows):
             n = min(rows, j1 - b0)
-            for c in range(n_c):
-                u0 = c * rows * h * xu_
-                if not _read(fds[c], rw[u0:u0 + n * h * xu_], n * rowb, offs[c] + (cs + b0) * rowb):
-                    err[w] = gs[c] + 1
-                    failed = True
-                    break
-            if failed:
+            c = _read_rows(fds, offs, rw, rows * h * xu_, n * rowb, (cs + b0) * rowb)
+            if c >= 0:
+                err[w] = gs[c] + 1
                 break
             for r in range(n):
                 j = b0 + r
@@ -643,7 +642,7 @@ def kernels() -> types.SimpleNamespace:
             g["_u32"] = numba.extending.intrinsic(_u32_ir)
             g["_addr"] = numba.extending.intrinsic(_addr_ir)
             g["_carray"] = numba.carray
-            for name in ("_units", "_read", "_widen", "_sq64", "_six", "_ld", "_scale", "_fit4", "_diffmax"):
+            for name in ("_units", "_read", "_read_rows", "_widen", "_sq64", "_six", "_ld", "_scale", "_fit4", "_diffmax"):
                 g[name] = numba.njit(inline="always", fastmath=_FLAGS)(g[name])
             g["_sq_exact"] = numba.njit(fastmath=_FLAGS)(g["_sq_exact"])
             _KERNELS = types.SimpleNamespace(
