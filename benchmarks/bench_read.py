@@ -1,7 +1,8 @@
 """How fast a compiled two-thread pass can read a file already in the page cache: by ``pread`` into a
 small per-thread buffer (what align's kernels do) or from a memory map (no copy, but pages are
-mapped by faults: a 2 MB page-cache folio at once, 4 KB ones a few at a time), beside ``cat``. Each mode sums every 16-bit value (as integers), so the arithmetic is
-the same and small; the ratios say which way of reading leaves the most time for the real work.
+mapped by faults: a 2 MB page-cache folio at once, 4 KB ones a few at a time), beside ``cat``.
+Each mode sums every 16-bit value (as integers), so the arithmetic is the same and small; the
+ratios say which way of reading leaves the most time for the real work.
 
     python benchmarks/bench_read.py                      # a 1 GiB file of random bytes in a temp folder
     python benchmarks/bench_read.py --file /tmp/efbench/kimi-k2-T2048.safetensors --repeat 9

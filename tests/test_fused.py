@@ -575,6 +575,6 @@ def test_a_command_stops_numpy_asking_for_huge_pages_unless_the_user_chose(tmp_p
     # importing the CLI changes nothing: numpy's own default (on, from Linux 4.6) stands
     code = "import numpy\nfrom numpy._core import multiarray\nprint(bool(multiarray._set_madvise_hugepage(True)))"
     env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    res = subprocess.run([sys.executable, "-c", "import eagleforensics.cli\n" + code], env={**env, "PYTHONPATH": str(ROOT)},
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", "import eagleforensics.cli\n" + code],
+                         env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split()[-1] == "True", res.stderr[-2000:]
