@@ -177,9 +177,12 @@ def test_a_records_slots_take_one_path_chosen_by_their_total_size(monkeypatch):
         assert not bad.any()
 
 
-def _child(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+def _child(code: str, env: dict[str, str], cwd: Path, drop: tuple[str, ...] = (),
+           timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -c code`` in ``cwd``, with this process's environment less ``drop`` and plus ``env``."""
+    base = {k: v for k, v in os.environ.items() if k not in drop}
+    return subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_without_numba_the_torch_path_gives_the_same_answer(tmp_path):
@@ -457,10 +460,8 @@ def test_a_small_align_loads_no_kernels_and_a_large_one_starts_loading_them(tmp_
     host = ("import gc\nfrom eagleforensics.evidence import fused\n"
             "t = fused.preload(fused.MIN_BYTES)\nassert t is not None\nt.join()\n"
             "assert gc.get_freeze_count() == 0 and gc.isenabled()\nprint('ok')")
-    env = {k: v for k, v in os.environ.items() if k != "EAGLEFORENSICS_FUSED"}
     for code in (cli, host):
-        res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
+        res = _child(code, {"PYTHONPATH": str(ROOT)}, tmp_path, drop=("EAGLEFORENSICS_FUSED",))
         assert res.returncode == 0 and res.stdout.split()[-1] == "ok", res.stderr[-2000:]
 
 
@@ -472,9 +473,7 @@ def test_a_command_freezes_numbas_objects_before_the_collector_comes_back(tmp_pa
             "gc.freeze = lambda: (seen.append(gc.isenabled()), real())\n"
             "t = fused.preload(fused.MIN_BYTES)\nt.join()\n"
             "assert seen == [False], seen\nassert gc.isenabled() and gc.get_freeze_count() > 10_000\nprint('ok')")
-    env = {k: v for k, v in os.environ.items() if k != "EAGLEFORENSICS_FUSED"}
-    res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    res = _child(code, {"PYTHONPATH": str(ROOT)}, tmp_path, drop=("EAGLEFORENSICS_FUSED",))
     assert res.returncode == 0 and res.stdout.split()[-1] == "ok", res.stderr[-2000:]
 
 
@@ -554,16 +553,16 @@ def test_a_command_stops_numpy_asking_for_huge_pages_unless_the_user_chose(tmp_p
     whether numpy is imported before the command starts or after; it also tells child processes through
     the environment. A user's own ``NUMPY_MADVISE_HUGEPAGE`` is left as it is, and a host process that
     calls ``main`` in-process (above) keeps numpy's setting."""
-    def probe(before: bool, preset: str | None) -> tuple[bool, str | None]:
+    def probe(before: bool, preset: str | None, command: bool = True) -> tuple[bool, str]:
+        """(numpy's advice after the start, the variable's value) in a fresh process; without
+        ``command`` the CLI is only imported, as a host process would."""
         imp = "import numpy\n" if before else ""
-        code = (f"import os\n{imp}from eagleforensics import process\nprocess.mark_short_lived()\n"
-                "from numpy._core import multiarray\n"
+        start = "from eagleforensics import process\nprocess.mark_short_lived()\n" if command else \
+            "import eagleforensics.cli\n"
+        code = (f"import os\n{imp}{start}from numpy._core import multiarray\n"
                 "print(bool(multiarray._set_madvise_hugepage(True)), os.environ.get('NUMPY_MADVISE_HUGEPAGE'))")
-        env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-        if preset is not None:
-            env["NUMPY_MADVISE_HUGEPAGE"] = preset
-        res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120)
+        env = {"PYTHONPATH": str(ROOT)} | ({} if preset is None else {"NUMPY_MADVISE_HUGEPAGE": preset})
+        res = _child(code, env, tmp_path, drop=("NUMPY_MADVISE_HUGEPAGE",), timeout=120)
         assert res.returncode == 0, res.stderr[-2000:]
         on, val = res.stdout.split()
         return on == "True", val
@@ -573,8 +572,4 @@ def test_a_command_stops_numpy_asking_for_huge_pages_unless_the_user_chose(tmp_p
     assert probe(before=True, preset="1") == (True, "1")
     assert probe(before=False, preset="1") == (True, "1")
     # importing the CLI changes nothing: numpy's own default (on, from Linux 4.6) stands
-    code = "import numpy\nfrom numpy._core import multiarray\nprint(bool(multiarray._set_madvise_hugepage(True)))"
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    res = subprocess.run([sys.executable, "-c", "import eagleforensics.cli\n" + code],
-                         env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and res.stdout.split()[-1] == "True", res.stderr[-2000:]
+    assert probe(before=True, preset=None, command=False) == (True, "None")
