@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .engines import probeformats as pf
-from .engines.probeapi import ENGINES, Reply, ServerInfo, counters, detect, generate, info, v0_k
+from .engines.probeapi import DECLARED, ENGINES, Reply, ServerInfo, counters, detect, generate, info, v0_k
 from .errors import ForensicsError, printable
 from .evidence.acceptcurve import accepted_variance
 from .evidence.probestats import MIN_ROUNDS, NOTHING, chain_reach, degenerate, first_difference, per_position, ratio
@@ -107,8 +107,8 @@ class Window:
     emitted: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "tokens": self.tokens, "drafts": self.drafts, "accepted": self.accepted,
-                "emitted": self.emitted, "per_position_accepted": list(self.per_pos) if self.per_pos else None,
+        return {"requests": self.requests, "tokens": self.tokens, "drafts": _num(self.drafts),
+                "accepted": _num(self.accepted), "emitted": _num(self.emitted), "per_position_accepted": list(self.per_pos) if self.per_pos else None,
                 "status": self.status}
 
 
@@ -239,6 +239,10 @@ class ProbeReport:
         return render_text(self)
 
 
+def _fmt(x: float) -> str:
+    return f"{x:.0f}" if math.isfinite(x) else "n/a"
+
+
 def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
@@ -339,7 +343,7 @@ def _run(client: Client, server: ServerInfo, prompts: list[Prompt], inputs: Prob
                 replies[i] = one(i)
                 snaps.append((before, counters(client)))
             return [r for r in replies if r is not None], snaps
-        before = counters(client) if server.engine == "vllm" and server.speculative else None
+        before = counters(client) if server.engine == "vllm" else None
         with ThreadPoolExecutor(max_workers=max(1, inputs.concurrency), thread_name_prefix="probe") as pool:
             futures = {pool.submit(one, i): i for i in range(len(prompts))}
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
@@ -392,6 +396,15 @@ def _settle(client: Client, fmt: pf.CounterFormat, before: dict[str, float], aft
     logs), at most ``settle`` seconds."""
     deadline = time.monotonic() + settle
     while _window(before, after, fmt, k, requests, tokens).status == "short" and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        after = counters(client)
+    return after
+
+
+def _settle_declared(client: Client, after: dict[str, float], settle: float) -> dict[str, float]:
+    """Read the counters again until spec-decode samples appear, at most ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while pf.counter_format(set(after)) is None and time.monotonic() < deadline:
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         after = counters(client)
     return after
@@ -497,6 +510,18 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     replies, snaps = _run(client, server, prompts, inputs, temperature=inputs.temperature,
                           per_request_windows=per_request)
     windows: list[Window] = []
+    if engine == "vllm" and not server.speculative and snaps:
+        before, after = snaps[-1]
+        if pf.counter_format(set(after)) is None and DECLARED + pf.V0_EMITTED.removesuffix("_total") in after:
+            after = _settle_declared(client, after, inputs.settle)  # 0.7.3: samples appear when it logs
+            snaps[-1] = (before, after)
+        fmt = pf.counter_format(set(after))
+        if fmt is not None:
+            server = replace(server, speculative=True, counters=fmt)
+        elif DECLARED + pf.V0_EMITTED.removesuffix("_total") in after:
+            notes.append(f"vLLM 0.7.3 declares its spec-decode counters whether or not it speculates; none were "
+                         f"written within --settle {inputs.settle:g} s after the probe, so it is taken to run "
+                         "without speculation")
     if engine == "vllm" and server.speculative and server.counters is not None:
         fmt = server.counters
         k = server.num_steps
@@ -591,7 +616,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                                 f"the {engine} server runs without speculative decoding (" +
                                 ("its server info names no speculative algorithm" if engine == "sglang" else
                                  "its /metrics has no spec_decode counters") + "): health and tok/s only"))
-    elif not called:
+    elif not called and not any(f.code in ("counters-moved", "counters-short") for f in findings):
         findings.append(Finding(
             "too-few-rounds", "warning",
             f"the accept length rests on {rounds:.0f} verify rounds" + (
@@ -667,7 +692,7 @@ def render_text(rep: ProbeReport) -> str:
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     if rep.windows:
         lines += ["", "vLLM counter windows: " + "; ".join(
-            f"{w.requests} req: {w.drafts:.0f} drafts, {w.accepted:.0f} accepted, {w.emitted:.0f} counted for "
+            f"{w.requests} req: {_fmt(w.drafts)} drafts, {w.accepted:.0f} accepted, {w.emitted:.0f} counted for "
             f"{w.tokens} generated ({w.status})" for w in rep.windows[:8]) + (" ..." if len(rep.windows) > 8 else "")]
     lines.append("")
     if s.speculative:
@@ -675,7 +700,7 @@ def render_text(rep: ProbeReport) -> str:
             se = f" +- {rep.accept_length_se:.3f}" if math.isfinite(rep.accept_length_se) else " (SE n/a)"
             called = "" if rep.called else f"  [NOT CALLED: {rep.rounds:.0f} rounds < {MIN_ROUNDS}]"
             lines.append(f"accept:  {rep.accept_length:.3f}{se} over {rep.rounds:.0f} rounds in {rep.units} "
-                         f"{'requests' if s.engine == 'sglang' else 'windows'}{called}")
+                         f"{'request' if s.engine == 'sglang' else 'window'}{'s' if rep.units != 1 else ''}{called}")
         else:
             lines.append("accept:  no verify rounds counted")
         if rep.per_pos:

@@ -84,10 +84,10 @@ def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[s
             if type(exc) is not KeyboardInterrupt:  # SIGTERM keeps its own exit (143)
                 raise
             raise ForensicsError("interrupted (Ctrl-C): the probe stopped; no file was left half-written") from None
-        return rep
+        return rep, (rep.to_json() if as_json else rep.to_text())
 
-    rep = run_guarded(body)
-    echo_text(rep.to_json() if as_json else rep.to_text())
+    rep, text = run_guarded(body)
+    echo_text(text)
     for path, what in ((out_path, "run"), (report_path, "report")):
         if path is not None:  # on stderr with --json, so stdout stays one JSON document
             echo_text(f"{what}: {printable(path)}", err=as_json)

@@ -16,6 +16,7 @@ from ..io.httpclient import Client
 from . import probeformats as pf
 
 ENGINES = ("sglang", "vllm")
+DECLARED = "#declared "  # counters() keys for a spec-decode family the page declares
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def info(client: Client, engine: str) -> ServerInfo:
         steps = sum(1 for k in values if k.startswith(pf.V1_PER_POS + "|")) or None
     elif fmt is pf.V0:
         steps = v0_k(values)
-    return ServerInfo("vllm", ver["version"], data[0]["id"], None if fmt is None else True,
+    return ServerInfo("vllm", ver["version"], data[0]["id"], fmt is not None,
                       None, steps, 1 if steps else None, steps + 1 if steps else None, counters=fmt)
 
 
@@ -139,13 +140,16 @@ def v0_k(values: dict[str, float]) -> int | None:
 
 def counters(client: Client) -> dict[str, float]:
     """vLLM's spec-decode samples on /metrics, summed over model and engine labels; per-position ones keyed
-    ``name|position``."""
+    ``name|position``; every declared spec-decode family also as ``DECLARED + name`` (vLLM 0.7.3 declares its
+    counters whether or not it speculates, and writes samples once it has logged spec-decode stats)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = client.get_text("/metrics")
     out: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
+            if family.name.startswith("vllm:spec_decode_"):
+                out.setdefault(DECLARED + family.name, 0.0)  # declared, with or without samples yet
             for s in family.samples:
                 if not s.name.startswith("vllm:spec_decode_") or s.name.endswith("_created"):
                     continue
