@@ -451,8 +451,7 @@ def _probe_facts(label: str, path: str, launch: RoundConfig | None) -> RunFacts:
         topk = args.topk or 1
         config = RoundConfig(args.num_steps, topk, args.num_draft_tokens or draft_tokens_for(args.num_steps, topk))
         config_from = "the server's own account (probe)"
-    rounds = run["rounds"]
-    return RunFacts(label=label, path=path, engine=run["engine"], lines=int(rounds) if math.isfinite(rounds) else 0,
+    return RunFacts(label=label, path=path, engine=run["engine"], lines=run["requests"],  # a request, not a line
                     accept_length=run["accept_length"], accept_length_se=run["accept_length_se"], tok_s=run["tok_s"],
                     tok_s_se=run["tok_s_se"], batch=run["batch"], per_position=run["per_position"], server_args=args,
                     config=config, config_from=config_from, speculative=run["speculative"])

@@ -344,17 +344,21 @@ def _run(client: Client, server: ServerInfo, prompts: list[Prompt], inputs: Prob
                 snaps.append((before, counters(client)))
             return [r for r in replies if r is not None], snaps
         before = counters(client) if server.engine == "vllm" else None
-        with ThreadPoolExecutor(max_workers=max(1, inputs.concurrency), thread_name_prefix="probe") as pool:
+        # not a ``with`` block: its exit joins the workers before an interrupt could abort their calls
+        pool = ThreadPoolExecutor(max_workers=max(1, inputs.concurrency), thread_name_prefix="probe")
+        try:
             futures = {pool.submit(one, i): i for i in range(len(prompts))}
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-            for fut in pending:
-                fut.cancel()
             for fut in done:  # the first error, if any, is the one reported
                 if fut.exception() is not None:
-                    client.abort()
                     raise fut.exception()  # type: ignore[misc]
             for fut, i in futures.items():
                 replies[i] = fut.result()
+        except BaseException:
+            client.abort()  # calls in flight end now, queued ones are dropped: no request runs on after this
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         if before is not None:
             snaps.append((before, counters(client)))
         return [r for r in replies if r is not None], snaps
@@ -418,9 +422,7 @@ def _acceptance(server: ServerInfo, replies: list[Reply], windows: list[Window]
         rounds = float(sum(r.verify or 0 for r in units))
         length, se = ratio([r.completion_tokens for r in units], [r.verify or 0 for r in units])
         pos = per_position([r.histogram for r in replies if r.histogram])
-        if not math.isfinite(se) and pos and rounds > 0:
-            se = math.sqrt(accepted_variance(pos) / rounds)
-        return length, se, rounds, len(units), pos
+        return length, _floor_se(se, length, pos, rounds, server.num_steps), rounds, len(units), pos
     clean = [w for w in windows if w.status == "ok" and w.drafts > 0]
     rounds = float(sum(w.drafts for w in clean))
     length, se = ratio([w.drafts + w.accepted for w in clean], [w.drafts for w in clean])
@@ -428,13 +430,24 @@ def _acceptance(server: ServerInfo, replies: list[Reply], windows: list[Window]
     if clean and all(w.per_pos for w in clean) and rounds > 0:
         width = min(len(w.per_pos or ()) for w in clean)
         pos = tuple(sum((w.per_pos or ())[j] for w in clean) / rounds for j in range(width))
-    if not math.isfinite(se) and pos and rounds > 0:
-        se = math.sqrt(accepted_variance(pos) / rounds)
-    if not math.isfinite(se) and rounds > 0 and server.num_steps:  # vLLM 0.7.3: one window, no per-position counts
-        model = chain_reach(length, server.num_steps)
-        if model is not None:
-            se = math.sqrt(accepted_variance(model) / rounds)
-    return length, se, rounds, len(clean), pos
+    return length, _floor_se(se, length, pos, rounds, server.num_steps), rounds, len(clean), pos
+
+
+def _floor_se(se: float, length: float, pos: tuple[float, ...] | None, rounds: float, steps: int | None) -> float:
+    """The larger of the SE across requests (or windows) and the sampling error of the rounds themselves.
+
+    The spread across requests holds prompt-to-prompt variation, but a handful of requests (or the
+    same prompt sent again) can show none; the rounds' own error, sqrt(Var(accepted drafts) / rounds),
+    comes from the per-position acceptance (``acceptcurve.accepted_variance``) or, where the engine
+    gives none (SGLang 0.4.6, vLLM 0.7.3), from a chain with one acceptance probability per step
+    fitted to the accept length (``probestats.chain_reach``).
+    """
+    if not (rounds > 0 and math.isfinite(length)):
+        return se
+    reach = pos or (chain_reach(length, steps) if steps else None)
+    own = math.sqrt(accepted_variance(reach) / rounds) if reach else math.nan
+    parts = [x for x in (se, own) if math.isfinite(x)]
+    return max(parts) if parts else math.nan
 
 
 def _replay_figure(replay: str, server: ServerInfo) -> tuple[float, float, str] | str:
@@ -463,7 +476,8 @@ def _replay_figure(replay: str, server: ServerInfo) -> tuple[float, float, str] 
         return f"replay has no reach for {w.label}"
     k = min(steps, len(reach))
     se = math.sqrt(accepted_variance(reach[:k]) / w.starts) if w.starts else math.nan
-    what = f"replay {w.label} at {k} steps" + ("" if k == steps else f" (a lower bound for {steps})")
+    what = f"replay {w.label} at {k} step{'s' if k != 1 else ''}" + (
+        "" if k == steps else f" (a lower bound for {steps})")
     return 1.0 + sum(reach[:k]), se, f"{what}; wiring: {how}"
 
 
@@ -496,6 +510,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
 
         read_replay(inputs.replay)  # a bad replay file is said before any request is sent
     n = inputs.requests or len(prompts)
+    distinct = len({p.ids if p.ids is not None else p.text for p in prompts})
     prompts = [prompts[i % len(prompts)] for i in range(n)]
     client = Client(inputs.url, timeout=inputs.timeout, api_key=inputs.api_key, what="the server")
     engine = inputs.engine or detect(client)
@@ -506,6 +521,9 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     if note:
         findings.append(Finding("release-unknown", "info", note))
 
+    if distinct < len(prompts):
+        notes.append(f"{len(prompts)} requests over {distinct} distinct prompt{'s' if distinct != 1 else ''}: a "
+                     "prompt sent again adds rounds, not prompt-to-prompt variety")
     per_request = (engine == "vllm" and server.counters is pf.V1 and inputs.concurrency == 1)
     replies, snaps = _run(client, server, prompts, inputs, temperature=inputs.temperature,
                           per_request_windows=per_request)
@@ -672,7 +690,7 @@ def render_text(rep: ProbeReport) -> str:
     pr = printable
     s = rep.server
     launch = "no speculative decoding" if not s.speculative else (
-        f"{s.algorithm or 'speculative'}" + (f", {s.num_steps} steps" if s.num_steps else "") +
+        f"{s.algorithm or 'speculative'}" + (f", {s.num_steps} step{'s' if s.num_steps != 1 else ''}" if s.num_steps else "") +
         (f", topk {s.topk}" if s.topk else "") + (f", {s.num_draft_tokens} draft tokens" if s.num_draft_tokens else ""))
     lines = [f"server:  {pr(s.engine)} {pr(s.version or '(release not said)')}, model {pr(s.model)}; {pr(launch)}",
              f"probe:   {len(rep.replies)} requests, max {rep.inputs.max_tokens} tokens, temperature "

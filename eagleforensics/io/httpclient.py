@@ -87,11 +87,12 @@ class Client:
             headers["Content-Type"] = "application/json"
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        with self._lock:
-            if self._aborted:
-                raise ForensicsError(f"{self.what}: interrupted before {method} {path}")
-            self._open.add(conn)
         try:
+            conn.connect()  # a socket first, so that abort() has one to shut down
+            with self._lock:
+                if self._aborted:
+                    raise ForensicsError(f"{self.what}: {method} {path} interrupted")
+                self._open.add(conn)
             conn.request(method, self.prefix + path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read(MAX_REPLY + 1)

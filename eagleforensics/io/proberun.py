@@ -72,6 +72,7 @@ def read_probe_run(path: str | Path) -> dict[str, Any]:
     out["tok_s"] = _number(run, "tok_s", p, 1e-6, 1e8, allow_none=False)
     out["tok_s_se"] = _number(run, "tok_s_se", p, 0.0, 1e8)
     out["batch"] = _count(run.get("batch"), p, "run.batch", 1 << 16) or 1
+    out["requests"] = _count(run.get("requests"), p, "run.requests", 1 << 20) or 0
     out["rounds"] = _number(run, "rounds", p, 0.0, 1e12)
     pos = run.get("per_position_acceptance")
     if pos is not None:
