@@ -450,8 +450,12 @@ def _floor_se(se: float, length: float, pos: tuple[float, ...] | None, rounds: f
     return max(parts) if parts else math.nan
 
 
-def _replay_figure(replay: str, server: ServerInfo) -> tuple[float, float, str] | str:
-    """(expected accept length, SE, how) from replay for the served launch, or why there is none."""
+def _replay_figure(replay: str, server: ServerInfo, temperature: float = 0.0) -> tuple[float, float, str] | str:
+    """(expected accept length, SE, how) from replay for the served launch and temperature, or why there is none.
+
+    Replay's reach is greedy unless it was run at a temperature (``sampled_reach``); a probe at a
+    temperature replay did not use has no expectation (acceptance falls as the temperature rises).
+    """
     from .io.replayfile import read_replay
 
     rf = read_replay(replay)
@@ -467,8 +471,14 @@ def _replay_figure(replay: str, server: ServerInfo) -> tuple[float, float, str] 
             return float(tree["accept_length"]), math.nan, f"replay's tree figure for {w.label}; wiring: {how}"
         return (f"the server drafts a tree (topk {topk}); replay has no figure for it (run replay --topk {topk} "
                 f"--draft-tokens {server.num_draft_tokens} --steps {steps})")
+    source = w.reach
+    if temperature > 0:
+        if not w.sampled_reach or w.temperature is None or abs(w.temperature - temperature) > 1e-6:
+            return (f"the probe sampled at temperature {temperature:g} and replay has no figure at it (replay's "
+                    "reach is greedy unless run at a temperature): probe at --temperature 0, or replay at this one")
+        source = w.sampled_reach
     reach = []
-    for r in w.reach:
+    for r in source:
         if r is None:
             break
         reach.append(r)
@@ -653,7 +663,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     gap = None
     gap_note = None
     if inputs.replay is not None and server.speculative:
-        got = _replay_figure(inputs.replay, server)
+        got = _replay_figure(inputs.replay, server, inputs.temperature)
         if isinstance(got, str):
             gap_note = got
         elif not called:

@@ -139,6 +139,19 @@ def test_serving_gap_against_replay(engine: str, release: str, prompts: Path, tm
     assert code == 0 and not doc["serving_gap"]["found"] and "serving-gap" not in _codes(doc), out
 
 
+def test_serving_gap_above_and_temperature(prompts: Path, tmp_path: Path) -> None:
+    """A server above replay's figure is said (info); a probe at a temperature replay did not run has no expectation."""
+    replay = _replay_trained_only(tmp_path)
+    with StandIn(Plan(engine="sglang", release="0.5.13", q=0.8)) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--replay", str(replay),
+                                "--json")
+        assert code == 0 and "serving-gap-above" in _codes(doc) and "serving-gap" not in _codes(doc), out
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--replay", str(replay),
+                                "--temperature", "0.7", "--json")
+    assert code == 0 and doc["serving_gap"] is None and "temperature 0.7" in doc["serving_gap_note"]
+    assert not {"serving-gap", "serving-gap-above"} & _codes(doc)
+
+
 def test_records_prompts_decoded_with_the_targets_tokenizer(tmp_path: Path) -> None:
     """--train sends the records' prompt ids (up to the loss mask) and decodes them with the target's tokenizer."""
     from eagleforensics.io.training import load_training
