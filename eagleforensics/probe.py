@@ -135,6 +135,7 @@ class ProbeReport:
     gap_note: str | None = None
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    degenerate: list[str | None] = field(default_factory=list)  # per request: why its output is not text
 
     def request_acceptance(self, i: int) -> tuple[float | None, float | None]:
         """(verify rounds, accept length) of request ``i``: SGLang's fields, or its own vLLM counter window."""
@@ -200,13 +201,12 @@ class ProbeReport:
     def to_dict(self) -> dict[str, Any]:
         reqs = []
         for i, (p, r) in enumerate(zip(self.prompts, self.replies)):
-            toks = r.ids if r.ids is not None else r.text.split()
             reqs.append({"prompt": p.label, "completion_tokens": r.completion_tokens, "finish_reason": r.finish,
                          "seconds": r.seconds, "tok_s": r.completion_tokens / r.seconds if r.seconds > 0 else None,
                          "verify_passes": r.verify, "rounds": self.request_acceptance(i)[0],
                          "accept_length": self.request_acceptance(i)[1],
                          "engine_accept_length": r.accept_length,
-                         "degenerate": degenerate(toks, r.completion_tokens, r.finish, r.text),
+                         "degenerate": self.degenerate[i] if i < len(self.degenerate) else None,
                          "differs_from_baseline_at": next((d for j, d in self.differs if j == i), None)})
         return {
             "schema": SCHEMA, "verdict": self.verdict, "exit_code": self.exit_code, "todo": self.todo,
@@ -591,11 +591,9 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     tok_s, tok_se = ratio([r.completion_tokens for r in replies], [r.seconds for r in replies])
 
     # -- health ------------------------------------------------------------------------------------
-    bad = []
-    for p, r in zip(prompts, replies):
-        why = degenerate(r.ids if r.ids is not None else r.text.split(), r.completion_tokens, r.finish, r.text)
-        if why:
-            bad.append((p.label, why))
+    whys = [degenerate(r.ids if r.ids is not None else r.text.split(), r.completion_tokens, r.finish, r.text)
+            for r in replies]
+    bad = [(p.label, why) for p, why in zip(prompts, whys) if why]
     if bad:
         findings.append(Finding(
             "degenerate-output", "warning",
@@ -690,7 +688,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return ProbeReport(inputs, server, prompts, replies, windows, length, se, rounds, units, pos, tok_s, tok_se,
-                       findings, base_info, differs, gap, gap_note, notes, time.monotonic() - started)
+                       findings, base_info, differs, gap, gap_note, notes, time.monotonic() - started, whys)
 
 
 # --- text ------------------------------------------------------------------------------------------

@@ -329,3 +329,22 @@ def test_every_finding_code_is_documented_and_emitted() -> None:
     source = (ROOT / "eagleforensics" / "probe.py").read_text()
     emitted = set(re.findall(r'Finding\(\s*"([a-z-]+)"', source))
     assert emitted == set(FINDING_CODES), emitted ^ set(FINDING_CODES)
+
+
+def test_probestats_units() -> None:
+    """The arithmetic on its own: ratio SE, histograms to per-position acceptance, degenerate text, chain fit."""
+    from eagleforensics.evidence.probestats import chain_reach, degenerate, first_difference, per_position, ratio
+
+    r, se = ratio([3, 5, 4], [2, 2, 2])
+    assert r == 2.0 and se > 0 and ratio([3], [2])[1] != ratio([3], [2])[1]  # one unit: NaN SE
+    assert per_position([[2, 1, 1], [0, 2, 0]]) == (4 / 6, 1 / 6)  # passes that accepted >= 1, >= 2 drafts
+    assert degenerate([], 0, "length", "") == "empty output"
+    assert degenerate([7], 1, "stop", "x") == "stopped after one token"
+    assert "repeated" in degenerate([5, 6, 7, 8] * 16, 64, "length", "a b c d " * 16)
+    assert "undecodable" in degenerate(list(range(10)), 10, "length", "\ufffd\ufffd\x01ab")
+    varied = list(range(100, 164))
+    assert degenerate(varied, 64, "length", " ".join(map(str, varied))) is None
+    assert first_difference([1, 2, 3], [1, 2, 4]) == 2 and first_difference("abc", "abc") is None
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    reach = chain_reach(_expected(0.47, 3), 3)
+    assert reach is not None and abs(reach[0] - 0.47) < 1e-6 and chain_reach(5.0, 3) is None

@@ -17,6 +17,9 @@ from . import probeformats as pf
 
 ENGINES = ("sglang", "vllm")
 DECLARED = "#declared "  # counters() keys for a spec-decode family the page declares
+_SPEC = "vllm:spec_decode_"
+_HELP = "# HELP " + _SPEC
+_TYPE = "# TYPE " + _SPEC
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,13 @@ def counters(client: Client) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = client.get_text("/metrics")
+    # only the spec-decode families are parsed: a real page carries every histogram (hundreds of KiB),
+    # and the probe reads it twice per request at --concurrency 1
+    keep = "\n".join(line for line in text.splitlines()
+                     if line.startswith(_SPEC) or line.startswith(_HELP) or line.startswith(_TYPE))
     out: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(keep + "\n" if keep else ""):
             if family.name.startswith("vllm:spec_decode_"):
                 out.setdefault(DECLARED + family.name, 0.0)  # declared, with or without samples yet
             for s in family.samples:

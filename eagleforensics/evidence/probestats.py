@@ -5,6 +5,7 @@ Torch-free and free of any I/O: the pipeline feeds it the numbers the server rep
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ MIN_UNITS = 2
 NOTHING = 1.05
 REPEAT_SHARE = 0.5  # the commonest 4-gram covers more than this share of a long output
 REPEAT_MIN_TOKENS = 32
+_UNREADABLE = re.compile("[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f]")  # replacement and control characters
 
 
 def ratio(y: Sequence[float], x: Sequence[float]) -> tuple[float, float]:
@@ -67,7 +69,7 @@ def degenerate(tokens: Sequence[object], completion_tokens: int, finish: str | N
         gram, count = grams.most_common(1)[0]
         if 4 * count / len(tokens) > REPEAT_SHARE and len(set(tokens)) <= max(8, len(tokens) // 8):
             return f"one 4-token sequence repeated {count} times ({4 * count / len(tokens):.0%} of the output)"
-    if text and sum(ch == "\ufffd" or (ord(ch) < 32 and ch not in "\n\t\r") for ch in text) > 0.2 * len(text):
+    if text and len(_UNREADABLE.findall(text)) > 0.2 * len(text):
         return "mostly undecodable or control characters"
     return None
 
