@@ -39,6 +39,7 @@ from .results import Finding
 
 SCHEMA = "eagleforensics-probe-v1"
 MAX_REQUESTS = 1024
+DEFAULT_RECORDS = 16  # records read when --requests is not given
 MAX_PROMPTS_BYTES = 16 * 1024 * 1024
 HIDDEN = "(not shown; --show-url writes it)"
 
@@ -306,7 +307,8 @@ def load_prompts(inputs: ProbeInputs) -> list[Prompt]:
 
     tok = load_tokenizer(inputs.target)
     out = []
-    for f in _record_files(inputs.train)[:MAX_REQUESTS]:
+    # a record is read whole (its hidden states too), so only as many as the requests use
+    for f in _record_files(inputs.train)[:min(MAX_REQUESTS, inputs.requests or DEFAULT_RECORDS)]:
         rec = load_training(f)
         if rec.input_ids is None or len(rec.input_ids) < 2:
             raise ForensicsError("the record has no input_ids to take a prompt from", path=f)
@@ -643,8 +645,11 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                                 ("its server info names no speculative algorithm" if engine == "sglang" else
                                  "its /metrics has no spec_decode counters") + "): health and tok/s only"))
     elif not called and not any(f.code in ("counters-moved", "counters-short") for f in findings):
+        missing = engine == "sglang" and not any(r.verify is not None for r in replies)
         findings.append(Finding(
             "too-few-rounds", "warning",
+            (f"the server runs {server.algorithm} but no reply carries {pf.SGLANG_VERIFY[0]} (fields are read by "
+             "name: a release that renamed it reads as missing); " if missing else "") +
             f"the accept length rests on {rounds:.0f} verify rounds" + (
                 f" ({length:.2f} measured)" if math.isfinite(length) else "") +
             f"; at least {MIN_ROUNDS} are needed before it is called",

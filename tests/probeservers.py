@@ -43,6 +43,7 @@ class Plan:
     stall: bool = False
     malformed: str | None = None  # "json" (not JSON) | "fields" (JSON without the engine's fields) | "metrics"
     publish: bool = True  # vLLM: counters move (False: they never catch up)
+    drop: tuple[str, ...] = ()  # SGLang: meta_info fields a (hypothetical) later release renamed
     metrics_pad: int = 0  # vLLM: this many extra histogram series on /metrics (a real page is hundreds of KiB)
     seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -286,6 +287,8 @@ class StandIn:
                 meta["spec_correct_drafts_histogram"] = hist
                 meta["spec_accept_histogram"] = hist
             meta["e2e_latency"] = time.time() - start
+            for key in p.drop:
+                meta.pop(key, None)
             out: dict[str, Any] = {"text": text, "meta_info": meta}
             if p.release == "0.5.13":
                 out = {"text": text, "output_ids": ids, "meta_info": meta}

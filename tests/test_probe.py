@@ -201,6 +201,15 @@ def test_too_few_rounds_are_not_called(prompts: Path) -> None:
     assert "not called" in doc["verdict"] and f"{doc['acceptance']['rounds']:.0f} rounds" in doc["verdict"]
 
 
+def test_a_renamed_field_is_said_not_guessed(prompts: Path) -> None:
+    drop = ("spec_verify_ct", "spec_accept_length", "spec_correct_drafts_histogram", "spec_accept_histogram")
+    with StandIn(Plan(engine="sglang", release="0.6.0", drop=drop)) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "128", "--json")
+    assert code == 1 and {"too-few-rounds", "release-unknown"} <= _codes(doc)
+    message = next(f["message"] for f in doc["findings"] if f["code"] == "too-few-rounds")
+    assert "no reply carries spec_verify_ct" in message and doc["acceptance"]["accept_length"] is None
+
+
 def test_degenerate_output(prompts: Path) -> None:
     with StandIn(Plan(engine="vllm", release="0.11.0", degenerate=True)) as s:
         code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "128", "--json")

@@ -70,14 +70,18 @@ def _bad(client: Client, path: str, what: str) -> ForensicsError:
 
 
 def detect(client: Client) -> str:
-    """``sglang`` or ``vllm`` from the endpoints the server answers (SGLang's model info, vLLM's /version)."""
-    info = client.get_json("/get_model_info", missing_ok=True)
-    if isinstance(info, dict) and "model_path" in info:
-        return "sglang"
+    """``sglang`` or ``vllm`` from the endpoints the server answers (SGLang's model info, vLLM's /version).
+
+    A 404 moves on to the next endpoint; any other failure (refused, stalled, malformed) is said at once.
+    """
+    for path in pf.SGLANG_MODEL_INFO:
+        info = client.get_json(path, missing_ok=True)
+        if isinstance(info, dict) and "model_path" in info:
+            return "sglang"
     ver = client.get_json("/version", missing_ok=True)
     if isinstance(ver, dict) and isinstance(ver.get("version"), str):
         return "vllm"
-    raise ForensicsError(f"{client.what} answers neither SGLang's /get_model_info nor vLLM's /version: pass --engine")
+    raise ForensicsError(f"{client.what} answers neither SGLang's /model_info nor vLLM's /version: pass --engine")
 
 
 def _first(client: Client, paths: tuple[str, ...]) -> tuple[str, Any]:
