@@ -175,6 +175,9 @@ class ProbeReport:
             parts.append(f"accept length {self.accept_length:.2f}" + (
                 f" +- {self.accept_length_se:.2f}" if math.isfinite(self.accept_length_se) else " (SE n/a)") +
                 f" over {self.rounds:.0f} rounds")
+        elif self.windows and not any(w.status == "ok" for w in self.windows):
+            why = "moved by other traffic" if any(w.status == "moved" for w in self.windows) else "not published"
+            parts.append(f"accept length not called: vLLM's counters were {why} in every window")
         else:
             parts.append(f"accept length not called: {self.rounds:.0f} rounds, {MIN_ROUNDS} needed")
         if math.isfinite(self.tok_s):
@@ -732,6 +735,8 @@ def render_text(rep: ProbeReport) -> str:
             called = "" if rep.called else f"  [NOT CALLED: {rep.rounds:.0f} rounds < {MIN_ROUNDS}]"
             lines.append(f"accept:  {rep.accept_length:.3f}{se} over {rep.rounds:.0f} rounds in {rep.units} "
                          f"{'request' if s.engine == 'sglang' else 'window'}{'s' if rep.units != 1 else ''}{called}")
+        elif rep.windows:
+            lines.append("accept:  no clean counter window (see the windows above)")
         else:
             lines.append("accept:  no verify rounds counted")
         if rep.per_pos:

@@ -184,6 +184,7 @@ def test_counters_moved_by_other_traffic(release: str, prompts: Path) -> None:
     assert code == 1 and "counters-moved" in _codes(doc), out
     assert all(w["status"] == "moved" for w in doc["windows"])
     assert not doc["acceptance"]["called"] and doc["run"]["accept_length"] is None  # nothing called from them
+    assert "moved by other traffic in every window" in doc["verdict"] and "too-few-rounds" not in _codes(doc)
 
 
 def test_counters_that_never_publish(prompts: Path) -> None:
