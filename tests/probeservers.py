@@ -40,6 +40,7 @@ class Plan:
     differ_at: int | None = None
     degenerate: bool = False
     other_traffic: int = 0
+    other_on: tuple[int, ...] | None = None  # the generation requests (0-based, in arrival order) with other traffic
     stall: bool = False
     malformed: str | None = None  # "json" (not JSON) | "fields" (JSON without the engine's fields) | "metrics"
     publish: bool = True  # vLLM: counters move (False: they never catch up)
@@ -267,7 +268,11 @@ class StandIn:
             n = int(payload["max_tokens"])
         start = time.time()
         ids, rounds = self.decode(prompt, n)
-        for _ in range(p.other_traffic):  # phantom requests from other clients
+        with self.lock:
+            self.served = getattr(self, "served", 0) + 1
+            nth = self.served - 1
+        busy = p.other_traffic if p.other_on is None or nth in p.other_on else 0
+        for _ in range(busy):  # phantom requests from other clients
             self._count(self.decode(["other", random.random()], n)[1])
         self._count(rounds)
         text = " ".join(f"w{t}" for t in ids)

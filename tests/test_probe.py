@@ -187,6 +187,18 @@ def test_counters_moved_by_other_traffic(release: str, prompts: Path) -> None:
     assert "moved by other traffic in every window" in doc["verdict"] and "too-few-rounds" not in _codes(doc)
 
 
+def test_one_window_moved_the_rest_called(prompts: Path) -> None:
+    """Other traffic during one request: that window is dropped and said, the figure rests on the other three."""
+    with StandIn(Plan(engine="vllm", release="0.11.0", other_traffic=2, other_on=(1,))) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--json")
+    assert [w["status"] for w in doc["windows"]] == ["ok", "moved", "ok", "ok"]
+    moved = next(f for f in doc["findings"] if f["code"] == "counters-moved")
+    assert code == 0 and moved["severity"] == "info" and "1 of 4 windows" in moved["message"]  # said, not a to-do
+    acc = doc["acceptance"]
+    assert acc["called"] and acc["units"] == 3 and abs(acc["accept_length"] - _expected(0.47, 3)) < 0.15
+    assert doc["requests"][1]["accept_length"] is None and doc["requests"][0]["accept_length"] > 1
+
+
 def test_counters_that_never_publish(prompts: Path) -> None:
     with StandIn(Plan(engine="vllm", release="0.7.3", publish=False)) as s:
         t0 = time.monotonic()
