@@ -520,11 +520,12 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     _check(inputs)
     started = time.monotonic()
     prompts = load_prompts(inputs)
+    given = len(prompts)
     if inputs.replay is not None:
         from .io.replayfile import read_replay
 
         read_replay(inputs.replay)  # a bad replay file is said before any request is sent
-    n = inputs.requests or len(prompts)
+    n = inputs.requests or min(len(prompts), MAX_REQUESTS)
     distinct = len({p.ids if p.ids is not None else p.text for p in prompts})
     prompts = [prompts[i % len(prompts)] for i in range(n)]
     client = Client(inputs.url, timeout=inputs.timeout, api_key=inputs.api_key, what="the server")
@@ -536,6 +537,8 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     if note:
         findings.append(Finding("release-unknown", "info", note))
 
+    if inputs.requests is None and given > n:
+        notes.append(f"the first {n} of {given} prompts were sent (--requests sends more, up to {MAX_REQUESTS})")
     if distinct < len(prompts):
         notes.append(f"{len(prompts)} requests over {distinct} distinct prompt{'s' if distinct != 1 else ''}: a "
                      "prompt sent again adds rounds, not prompt-to-prompt variety")
