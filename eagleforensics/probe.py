@@ -382,6 +382,11 @@ def _window(before: dict[str, float], after: dict[str, float], fmt: pf.CounterFo
         positions = sorted((int(key.split("|")[1]), key) for key in after if key.startswith(pf.V1_PER_POS + "|"))
         per_pos = tuple(d(key) for _, key in positions) or None
         emitted = drafts + accepted
+    elif fmt is pf.V1_EARLY:
+        accepted = d(pf.V1_ACCEPTED)
+        drafts = d(pf.V1_DRAFT_TOKENS) / k if k else math.nan
+        per_pos = None
+        emitted = drafts + accepted
     else:
         accepted, emitted = d(pf.V0_ACCEPTED), d(pf.V0_EMITTED)
         drafts = d(pf.V0_DRAFT_TOKENS) / k if k else math.nan
@@ -397,6 +402,55 @@ def _window(before: dict[str, float], after: dict[str, float], fmt: pf.CounterFo
     else:
         status = "ok"
     return Window(requests, tokens, drafts, accepted, per_pos, status, emitted)
+
+
+def _v1_without_counters(version: str | None) -> bool:
+    """vLLM 0.8.0 - 0.8.2: the V1 engine (the default) exports no spec-decode counter (0.8.2 ``vllm/v1/metrics``)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return version is not None and Version("0.8.0") <= Version(version) < Version("0.8.3")
+    except InvalidVersion:
+        return False
+
+
+def _early_k(server: ServerInfo, snaps: list[tuple[dict[str, float], dict[str, float]]], replies: list[Reply],
+             per_request: bool, notes: list[str]) -> tuple[ServerInfo, set[int]]:
+    """vLLM 0.8.3/0.8.4: k from the probe's own tokens, and the windows that disagree with it (other traffic).
+
+    Those releases count draft tokens and accepted tokens but not drafts, and declare the counters
+    whether or not the server speculates. Every token after a request's first comes from a round,
+    so a window's rounds are its tokens - requests - accepted, and k = draft tokens / rounds.
+    """
+    from statistics import median
+
+    if per_request:
+        units = [(b, a, r.completion_tokens, 1) for (b, a), r in zip(snaps, replies)]
+    else:
+        b, a = snaps[0]
+        units = [(b, a, sum(r.completion_tokens for r in replies), len(replies))]
+    est: list[float | None] = []
+    total_draft = 0.0
+    for b, a, tokens, n in units:
+        dt = a.get(pf.V1_DRAFT_TOKENS, 0.0) - b.get(pf.V1_DRAFT_TOKENS, 0.0)
+        acc = a.get(pf.V1_ACCEPTED, 0.0) - b.get(pf.V1_ACCEPTED, 0.0)
+        total_draft += dt
+        rounds = tokens - n - acc
+        est.append(dt / rounds if rounds > 0 and dt > 0 else None)
+    if total_draft <= 0:
+        notes.append("vLLM 0.8.3/0.8.4 declare their spec-decode counters at start whether or not they speculate; "
+                     "these stayed at 0 through the probe, so the server runs without speculation")
+        return replace(server, speculative=False, counters=None), set()
+    good = [e for e in est if e is not None]
+    if not good:
+        return server, set(range(len(units)))
+    k = max(1, int(round(median(good))))
+    off = {i for i, e in enumerate(est) if e is None or abs(e - k) > 0.2 * k}
+    notes.append(f"vLLM 0.8.3/0.8.4 count no drafts: k = {k} draft tokens per round, taken from the probe's own tokens "
+                 "(tokens after a request's first = rounds + accepted)" +
+                 ("" if per_request else "; in one window other traffic cannot be told apart (--concurrency 1 "
+                                         "checks each request against k)"))
+    return replace(server, num_steps=k, topk=1, num_draft_tokens=k + 1), (off if per_request else set())
 
 
 def _settle(client: Client, fmt: pf.CounterFormat, before: dict[str, float], after: dict[str, float], k: int | None,
@@ -542,7 +596,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     if distinct < len(prompts):
         notes.append(f"{len(prompts)} requests over {distinct} distinct prompt{'s' if distinct != 1 else ''}: a "
                      "prompt sent again adds rounds, not prompt-to-prompt variety")
-    per_request = (engine == "vllm" and server.counters is pf.V1 and inputs.concurrency == 1)
+    per_request = (engine == "vllm" and server.counters in (pf.V1, pf.V1_EARLY) and inputs.concurrency == 1)
     replies, snaps = _run(client, server, prompts, inputs, temperature=inputs.temperature,
                           per_request_windows=per_request)
     windows: list[Window] = []
@@ -558,11 +612,15 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
             notes.append(f"vLLM 0.7.3 declares its spec-decode counters whether or not it speculates; none were "
                          f"written within --settle {inputs.settle:g} s after the probe, so it is taken to run "
                          "without speculation")
+    early_moved: set[int] = set()
+    if engine == "vllm" and server.counters is pf.V1_EARLY:
+        server, early_moved = _early_k(server, snaps, replies, per_request, notes)
     if engine == "vllm" and server.speculative and server.counters is not None:
         fmt = server.counters
         k = server.num_steps
         if per_request:
             windows = [_window(b, a, fmt, k, 1, r.completion_tokens) for (b, a), r in zip(snaps, replies)]
+            windows = [replace(w, status="moved") if i in early_moved else w for i, w in enumerate(windows)]
         else:
             before, after = snaps[0]
             tokens = sum(r.completion_tokens for r in replies)
@@ -649,10 +707,15 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     # -- acceptance --------------------------------------------------------------------------------
     called = math.isfinite(length) and rounds >= MIN_ROUNDS
     if server.speculative is False:
+        blind = engine == "vllm" and _v1_without_counters(server.version)
         findings.append(Finding("no-speculation", "info",
-                                f"the {engine} server runs without speculative decoding (" +
-                                ("its server info names no speculative algorithm" if engine == "sglang" else
-                                 "its /metrics has no spec_decode counters") + "): health and tok/s only"))
+                                (f"vLLM {server.version}'s V1 engine exports no spec-decode counter (they came in "
+                                 "0.8.3), so speculation cannot be seen from outside: health and tok/s only"
+                                 if blind else
+                                 f"the {engine} server runs without speculative decoding (" +
+                                 ("its server info names no speculative algorithm" if engine == "sglang" else
+                                  "its /metrics has no spec_decode counter that moved") +
+                                 "): health and tok/s only")))
     elif not called and not any(f.code in ("counters-moved", "counters-short") for f in findings):
         missing = engine == "sglang" and not any(r.verify is not None for r in replies)
         findings.append(Finding(

@@ -1,7 +1,7 @@
 """Stand-in SGLang and vLLM servers for the probe tests: each release's HTTP formats, on 127.0.0.1 only.
 
-The endpoints, reply fields and counter names follow the released wheels (sglang 0.4.6 and 0.5.13,
-vLLM 0.7.3 and 0.11.0; ``eagleforensics.engines.probeformats`` cites the files). vLLM's /metrics
+The endpoints, reply fields and counter names follow the released wheels (sglang 0.4.6, 0.5.3 and 0.5.13,
+vLLM 0.7.3, 0.8.4 and 0.11.0; ``eagleforensics.engines.probeformats`` cites the files). vLLM's /metrics
 page is written by ``prometheus_client`` itself, as the real server's is, with the counters declared
 under the names and labels the wheels declare. Decoding is simulated round by round: each verify
 round of a chain of ``steps`` drafts accepts the next draft with probability ``q`` (seeded per
@@ -101,7 +101,16 @@ class StandIn:
                             buckets=[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0])
             for i in range(p.metrics_pad):
                 pad.labels(MODEL, "0", str(i)).observe(0.1 * i)
-        if p.engine != "vllm" or not p.speculative:
+        if p.engine == "vllm" and p.release == "0.8.4":  # vllm/v1/metrics/loggers.py: labelled at start, always
+            names, labels = ["model_name", "engine"], [MODEL, "0"]
+            self.c = {
+                "draft_tokens": Counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", names,
+                                        registry=self.registry).labels(*labels),
+                "accepted": Counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", names,
+                                    registry=self.registry).labels(*labels),
+            }
+            return
+        if p.engine != "vllm" or not p.speculative or p.release == "0.8.2":  # 0.8.2's V1 engine exports none
             self.c = {}
             return
         if p.release == "0.11.0":  # vllm/v1/spec_decode/metrics.py SpecDecodingProm
@@ -139,10 +148,14 @@ class StandIn:
     def _count(self, accepted: list[int]) -> None:
         """Add one request's rounds (accepted drafts per round) to the counters."""
         p = self.plan
-        if not self.c or not p.publish:
+        if not self.c or not p.publish or (not p.speculative and p.release != "0.8.4"):
             return
         with self.lock:
-            if p.release == "0.11.0":
+            if p.release == "0.8.4":
+                if p.speculative:
+                    self.c["draft_tokens"].inc(len(accepted) * p.steps)
+                    self.c["accepted"].inc(sum(accepted))
+            elif p.release == "0.11.0":
                 self.c["drafts"].inc(len(accepted))
                 self.c["draft_tokens"].inc(len(accepted) * p.steps)
                 self.c["accepted"].inc(sum(accepted))
@@ -295,7 +308,7 @@ class StandIn:
             for key in p.drop:
                 meta.pop(key, None)
             out: dict[str, Any] = {"text": text, "meta_info": meta}
-            if p.release == "0.5.13":
+            if p.release in ("0.5.3", "0.5.13"):
                 out = {"text": text, "output_ids": ids, "meta_info": meta}
             return out
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",

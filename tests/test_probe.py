@@ -21,7 +21,8 @@ from eagleforensics.cli.probe import probe as probe_cmd
 from .probeservers import Plan, StandIn
 
 ROOT = Path(__file__).resolve().parents[1]
-RELEASES = [("sglang", "0.4.6"), ("sglang", "0.5.13"), ("vllm", "0.7.3"), ("vllm", "0.11.0")]
+RELEASES = [("sglang", "0.4.6"), ("sglang", "0.5.3"), ("sglang", "0.5.13"), ("vllm", "0.7.3"), ("vllm", "0.8.4"),
+            ("vllm", "0.11.0")]
 TEST_LIMIT = 60  # seconds, per test
 
 
@@ -199,6 +200,22 @@ def test_one_window_moved_the_rest_called(prompts: Path) -> None:
     assert doc["requests"][1]["accept_length"] is None and doc["requests"][0]["accept_length"] > 1
 
 
+def test_vllm_084_checks_each_window_against_k(prompts: Path) -> None:
+    """0.8.4 counts no drafts: k comes from the probe's own tokens, and a window that disagrees with it is dropped."""
+    with StandIn(Plan(engine="vllm", release="0.8.4", other_traffic=2, other_on=(2,))) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--json")
+    assert [w["status"] for w in doc["windows"]] == ["ok", "ok", "moved", "ok"], out
+    assert doc["run"]["server_args"]["num_steps"] == 3 and "counters-moved" in _codes(doc)
+    assert abs(doc["acceptance"]["accept_length"] - _expected(0.47, 3)) < 0.15 and code == 0
+
+
+def test_vllm_082_cannot_show_speculation(prompts: Path) -> None:
+    with StandIn(Plan(engine="vllm", release="0.8.2")) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--json")
+    assert code == 0 and "no-speculation" in _codes(doc)
+    assert any("cannot be seen" in f["message"] for f in doc["findings"])
+
+
 def test_counters_that_never_publish(prompts: Path) -> None:
     with StandIn(Plan(engine="vllm", release="0.7.3", publish=False)) as s:
         t0 = time.monotonic()
@@ -229,9 +246,9 @@ def test_degenerate_output(prompts: Path) -> None:
     assert code == 1 and "degenerate-output" in _codes(doc) and doc["verdict"].startswith("UNHEALTHY")
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_server_without_speculation(engine: str, prompts: Path) -> None:
-    release = "0.5.13" if engine == "sglang" else "0.11.0"
+@pytest.mark.parametrize("engine,release", [("sglang", "0.5.13"), ("vllm", "0.11.0"), ("vllm", "0.8.4")])
+def test_server_without_speculation(engine: str, release: str, prompts: Path) -> None:
+    """0.8.4 declares its counters at 0 whether or not it speculates: they stay at 0."""
     with StandIn(Plan(engine=engine, release=release, speculative=False)) as s:
         code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--json")
     assert code == 0 and "no-speculation" in _codes(doc) and "no speculative decoding" in doc["verdict"]

@@ -129,6 +129,7 @@ def info(client: Client, engine: str) -> ServerInfo:
         steps = sum(1 for k in values if k.startswith(pf.V1_PER_POS + "|")) or None
     elif fmt is pf.V0:
         steps = v0_k(values)
+    # pf.V1_EARLY: no k on the page; the probe takes it from its own tokens
     return ServerInfo("vllm", ver["version"], data[0]["id"], fmt is not None,
                       None, steps, 1 if steps else None, steps + 1 if steps else None, counters=fmt)
 

@@ -15,6 +15,8 @@ SGLang, per request (``POST /generate``, the native API; the reply is ``{"text",
   Server info: ``GET /get_model_info`` (``model_path``, ``tokenizer_path``, ``is_generation``) and
   ``GET /get_server_info`` (the ServerArgs dataclass as a dict, ``speculative_*`` included, plus
   ``version``) in ``srt/entrypoints/http_server.py``.
+* 0.5.3, the same file: the same ``meta_info`` (``spec_verify_ct`` only), and the text reply carries
+  ``output_ids``; server info still under the ``get_`` names.
 * 0.5.13, ``srt/managers/tokenizer_manager.py`` (``_calculate_spec_decoding_metrics``): besides
   ``spec_verify_ct``: ``spec_accept_length`` (= completion_tokens / spec_verify_ct, bonus token
   included), ``spec_accept_rate`` (correct drafts / proposed drafts, no bonus),
@@ -34,7 +36,14 @@ reads them before and after its own requests):
   emitted / (draft_tokens / k x (k + 1)), so k (tokens per draft) follows from the cumulative
   values, and a window's drafts are its draft tokens / k. The counters move when the engine logs
   its stats (every few seconds), not per step.
-* 0.11.0 (V1 engine), ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingProm``): counters
+* 0.8.3 and 0.8.4 (V1 engine, the default from 0.8), ``vllm/v1/metrics/loggers.py``
+  (``PrometheusStatLogger``): only ``vllm:spec_decode_num_draft_tokens_total`` and
+  ``vllm:spec_decode_num_accepted_tokens_total`` (labels ``model_name``, ``engine``), declared and
+  labelled at start whether or not the server speculates (they then stay at 0). No count of drafts
+  and no k: ``probe`` takes k from its own tokens (every token after a request's first comes from a
+  round: drafts = tokens - 1 - accepted per request) and checks every window against that k.
+  0.8.2's V1 engine exports no spec-decode counter at all (its ``v1/metrics`` has none).
+* 0.9.0 and 0.11.0 (V1 engine), ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingProm``): counters
   ``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
   ``vllm:spec_decode_num_accepted_tokens`` and ``vllm:spec_decode_num_accepted_tokens_per_pos``
   (label ``position`` 0..k-1), labels ``model_name`` and ``engine``; Prometheus writes counters with
@@ -51,8 +60,8 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-SGLANG_RELEASES = ("0.4.6", "0.5.13")
-VLLM_RELEASES = ("0.7.3", "0.11.0")
+SGLANG_RELEASES = ("0.4.6", "0.5.3", "0.5.13")
+VLLM_RELEASES = ("0.7.3", "0.8.2", "0.8.3", "0.8.4", "0.9.0", "0.11.0")
 
 # SGLang meta_info fields, by what they hold (first name present wins).
 SGLANG_VERIFY = ("spec_verify_ct",)
@@ -83,6 +92,7 @@ class CounterFormat:
 
 
 V1 = CounterFormat("v1", "0.11.0", "vllm/v1/spec_decode/metrics.py", True)
+V1_EARLY = CounterFormat("v1-early", "0.8.4", "vllm/v1/metrics/loggers.py", False)
 V0 = CounterFormat("v0", "0.7.3", "vllm/engine/metrics.py", False)
 
 
@@ -92,6 +102,8 @@ def counter_format(names: set[str]) -> CounterFormat | None:
         return V1
     if V0_EMITTED in names:
         return V0
+    if V1_DRAFT_TOKENS in names and V1_ACCEPTED in names:
+        return V1_EARLY
     return None
 
 
