@@ -26,7 +26,8 @@ from .common import echo_text, run_guarded
 @click.option("--baseline", "baseline_url", metavar="URL", default=None,
               help="A server of the same target without speculation: greedy outputs are compared token by token.")
 @click.option("--requests", "n_requests", type=int, default=None,
-              help="Requests to send (default: one per prompt; prompts are reused in turn).")
+              help="Requests to send (default: one per prompt, at most 16 records or 1024 prompts; prompts are "
+                   "reused in turn).")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Requests in flight at once.")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds a call may wait for the server before the probe stops (no retries).")
