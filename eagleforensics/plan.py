@@ -411,7 +411,10 @@ def read_runs(inputs: PlanInputs) -> list[RunFacts]:
     unknown = [k for k in inputs.launch if k not in inputs.logs]
     if unknown:
         raise ForensicsError(f"--launch names run {unknown[0]!r}, which is not one of the runs: {', '.join(inputs.logs)}")
-    df = parse_logs(dict(inputs.logs))
+    from .io.proberun import is_probe_run
+
+    probes = {label: path for label, path in inputs.logs.items() if is_probe_run(path)}
+    df = parse_logs({k: v for k, v in inputs.logs.items() if k not in probes})
     by_run = df.attrs.get("server_args_by_run", {})
     for label in df.attrs.get("empty_runs", []):
         args = by_run.get(label)
@@ -420,9 +423,38 @@ def read_runs(inputs: PlanInputs) -> list[RunFacts]:
         raise ForensicsError(why, path=inputs.logs[label])
     runs = []
     for label, path in inputs.logs.items():
+        if label in probes:
+            runs.append(_probe_facts(label, str(path), inputs.launch.get(label)))
+            continue
         sub = df[df["run"] == label]
         runs.append(_facts(label, str(path), sub, by_run.get(label), inputs.launch.get(label)))
     return runs
+
+
+def _probe_facts(label: str, path: str, launch: RoundConfig | None) -> RunFacts:
+    """A ``probe --out`` run as plan uses a log's: its accept length, tok/s and launch as the server said them."""
+    from .engines.serverargs import ServerArgs, normalise_algorithm
+    from .io.proberun import read_probe_run
+
+    run = read_probe_run(path)
+    a = run["server_args"]
+    algo = (a["algorithm"] or "speculative (method not said)") if run["speculative"] else None
+    args = ServerArgs(engine=run["engine"], source="probe", line_no=None, version=a["version"],
+                      version_hint=f"{run['engine']} {a['version']}" if a["version"] else None, model=a["model"],
+                      draft=a["draft"], algorithm=normalise_algorithm(algo), algorithm_raw=algo,
+                      num_steps=a["num_steps"], topk=a["topk"], num_draft_tokens=a["num_draft_tokens"],
+                      cuda_graph=a["cuda_graph"], prefix_cache=a["prefix_cache"])
+    config, config_from = None, ""
+    if launch is not None:
+        config, config_from = launch, "--launch"
+    elif args.speculative and args.num_steps:
+        topk = args.topk or 1
+        config = RoundConfig(args.num_steps, topk, args.num_draft_tokens or draft_tokens_for(args.num_steps, topk))
+        config_from = "the server's own account (probe)"
+    return RunFacts(label=label, path=path, engine=run["engine"], lines=run["requests"],  # a request, not a line
+                    accept_length=run["accept_length"], accept_length_se=run["accept_length_se"], tok_s=run["tok_s"],
+                    tok_s_se=run["tok_s_se"], batch=run["batch"], per_position=run["per_position"], server_args=args,
+                    config=config, config_from=config_from, speculative=run["speculative"])
 
 
 def _roles(runs: list[RunFacts], inputs: PlanInputs) -> tuple[list[RunFacts], RunFacts | None, RunFacts]:

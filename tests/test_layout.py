@@ -32,8 +32,10 @@ ALLOWED: dict[str, set[str]] = {
     "replay": BOTTOM | {"io", "evidence", "engines", "alignment"},
     "doctor": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay"},
     "plan": BOTTOM | {"io", "evidence", "engines"},
+    "probe": BOTTOM | {"io", "evidence", "engines"},
     "report": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "plan"},
-    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "plan", "report"},
+    "cli": BOTTOM | {"io", "evidence", "engines", "scan", "checks", "alignment", "replay", "doctor", "plan", "probe",
+                     "report"},
     "__init__": BOTTOM,
     "__main__": {"cli"},
 }

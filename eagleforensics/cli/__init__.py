@@ -25,12 +25,13 @@ def _register() -> None:
     from . import fingerprint as _fingerprint
     from . import logs as _logs
     from . import plan as _plan
+    from . import probe as _probe
     from . import replay as _replay
     from . import report as _report
     from . import scan as _scan
 
     commands = (_align.align, _capture.capture, _config.config, _doctor.doctor, _fingerprint.fingerprint, _logs.logs,
-                _plan.plan, _replay.replay, _report.report, _scan.scan)
+                _plan.plan, _probe.probe, _replay.replay, _report.report, _scan.scan)
     for command in commands:
         main.add_command(command)
 

@@ -1,0 +1,95 @@
+"""``eagleforensics probe``: check a running server after a change: healthy, what it accepts, and does it match replay."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..errors import ForensicsError, printable
+from .common import echo_text, run_guarded
+
+
+@click.command("probe")
+@click.argument("url")
+@click.option("--engine", type=click.Choice(("sglang", "vllm")), default=None,
+              help="The server's engine (default: found from the endpoints it answers).")
+@click.option("--prompts", "prompts_file", type=click.Path(), default=None,
+              help="Prompts, one per line (or JSON lines with \"prompt\"), instead of the records'.")
+@click.option("--train", "train", multiple=True, type=click.Path(), metavar="RECORDS",
+              help="Training records (files or a folder; repeatable): their prompts are sent, so replay on the same "
+                   "records gives the expectation for the same text. Needs --target.")
+@click.option("--target", type=click.Path(), default=None, help="The target's directory: its tokenizer decodes the "
+                                                                     "records' prompts.")
+@click.option("--max-tokens", type=int, default=256, show_default=True, help="Tokens to generate per request.")
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--baseline", "baseline_url", metavar="URL", default=None,
+              help="A server of the same target without speculation: greedy outputs are compared token by token.")
+@click.option("--requests", "n_requests", type=int, default=None,
+              help="Requests to send (default: one per prompt, at most 16 records or 1024 prompts; prompts are "
+                   "reused in turn).")
+@click.option("--concurrency", type=int, default=1, show_default=True, help="Requests in flight at once.")
+@click.option("--timeout", type=float, default=120.0, show_default=True,
+              help="Seconds a call may wait for the server before the probe stops (no retries).")
+@click.option("--settle", type=float, default=15.0, show_default=True,
+              help="vLLM 0.7.3: seconds to wait for its counters to publish the probe's tokens.")
+@click.option("--replay", "replay_json", type=click.Path(), default=None,
+              help="`eagleforensics replay --json` output on the same records: runs the serving-gap test.")
+@click.option("--api-key-env", metavar="VAR", default=None,
+              help="Name of the environment variable holding the server's API key (never written anywhere).")
+@click.option("--show-url", is_flag=True, help="Write the server addresses into the JSON and report (default: hidden).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema eagleforensics-probe-v1).")
+@click.option("--out", "out_path", type=click.Path(), default=None,
+              help="Also write the JSON to this file, all at once (a run `plan` reads like a log).")
+@click.option("--report", "report_path", metavar="OUT.html", default=None,
+              help="Also write the result as one offline HTML page.")
+def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[str, ...], target: str | None,
+          max_tokens: int, temperature: float, baseline_url: str | None, n_requests: int | None, concurrency: int,
+          timeout: float, settle: float, replay_json: str | None, api_key_env: str | None, show_url: bool,
+          as_json: bool, out_path: str | None, report_path: str | None) -> None:
+    """Probe a running SGLang or vLLM server: health, accept length per request with its SE, tok/s, serving gap.
+
+    URL is the server's address (http://127.0.0.1:30000). The prompts are the training records' own
+    (--train RECORDS --target DIR) or a file (--prompts). With --baseline, greedy outputs must match a
+    server without speculation token by token. With --replay, the accept length is tested against
+    replay's figure for the wiring the engine feeds. No accept length is called from too few verify
+    rounds (the count is said). The URL and the key are never written unless --show-url.
+
+    Exit 0: healthy, nothing to do. 1: something to do (see the findings). 2: bad input, a server that
+    stalls past --timeout or answers malformed, or Ctrl-C (nothing written). 3: internal error.
+    """
+
+    def body():  # type: ignore[no-untyped-def]
+        from ..probe import ProbeInputs, make_probe, render_html
+
+        key = None
+        if api_key_env is not None:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise ForensicsError(f"--api-key-env {api_key_env!r}: that environment variable is not set")
+        if report_path is not None and not report_path.lower().endswith((".html", ".htm")):
+            raise ForensicsError(f"--report expects an .html file name, got {report_path!r}")
+        inputs = ProbeInputs(url, engine=engine, prompts=prompts_file, train=train, target=target,
+                             max_tokens=max_tokens, temperature=temperature, baseline=baseline_url,
+                             requests=n_requests, concurrency=concurrency, timeout=timeout, replay=replay_json,
+                             api_key=key, show_url=show_url, settle=settle)
+        from ..io.atomic import write_bytes_atomic
+
+        try:
+            rep = make_probe(inputs)
+            if out_path is not None:
+                write_bytes_atomic(out_path, (rep.to_json() + "\n").encode())
+            if report_path is not None:
+                write_bytes_atomic(report_path, render_html(rep).encode())
+        except KeyboardInterrupt as exc:
+            if type(exc) is not KeyboardInterrupt:  # SIGTERM keeps its own exit (143)
+                raise
+            raise ForensicsError("interrupted (Ctrl-C): the probe stopped; no file was left half-written") from None
+        return rep, (rep.to_json() if as_json else rep.to_text())
+
+    rep, text = run_guarded(body)
+    echo_text(text)
+    for path, what in ((out_path, "run"), (report_path, "report")):
+        if path is not None:  # on stderr with --json, so stdout stays one JSON document
+            echo_text(f"{what}: {printable(path)}", err=as_json)
+    sys.exit(rep.exit_code)

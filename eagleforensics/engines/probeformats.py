@@ -1,0 +1,124 @@
+"""What a running SGLang or vLLM server says about speculative decoding over HTTP, per release: the data ``probe`` reads.
+
+Read from the released wheels (``pip download --no-deps sglang==X vllm==Y``, unzipped); fields are
+read by name, so a release that adds fields still parses, and a release the table does not list is
+said plainly (``release_note``).
+
+SGLang, per request (``POST /generate``, the native API; the reply is ``{"text", ["output_ids",]
+"meta_info"}``):
+
+* 0.4.6, ``srt/managers/tokenizer_manager.py`` (``_handle_batch_output``): ``meta_info`` has
+  ``id, finish_reason, prompt_tokens, completion_tokens, cached_tokens, e2e_latency`` and, when the
+  server runs a speculative algorithm, ``spec_verify_ct`` (verify passes of the request) once it is
+  finished. The accept length is ``completion_tokens / spec_verify_ct`` (as the wheel's own
+  ``test/send_one.py`` computes it). No ``output_ids`` beside the text of a text reply.
+  Server info: ``GET /get_model_info`` (``model_path``, ``tokenizer_path``, ``is_generation``) and
+  ``GET /get_server_info`` (the ServerArgs dataclass as a dict, ``speculative_*`` included, plus
+  ``version``) in ``srt/entrypoints/http_server.py``.
+* 0.5.3, the same file: the same ``meta_info`` (``spec_verify_ct`` only), and the text reply carries
+  ``output_ids``; server info still under the ``get_`` names.
+* 0.5.13, ``srt/managers/tokenizer_manager.py`` (``_calculate_spec_decoding_metrics``): besides
+  ``spec_verify_ct``: ``spec_accept_length`` (= completion_tokens / spec_verify_ct, bonus token
+  included), ``spec_accept_rate`` (correct drafts / proposed drafts, no bonus),
+  ``spec_num_correct_drafts``, ``spec_num_proposed_drafts`` (= verify_ct x (num_draft_tokens - 1)),
+  ``spec_correct_drafts_histogram`` (verify passes that accepted 0, 1, 2, ... drafts) and the
+  aliases ``spec_accepted_drafts``, ``spec_proposed_drafts``, ``spec_accept_histogram``. The reply
+  carries ``output_ids``. Server info moved to ``GET /model_info`` and ``GET /server_info`` (the
+  ``get_`` names remain, deprecated) in ``srt/entrypoints/http_server.py``.
+
+vLLM, as Prometheus counters on ``GET /metrics`` (cumulative since the server started, so ``probe``
+reads them before and after its own requests):
+
+* 0.7.3 (V0 engine), ``vllm/engine/metrics.py``: counters ``vllm:spec_decode_num_accepted_tokens_total``,
+  ``vllm:spec_decode_num_draft_tokens_total``, ``vllm:spec_decode_num_emitted_tokens_total`` and
+  gauges ``vllm:spec_decode_draft_acceptance_rate``, ``vllm:spec_decode_efficiency`` (label
+  ``model_name``). No count of drafts: ``vllm/spec_decode/metrics.py`` defines efficiency as
+  emitted / (draft_tokens / k x (k + 1)), so k (tokens per draft) follows from the cumulative
+  values, and a window's drafts are its draft tokens / k. The counters move when the engine logs
+  its stats (every few seconds), not per step.
+* 0.8.3 and 0.8.4 (V1 engine, the default from 0.8), ``vllm/v1/metrics/loggers.py``
+  (``PrometheusStatLogger``): only ``vllm:spec_decode_num_draft_tokens_total`` and
+  ``vllm:spec_decode_num_accepted_tokens_total`` (labels ``model_name``, ``engine``), declared and
+  labelled at start whether or not the server speculates (they then stay at 0). No count of drafts
+  and no k: ``probe`` takes k from its own tokens (every token after a request's first comes from a
+  round: drafts = tokens - 1 - accepted per request) and checks every window against that k.
+  0.8.2's V1 engine exports no spec-decode counter at all (its ``v1/metrics`` has none).
+* 0.9.0 and 0.11.0 (V1 engine), ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingProm``): counters
+  ``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
+  ``vllm:spec_decode_num_accepted_tokens`` and ``vllm:spec_decode_num_accepted_tokens_per_pos``
+  (label ``position`` 0..k-1), labels ``model_name`` and ``engine``; Prometheus writes counters with
+  a ``_total`` suffix. Mean acceptance length = 1 + accepted / drafts; per-position rate =
+  accepted_per_pos / drafts (the class's docstring).
+* Requests: ``POST /v1/completions`` (``choices[].text``, ``finish_reason``, ``usage.completion_tokens``);
+  ``return_token_ids`` (0.11.0, ``entrypoints/openai/protocol.py``) adds ``choices[].token_ids``.
+  ``GET /v1/models`` names the model, ``GET /version`` the release (both releases,
+  ``entrypoints/openai/api_server.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+SGLANG_RELEASES = ("0.4.6", "0.5.3", "0.5.13")
+VLLM_RELEASES = ("0.7.3", "0.8.2", "0.8.3", "0.8.4", "0.9.0", "0.11.0")
+
+# SGLang meta_info fields, by what they hold (first name present wins).
+SGLANG_VERIFY = ("spec_verify_ct",)
+SGLANG_ACCEPT_LENGTH = ("spec_accept_length",)
+SGLANG_HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+SGLANG_MODEL_INFO = ("/model_info", "/get_model_info")
+SGLANG_SERVER_INFO = ("/server_info", "/get_server_info")
+
+# vLLM counter sample names as /metrics writes them (counters with the _total suffix).
+V1_DRAFTS = "vllm:spec_decode_num_drafts_total"
+V1_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+V1_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+V1_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+V0_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+V0_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+V0_EMITTED = "vllm:spec_decode_num_emitted_tokens_total"
+V0_EFFICIENCY = "vllm:spec_decode_efficiency"
+
+
+@dataclass(frozen=True)
+class CounterFormat:
+    """Which vLLM counter layout a /metrics page speaks: ``v1`` (drafts counted) or ``v0`` (emitted tokens)."""
+
+    name: str
+    release: str
+    file: str
+    per_position: bool
+
+
+V1 = CounterFormat("v1", "0.11.0", "vllm/v1/spec_decode/metrics.py", True)
+V1_EARLY = CounterFormat("v1-early", "0.8.4", "vllm/v1/metrics/loggers.py", False)
+V0 = CounterFormat("v0", "0.7.3", "vllm/engine/metrics.py", False)
+
+
+def counter_format(names: set[str]) -> CounterFormat | None:
+    """The counter layout a /metrics page's sample names show; None when it has no spec-decode counters."""
+    if V1_DRAFTS in names:
+        return V1
+    if V0_EMITTED in names:
+        return V0
+    if V1_DRAFT_TOKENS in names and V1_ACCEPTED in names:
+        return V1_EARLY
+    return None
+
+
+def release_note(engine: str, version: str | None) -> str | None:
+    """A plain sentence when ``version`` is not one of the releases the formats were read from; else None."""
+    known = SGLANG_RELEASES if engine == "sglang" else VLLM_RELEASES
+    if version is None:
+        return f"the server does not say its {engine} release; fields are read by name as in {', '.join(known)}"
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return f"{engine} release {version!r} is not a version number; fields are read by name"
+    if str(v) in {str(Version(k)) for k in known}:
+        return None
+    lo, hi = Version(known[0]), Version(known[-1])
+    where = "older than" if v < lo else "newer than" if v > hi else "between"
+    return (f"{engine} {version} is not a release these formats were read from ({', '.join(known)}; it is {where} "
+            "them): fields are read by name, a renamed field reads as missing")
