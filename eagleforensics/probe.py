@@ -754,7 +754,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                     "standard errors): the drafter and its wiring are fine, the loss is in the serving path",
                     fix="eagleforensics plan RUN.json --replay REPLAY.json names this server's suspects; check the "
                         "serving path (CUDA graphs, quantized drafter, attention backend, the draft model it loaded)",
-                    source="failure catalogue row 3"))
+                    source="docs/causes.md row 3"))
             elif gap.above:
                 findings.append(Finding("serving-gap-above", "info",
                                         f"the server accepts {gap.measured:.2f}, more than replay's {gap.expected:.2f} "
