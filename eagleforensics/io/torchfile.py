@@ -39,7 +39,7 @@ from ..arrays import dtype_name, numpy_dtype
 from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, open_regular
-from .safeload import UNSAFE_HINT
+from .safeload import UNSAFE_HINT, is_pickle_head
 from .sizecheck import human_bytes
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
@@ -750,7 +750,7 @@ def load(path: str | Path, data: bytes | None = None, *, lazy: bool = False) -> 
         fh.seek(0)
         if head == b"PK\x03\x04":
             return _read_zip(source, fh, lazy)
-        if head[:1] == b"\x80":
+        if is_pickle_head(head):
             return _read_legacy(source, fh, lazy)
     raise ForensicsError(f"not a torch file (first bytes {head.hex()})", path=p)
 

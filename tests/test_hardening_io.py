@@ -1,0 +1,161 @@
+"""Issue 31, the reader half: formats told apart by structure, torch's own choice among duplicate zip
+members, a bounded restricted unpickler, tokenizer files that are no regular file or panic the library,
+and the round-three drafter/target tensors that must be one line.
+
+What a process does (exit code, stderr, peak memory) is checked on a real process
+(``test_hardening.run_process``: peak RSS measured by the process's own parent, never wall-clock).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from eagleforensics.arrays import as_array
+from eagleforensics.errors import ForensicsError
+from eagleforensics.io.safeload import load_object, sniff
+
+from .realdata import SAMPLES
+from .test_hardening import GIB, run_process
+
+SWEEP = SAMPLES / "capture_sweep.safetensors"
+RECORD = SAMPLES / "record_layer_outputs.pt"
+CAPTURE = SAMPLES / "capture.pt"
+FAST = settings(deadline=None, database=None, derandomize=True, print_blob=True, max_examples=80,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+
+
+def one_line(code: int, out: str, err: str, *words: str) -> str:
+    """Exit 2, one stderr line in the house format naming ``words``, nothing on stdout, no traceback."""
+    assert code == 2 and out == "", (code, out[-500:], err[-2000:])
+    assert err.count("\n") == 1 and err.startswith("eagleforensics: error: "), err[-2000:]
+    assert "Traceback" not in err and "panicked" not in err
+    for w in words:
+        assert w in err, (w, err)
+    return err
+
+
+# ---------------------------------------------------------------- 1. safetensors told from pickles by structure
+
+def header_length(path: Path) -> int:
+    return struct.unpack("<Q", path.read_bytes()[:8])[0]
+
+
+def save_with_header_length(tensors: dict[str, torch.Tensor], path: Path, residue: int = 128,
+                            metadata: dict[str, str] | None = None) -> Path:
+    """``save_file`` with a ``__metadata__`` padding entry sized so the header length is ``residue`` mod 256."""
+    for pad in range(600):
+        save_file(tensors, str(path), metadata={**(metadata or {}), "pad": "x" * pad})
+        if header_length(path) % 256 == residue:
+            return path
+    raise AssertionError("no padding gave the residue")  # pragma: no cover - the header grows a byte per pad
+
+
+def test_a_capture_whose_header_length_is_128_mod_256_reads_as_the_same_capture(tmp_path: Path) -> None:
+    """The issue's case: an ordinary capture whose first byte is 0x80 was read as a pickle (exit 2); as a process,
+    ``align`` on it now answers exactly as on the same tensors saved with another header length."""
+    tensors = load_file(str(SWEEP))
+    with safe_open(str(SWEEP), "pt") as f:
+        meta = f.metadata()
+    odd = save_with_header_length(tensors, tmp_path / "capture.safetensors", 128, meta)
+    assert odd.read_bytes()[0] == 0x80 and sniff(odd) == "safetensors"
+    even = save_with_header_length(tensors, tmp_path / "capture_b.safetensors", 0, meta)
+    got = run_process(["align", RECORD, odd, "--json"], tmp_path, timeout=120)
+    want = run_process(["align", RECORD, even, "--json"], tmp_path, timeout=120)
+    assert got[0] in (0, 1) and got[0] == want[0], got[2][-2000:]
+    strip = (lambda s: s.replace(str(odd), "").replace(str(even), ""))
+    assert strip(got[1]) == strip(want[1]) and json.loads(got[1])
+
+
+def test_a_pickle_is_a_proto_opcode_and_a_protocol_not_a_first_byte(tmp_path: Path) -> None:
+    """0x80 then a protocol byte 2..5 is a pickle; 0x80 then anything else is no format we know (one line)."""
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"x": torch.arange(3)}, legacy, _use_new_zipfile_serialization=False)
+    assert sniff(legacy) == "pickle" and (load_object(legacy)["x"] == np.arange(3)).all()
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"\x80\x00" + bytes(30))
+    with pytest.raises(ForensicsError, match="unknown format"):
+        sniff(junk)
+    cut = tmp_path / "cut.safetensors"  # a safetensors file cut short still reads as one, and says so
+    save_file({"x": torch.zeros(4)}, str(cut))
+    cut.write_bytes(cut.read_bytes()[:20])
+    with pytest.raises(ForensicsError, match="truncated"):
+        load_object(cut)
+
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool, torch.uint16, torch.uint32, torch.uint64]
+NAMES = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12).filter(
+    lambda n: n != "__metadata__")
+
+
+def _tensor(dtype: torch.dtype, shape: list[int], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g, dtype=torch.float64) * 100).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    hi = 256 if dtype in (torch.uint8, torch.int8) else 1 << 15
+    return torch.randint(0, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+SPECS = st.dictionaries(NAMES, st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=4),
+                                         st.integers(0, 2**31)), min_size=1, max_size=6)
+METADATA = st.one_of(st.none(), st.dictionaries(NAMES, st.text(max_size=40), max_size=4))
+
+
+def _same_as_library(path: Path) -> None:
+    """Our reader's view of ``path`` equals the safetensors library's: names, dtypes, shapes, bytes, metadata."""
+    ours = load_object(path)
+    ref = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert ours.pop("__metadata__") == (meta or {})
+    assert sorted(ours) == sorted(ref)
+    for name, t in ref.items():
+        want = as_array(t)
+        got = ours[name]
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes(), name
+
+
+@FAST
+@given(specs=SPECS, metadata=METADATA, pad=st.integers(0, 300))
+def test_every_valid_safetensors_file_reads_as_the_library_reads_it(tmp_path_factory, specs, metadata, pad) -> None:
+    """Random names, shapes, dtypes and metadata, written by the safetensors library: each one is read, equal to
+    the library's reading. ``pad`` lengthens the metadata so header lengths cover every residue mod 256 that the
+    library writes (it pads its header to a multiple of 8: 32 residues, 0x80 among them)."""
+    path = tmp_path_factory.mktemp("st") / "x.safetensors"
+    tensors = {n: _tensor(d, s, seed) for n, (d, s, seed) in specs.items()}
+    if pad:
+        metadata = {**(metadata or {}), "\x00pad": "p" * pad}
+    save_file(tensors, str(path), metadata=metadata)
+    assert sniff(path) == "safetensors"
+    _same_as_library(path)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_header_length_128_mod_256_reads_for_every_dtype(tmp_path: Path, dtype: torch.dtype) -> None:
+    """The residue the issue met, asserted outright for each dtype (the property test reaches it only by chance)."""
+    for residue in (0x80, 0x00):  # the library pads its header to 8 bytes: these two are the first byte's extremes
+        path = save_with_header_length({"a.b": _tensor(dtype, [3, 2], 1), "ids": _tensor(torch.int64, [5], 2)},
+                                       tmp_path / f"r{residue}.safetensors", residue, {"k": "v"})
+        assert path.read_bytes()[0] == residue
+        _same_as_library(path)
+    # a header length of 0x0280 = 640 starts 80 02, exactly a protocol-2 pickle's first two bytes
+    path = tmp_path / "x.safetensors"
+    for pad in range(800):
+        save_file({"a": _tensor(dtype, [2], 3)}, str(path), metadata={"pad": "x" * pad})
+        if header_length(path) == 0x0280:
+            break
+    assert path.read_bytes()[:2] == b"\x80\x02"
+    _same_as_library(path)
