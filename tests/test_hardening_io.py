@@ -7,8 +7,10 @@ What a process does (exit code, stderr, peak memory) is checked on a real proces
 """
 from __future__ import annotations
 
+import gzip
 import json
 import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +161,51 @@ def test_header_length_128_mod_256_reads_for_every_dtype(tmp_path: Path, dtype: 
             break
     assert path.read_bytes()[:2] == b"\x80\x02"
     _same_as_library(path)
+
+
+# ---------------------------------------------------------------- 2. a zip member named twice
+
+def _with_second_copy(src: Path, dst: Path, member: str, data: bytes, inplace: bool) -> Path:
+    """``src`` rewritten with ``member`` stored twice, the second copy ``data``: right after the first
+    (``inplace``) or at the end of the archive."""
+    import warnings
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        warnings.simplefilter("ignore")  # zipfile warns "Duplicate name": the point here
+        target = next(n for n in zin.namelist() if n.endswith(member))
+        for name in zin.namelist():
+            zout.writestr(name, zin.read(name))
+            if inplace and name == target:
+                zout.writestr(name, data)
+        if not inplace:
+            zout.writestr(target, data)
+    return dst
+
+
+def test_torch_takes_the_first_or_the_last_copy_of_a_member_named_twice(tmp_path: Path) -> None:
+    """Why such a file is refused rather than read: torch (miniz, a binary search over the sorted directory)
+    takes the first copy in one layout and the last in another; zipfile always takes the last."""
+    src = tmp_path / "x.pt"
+    torch.save({"x": torch.full((4,), 1.0)}, src)
+    second = torch.full((4,), 2.0).numpy().tobytes()
+    at_end = _with_second_copy(src, tmp_path / "end.pt", "data/0", second, inplace=False)
+    beside = _with_second_copy(src, tmp_path / "beside.pt", "data/0", second, inplace=True)
+    assert torch.load(at_end, weights_only=True)["x"][0] == 1.0  # the first copy
+    assert torch.load(beside, weights_only=True)["x"][0] == 2.0  # the last copy
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["at-end", "beside"])
+def test_a_record_with_a_member_named_twice_is_refused_as_ambiguous(tmp_path: Path, inplace: bool) -> None:
+    """A real record whose storage data/0 is stored twice (the second copy zeros): align read the last copy
+    (zipfile) where torch may read the first; now one line, exit 2, as a process. Gzipped too."""
+    with zipfile.ZipFile(RECORD) as z:
+        name = next(n for n in z.namelist() if n.endswith("data/0"))
+        size = z.getinfo(name).file_size
+    dup = _with_second_copy(RECORD, tmp_path / "dup.pt", "data/0", bytes(size), inplace)
+    one_line(*run_process(["align", dup, CAPTURE], tmp_path)[:3], "dup.pt", "more than once", "ambiguous")
+    gz = tmp_path / "dup.pt.gz"
+    gz.write_bytes(gzip.compress(dup.read_bytes(), mtime=0))
+    one_line(*run_process(["align", gz, CAPTURE], tmp_path)[:3], "dup.pt.gz", "inside the gzip stream",
+             "more than once")
+    with pytest.raises(ForensicsError, match="more than once"):  # torch is never reached with it either
+        load_object(dup, allow_unsafe=True)
