@@ -8,6 +8,7 @@ What a process does (exit code, stderr, peak memory) is checked on a real proces
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import struct
 import zipfile
@@ -209,3 +210,162 @@ def test_a_record_with_a_member_named_twice_is_refused_as_ambiguous(tmp_path: Pa
              "more than once")
     with pytest.raises(ForensicsError, match="more than once"):  # torch is never reached with it either
         load_object(dup, allow_unsafe=True)
+
+
+# ---------------------------------------------------------------- 3. the restricted unpickler, bounded
+
+def _tiny_zip(path: Path, pkl: bytes) -> Path:
+    """A torch-style archive whose data.pkl is ``pkl``, deflated (torch reads deflated members too)."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(zipfile.ZipInfo("archive/data.pkl"), pkl, zipfile.ZIP_DEFLATED, 9)
+        z.writestr("archive/byteorder", b"little")
+        z.writestr("archive/version", b"3\n")
+    return path
+
+
+def _unicode(text: str) -> bytes:
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def copies_bomb(path: Path, call: str, times: int = 4000) -> Path:
+    """The issue's 844-byte file: one 512 KiB string, then ``times`` calls of ``call`` on it, each result kept in
+    a list (a 0.5 MiB copy per 9 bytes of pickle, deflated 1000:1)."""
+    glob = {"bytearray": b"c__builtin__\nbytearray\n", "encode": b"c_codecs\nencode\n"}[call]
+    head = b"\x80\x02" + glob + b"q\x00" + _unicode("a" * (512 << 10)) + b"q\x01" + _unicode("latin1") + b"q\x02]"
+    return _tiny_zip(path, head + b"h\x00h\x01h\x02\x86Ra" * times + b".")
+
+
+def memo_bomb(path: Path, entries: int = 16 << 20) -> Path:
+    """One list memoized ``entries`` times by one-byte MEMOIZE opcodes (protocol 4): a hundred bytes of memo each."""
+    return _tiny_zip(path, b"\x80\x04]" + b"\x94" * entries + b".")
+
+
+@pytest.mark.parametrize("build", [lambda p: copies_bomb(p, "encode"), lambda p: copies_bomb(p, "bytearray"),
+                                   memo_bomb], ids=["codecs-encode", "bytearray", "memoize"])
+def test_a_small_pickle_cannot_take_a_gigabyte(tmp_path: Path, build) -> None:
+    """Under 1 MB on disk, refused in one line (exit 2) under 1 GiB peak, as a process; main took 2 GiB (the
+    issue's 5.6 KB variant 1.9 GiB and 100 s)."""
+    bomb = build(tmp_path / "bomb.pt")
+    assert bomb.stat().st_size < 64 << 10
+    code, out, err, peak = run_process(["align", bomb, CAPTURE], tmp_path, timeout=120)
+    one_line(code, out, err, "bomb.pt")
+    assert peak < GIB, f"peak resident memory {peak / 2**20:.0f} MiB"
+
+
+def test_a_stored_pickle_copying_one_string_is_refused_by_what_the_calls_make(tmp_path: Path) -> None:
+    """The copies bomb with data.pkl stored plainly (no ratio to catch it): 16,000 copies of a 128 KiB string
+    (2 GiB on main) stop at what the calls made, past the pickle's own size."""
+    glob = b"c_codecs\nencode\n"
+    head = b"\x80\x02" + glob + b"q\x00" + _unicode("a" * (128 << 10)) + b"q\x01" + _unicode("latin1") + b"q\x02]"
+    pkl = head + b"h\x00h\x01h\x02\x86Ra" * 16000 + b"."
+    bomb = tmp_path / "stored.pt"
+    with zipfile.ZipFile(bomb, "w") as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/byteorder", b"little")
+    assert bomb.stat().st_size < 1 << 20
+    code, out, err, peak = run_process(["align", bomb, CAPTURE], tmp_path, timeout=120)
+    one_line(code, out, err, "stored.pt", "copied again and again")
+    assert peak < GIB, f"peak resident memory {peak / 2**20:.0f} MiB"
+
+
+def test_memo_entries_claimed_lengths_and_gzipped_pickles_are_bounded(tmp_path: Path, monkeypatch) -> None:
+    from eagleforensics.io import torchfile
+
+    monkeypatch.setattr(torchfile, "MAX_MEMO", 1000)
+    memo = tmp_path / "memo.pt"
+    with zipfile.ZipFile(memo, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x04]" + b"\x94" * 1001 + b".")
+    with pytest.raises(ForensicsError, match="memoizes more than 1000 objects"):
+        load_object(memo)
+    claim = tmp_path / "claim.pt"  # BYTEARRAY8 claiming 8 GiB in a 40-byte pickle: refused before allocating
+    with zipfile.ZipFile(claim, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x05\x96" + struct.pack("<Q", 8 << 30) + b".")
+    with pytest.raises(ForensicsError, match="bytearray of 8589934592 bytes claimed"):
+        load_object(claim)
+    legacy = tmp_path / "legacy.pt.gz"  # a legacy file in gzip: its pickles bounded by the gzip file's size
+    body = io.BytesIO()
+    torch.save({"x": torch.arange(3)}, body, _use_new_zipfile_serialization=False)
+    flood = b"\x80\x02]" + b"0]" * (1 << 20) + b"."  # 2 MiB of EMPTY_LIST/POP: a few KB once gzipped
+    legacy.write_bytes(gzip.compress(flood + body.getvalue(), mtime=0))
+    assert legacy.stat().st_size < 64 << 10
+    with pytest.raises(ForensicsError, match="the pickle is longer than 1.0 MiB"):
+        load_object(legacy)
+
+
+class _Reduce:
+    """An object torch.save pickles as ``fn(*args)`` (its tensors' storages persisted as torch does)."""
+
+    def __init__(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (self.fn, self.args)
+
+
+def _ordered_with_state(items: dict, state) -> object:  # type: ignore[no-untyped-def]
+    """An OrderedDict pickled with BUILD ``state`` (as a state_dict's ``_metadata`` is)."""
+    class OD:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            import collections
+
+            return (collections.OrderedDict, (), state, None, iter(items.items()))
+    return OD()
+
+
+def _tensor_v2(t: torch.Tensor, size, stride, metadata=None, offset: int = 0) -> _Reduce:  # type: ignore[no-untyped-def]
+    import collections
+
+    args = (t._typed_storage(), offset, size, stride, False, collections.OrderedDict())
+    return _Reduce(torch._utils._rebuild_tensor_v2, *(args + ((metadata,) if metadata is not None else ())))
+
+
+def _record_with(path: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    rec = torch.load(RECORD, weights_only=True)
+    torch.save(edit(rec), path)
+    return path
+
+
+def _strided_2_62(rec: dict) -> dict:
+    hs = list(rec["hidden_states"])
+    h = hs[3].contiguous()
+    hs[3] = _tensor_v2(h, tuple(h.shape), (2**62,) + h.stride()[1:])  # dimension 0 has one element
+    return {**rec, "hidden_states": hs}
+
+
+READ_AS_TORCH = {
+    "build-metadata": lambda rec: _ordered_with_state(rec, {"_metadata": {"": {"version": 1}}}),
+    "build-sets-items": lambda rec: _ordered_with_state(rec, {"items": 5, "keys": None}),
+    "stride-2^62-on-one-element": _strided_2_62,
+}
+REFUSED = {
+    "build-slotstate": (lambda rec: _ordered_with_state(rec, (None, {"items": None})), "BUILD on an OrderedDict"),
+    "size-2^63": (lambda rec: {**rec, "loss_mask": _tensor_v2(torch.zeros(4), (0, 2**63), (1, 1))}, "int64"),
+    "empty-of-2^62": (lambda rec: {**rec, "loss_mask": _tensor_v2(torch.zeros(4), (0, 2**62), (1, 1))}, "2^63 bytes"),
+    "offset-2^70": (lambda rec: {**rec, "loss_mask": _tensor_v2(torch.zeros(4), (0,), (1,), None, 2**70)},
+                    "offset, size and stride"),
+    "neg-bool-mask": (lambda rec: {**rec, "loss_mask": _tensor_v2(rec["loss_mask"].bool(), (64,), (1,), {"neg": True})},
+                      "negative bit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READ_AS_TORCH))
+def test_what_torch_reads_is_read_the_same(tmp_path: Path, name: str) -> None:
+    """BUILD on the record's OrderedDict (torch sets attributes; one named ``items`` made us call an int, exit 3)
+    and a 2^62 stride on a one-element dimension (numpy's byte stride overflowed, exit 3): align answers as on
+    the plain record."""
+    path = _record_with(tmp_path / "rec.pt", READ_AS_TORCH[name])
+    torch.load(path, weights_only=True)  # torch reads it
+    got = run_process(["align", path, CAPTURE, "--json"], tmp_path)
+    want = run_process(["align", RECORD, CAPTURE, "--json"], tmp_path)
+    assert got[0] == want[0] and got[0] in (0, 1), got[2][-1500:]
+    assert json.loads(got[1].replace(str(path), str(RECORD))) == json.loads(want[1])
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_impossible_tensors_and_builds_are_one_line(tmp_path: Path, name: str) -> None:
+    """Sizes past int64, an empty tensor numpy cannot shape, an offset past int64, the neg bit on a bool mask,
+    BUILD with a (state, slotstate) pair: exit 3 or a traceback on main, one line and exit 2 now."""
+    edit, words = REFUSED[name]
+    path = _record_with(tmp_path / "rec.pt", edit)
+    one_line(*run_process(["align", path, CAPTURE], tmp_path)[:3], "rec.pt", words)
