@@ -369,3 +369,61 @@ def test_impossible_tensors_and_builds_are_one_line(tmp_path: Path, name: str) -
     edit, words = REFUSED[name]
     path = _record_with(tmp_path / "rec.pt", edit)
     one_line(*run_process(["align", path, CAPTURE], tmp_path)[:3], "rec.pt", words)
+
+
+# ---------------------------------------------------------------- 4. tokenizer files
+
+@pytest.fixture(scope="module")
+def tok_target(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    """The sample target with a real (small, trained) tokenizer and a ChatML template beside it."""
+    import shutil
+
+    from eagleforensics.testing import chat
+
+    d = tmp_path_factory.mktemp("tok") / "target"
+    shutil.copytree(SAMPLES / "target", d)
+    chat.write_tokenizer(d, "chatml", chars=20_000)
+    return d
+
+
+def _target_copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_tokenizer_file_that_is_a_fifo_or_a_device_is_one_line(tok_target: Path, tmp_path: Path, kind: str,
+                                                                  name: str) -> None:
+    """On main each was skipped without a word: the template check said 'no tokenizer.json' or 'no chat
+    template', and a FIFO chat_template.jinja fell back to tokenizer_config.json's template (a finding from
+    the wrong template). Now judged by os.stat before anything opens it (a FIFO read would hang)."""
+    import os
+
+    d = _target_copy(tok_target, tmp_path / "target")
+    (d / name).unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(d / name)
+    else:
+        os.symlink("/dev/zero", d / name)
+    code, out, err, _ = run_process(["doctor", "--target", d, "--train", RECORD], tmp_path, timeout=120)
+    one_line(code, out, err, f"{name}: is not a regular file")
+
+
+def test_a_tokenizer_whose_regex_panics_the_library_is_one_line(tok_target: Path, tmp_path: Path) -> None:
+    """A pre-tokenizer regex with catastrophic backtracking: Oniguruma gives up, the tokenizers library panics
+    (pyo3_runtime.PanicException, a BaseException). On main: exit 1 and 195 lines of Rust backtrace under
+    RUST_BACKTRACE=1; now one line, exit 2, the backtrace kept off stderr."""
+    d = _target_copy(tok_target, tmp_path / "target")
+    tj = json.loads((d / "tokenizer.json").read_text())
+    split = {"type": "Split", "pattern": {"Regex": "((a+)+)+\\1b"}, "behavior": "Isolated", "invert": False}
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split, tj["pre_tokenizer"]]}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ 'a' * 5000 }}" + cfg["chat_template"]  # a long run for the regex to choke on
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    code, out, err, _ = run_process(["doctor", "--target", d, "--train", RECORD], tmp_path, timeout=120,
+                                    env={"RUST_BACKTRACE": "1"})
+    one_line(code, out, err, "tokenizer.json", "Rust panic", "retry-limit-in-match")
