@@ -427,3 +427,79 @@ def test_a_tokenizer_whose_regex_panics_the_library_is_one_line(tok_target: Path
     code, out, err, _ = run_process(["doctor", "--target", d, "--train", RECORD], tmp_path, timeout=120,
                                     env={"RUST_BACKTRACE": "1"})
     one_line(code, out, err, "tokenizer.json", "Rust panic", "retry-limit-in-match")
+
+
+# ---------------------------------------------------------------- 5. round three: d2t, fc, the target's norm
+
+DRAFTER, TARGET = SAMPLES / "drafter", SAMPLES / "target"
+
+
+def _drafter_with(tmp_path: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    import shutil
+
+    d = tmp_path / "drafter"
+    shutil.copytree(DRAFTER, d)
+    tensors = load_file(str(d / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(d / "model.safetensors"))
+    return d
+
+
+def _narrow_norm_target(tmp_path: Path) -> Path:
+    import shutil
+
+    t = tmp_path / "target"
+    shutil.copytree(TARGET, t)
+    shard = t / "model-00001-of-00002.safetensors"
+    tensors = load_file(str(shard))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"][:64].contiguous()
+    save_file(tensors, str(shard))
+    return t
+
+
+@pytest.mark.parametrize("convention", ["vllm", "hf"])
+def test_doctor_with_a_target_norm_of_the_wrong_width_is_one_line(tmp_path: Path, convention: str) -> None:
+    """A capture read in vLLM's convention has no post-norm entry, so the coverage check multiplied the raw state
+    by the target's 64-wide norm: exit 3 (a broadcast error) on main; in the hf convention the row was skipped in
+    silence. Now one line from the shard header, before anything is multiplied."""
+    t = _narrow_norm_target(tmp_path)
+    code, out, err, _ = run_process(["doctor", "--drafter", DRAFTER, "--target", t, "--capture", CAPTURE,
+                                     "--capture-convention", convention, "--train", RECORD], tmp_path)
+    one_line(code, out, err, "model-00001-of-00002.safetensors", "model.norm.weight has shape [64]", "[128]")
+
+
+def test_doctor_with_an_integer_fc_is_one_line(tmp_path: Path) -> None:
+    """An I32 fc.weight: main's doctor said 'OK' (exit 0), replay alone refused it; now doctor refuses it from the
+    header, as replay does."""
+    d = _drafter_with(tmp_path, lambda t: t.update({"fc.weight": t["fc.weight"].to(torch.int32)}))
+    code, out, err, _ = run_process(["doctor", "--drafter", d, "--target", TARGET], tmp_path)
+    one_line(code, out, err, "drafter/model.safetensors", "fc.weight has dtype I32")
+
+
+def test_doctor_names_a_u32_d2t_as_invalid(tmp_path: Path) -> None:
+    """A U32 d2t: main's vocab-map check called it clean; SGLang's load adds it to an int64 arange, which torch
+    refuses for uint32 (checked here on the installed torch), so it is d2t-invalid."""
+    with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64 types is not supported"):
+        torch.arange(3, dtype=torch.int64) + torch.zeros(3, dtype=torch.uint32)
+    d = _drafter_with(tmp_path, lambda t: t.update(d2t=t["d2t"].to(torch.uint32)))
+    code, out, err, _ = run_process(["doctor", "--drafter", d, "--target", TARGET, "--json"], tmp_path)
+    assert code == 1, err[-2000:]
+    found = json.loads(out)["findings"]
+    assert any(f["code"] == "d2t-invalid" and "stored as U32" in f["message"] for f in found), found
+
+
+@pytest.mark.parametrize("name", ["u32-d2t", "int-fc", "narrow-target-norm"])
+def test_replay_refuses_each_in_one_line_as_a_process(tmp_path: Path, name: str) -> None:
+    """Round three's three cases, run as the user runs them (a process, not CliRunner)."""
+    drafter, target, words = DRAFTER, TARGET, ""
+    if name == "u32-d2t":
+        drafter, words = _drafter_with(tmp_path, lambda t: t.update(d2t=t["d2t"].to(torch.uint32))), "d2t has dtype U32"
+    elif name == "int-fc":
+        drafter = _drafter_with(tmp_path, lambda t: t.update({"fc.weight": t["fc.weight"].to(torch.int32)}))
+        words = "fc.weight has dtype I32"
+    else:
+        target, words = _narrow_norm_target(tmp_path), "model.norm.weight has shape [64]; the drafter needs [128]"
+    args = ["replay", drafter, CAPTURE if name == "narrow-target-norm" else SWEEP, "--target", target]
+    if name == "narrow-target-norm":
+        args += ["--capture-convention", "vllm"]
+    one_line(*run_process(args, tmp_path)[:3], words)
