@@ -503,3 +503,14 @@ def test_replay_refuses_each_in_one_line_as_a_process(tmp_path: Path, name: str)
     if name == "narrow-target-norm":
         args += ["--capture-convention", "vllm"]
     one_line(*run_process(args, tmp_path)[:3], words)
+
+
+@pytest.mark.parametrize("opcode", [b"\x8d", b"\x8e"], ids=["BINUNICODE8", "BINBYTES8"])
+def test_a_legacy_pickle_claiming_a_terabyte_string_is_one_line(tmp_path: Path, opcode: bytes) -> None:
+    """Found while bounding the unpickler: the legacy pre-scan (pickletools) read a claimed 2^40-byte string in one
+    call, a MemoryError and exit 3 on main; reads are now clamped to the file."""
+    path = tmp_path / "claim.pt"
+    path.write_bytes(b"\x80\x02" + opcode + struct.pack("<Q", 1 << 40) + b"abc" * 100)
+    code, out, err, peak = run_process(["align", path, CAPTURE], tmp_path)
+    one_line(code, out, err, "claim.pt", "truncated or corrupt")
+    assert peak < GIB

@@ -178,10 +178,28 @@ def _persistent_tuple(recent: collections.deque[tuple[str, Any]]) -> tuple[str, 
     return key, numel * _STORAGE_BYTES[kind]
 
 
+class _Clamped:
+    """A read-only view of ``fh`` that never reads past ``size``: pickletools reads a length a pickle claims
+    (BINBYTES8 of 2^40) in one call, which allocated it before finding the file shorter (a MemoryError)."""
+
+    def __init__(self, fh: IO[bytes], size: int) -> None:
+        self.fh, self.size = fh, size
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(self.size - self.fh.tell(), 0)
+        return self.fh.read(left if n is None or n < 0 else min(n, left))
+
+    def readline(self) -> bytes:
+        return self.fh.readline(max(self.size - self.fh.tell(), 0))
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+
 def check_legacy_torch(fh: IO[bytes], size: int, path: str | Path) -> None:
     """Refuse a legacy torch file whose storages claim more bytes than the file holds."""
     start = fh.tell()
-    claim = legacy_torch_claim(fh)
+    claim = legacy_torch_claim(_Clamped(fh, size))  # type: ignore[arg-type]
     fh.seek(start)
     if claim is not None and claim > size:
         raise ForensicsError(f"torch file declares {human_bytes(claim)} of tensor data but is only {human_bytes(size)}: "
