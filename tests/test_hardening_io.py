@@ -514,3 +514,15 @@ def test_a_legacy_pickle_claiming_a_terabyte_string_is_one_line(tmp_path: Path, 
     code, out, err, peak = run_process(["align", path, CAPTURE], tmp_path)
     one_line(code, out, err, "claim.pt", "truncated or corrupt")
     assert peak < GIB
+
+
+def test_a_gzipped_legacy_pickle_is_walked_no_further_than_its_bound(tmp_path: Path) -> None:
+    """A 60 KB .pt.gz holding 60 MiB of one repeated BINPUT: main's pre-scan (pickletools) walked all of it before
+    the unpickler's bound, 125 s here. Both now stop at 16x the gzip file (1 MiB): one line, under the issue's
+    60 s (the process timeout: a hang guard, not a speed figure) and 1 GiB."""
+    path = tmp_path / "flood.pt.gz"
+    path.write_bytes(gzip.compress(b"\x80\x02]" + b"q\x00" * (30 << 20) + b".", 9, mtime=0))
+    assert path.stat().st_size < 1 << 20
+    code, out, err, peak = run_process(["align", path, CAPTURE], tmp_path, timeout=60)
+    one_line(code, out, err, "flood.pt.gz", "the pickle is longer than 1.0 MiB")
+    assert peak < GIB

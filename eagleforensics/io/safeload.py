@@ -31,7 +31,7 @@ from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, expansion_limit, open_regular, parse_json
-from .sizecheck import check_legacy_torch, check_npy, check_shape, claimed_int, human_bytes
+from .sizecheck import check_legacy_torch, check_npy, check_shape, claimed_int, compressed_pickle_limit, human_bytes
 
 UNSAFE_HINT = (
     "pass --allow-unsafe-pickle only if you trust where the file came from: "
@@ -330,8 +330,8 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         buf = io.BytesIO(payload)
         if payload[:4] == b"PK\x03\x04":  # a zip inside the gzip: its members are bounded too
             _check_zip(buf, p, "inside the gzip stream: ")
-        if is_pickle_head(payload[:2]):
-            check_legacy_torch(buf, len(payload), p)
+        if is_pickle_head(payload[:2]):  # its pickles walked no further than the unpickler will read them
+            check_legacy_torch(buf, len(payload), p, scan=compressed_pickle_limit(p.stat().st_size))
         if not allow_unsafe:
             from . import torchfile  # imported only for torch files
 

@@ -46,18 +46,13 @@ from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, open_regular
 from .safeload import UNSAFE_HINT, is_pickle_head
-from .sizecheck import human_bytes
+from .sizecheck import PICKLE_FLOOR, PICKLE_RATIO, compressed_pickle_limit, human_bytes
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001
 MAX_PICKLE = 256 << 20  # a torch pickle holds structure, not data: larger is not a checkpoint
 MAX_WEIGHT = 1_000_000  # values a tuple may hold counting shared ones again (hashing walks them all)
 MAX_MEMO = 1 << 21  # objects a pickle may memoize: torch memoizes about ten per tensor
-# A compressed pickle (a deflated data.pkl, any pickle of a gzip file) may unfold to PICKLE_FLOOR bytes, or to
-# PICKLE_RATIO times its compressed size when more: torch stores data.pkl plainly and real pickles deflate about
-# 5:1, while a few KB of repeated opcodes deflate 1000:1 into minutes of unpickling.
-PICKLE_FLOOR = 1 << 20
-PICKLE_RATIO = 16
 # What bytearray() / _codecs.encode (how a pickle stores bytes) may make in all: as many bytes as the pickle holds
 # (each bytes object is made once from its own string), at least MADE_FLOOR. Calling them again and again on one
 # memoized string is how an 844-byte file took a gigabyte.
@@ -755,7 +750,7 @@ def _packed_size(source: _Source) -> int:
 
 def _bound_packed(loader: _Loader, packed: int, how: str) -> None:
     """Bound a compressed pickle by its compressed size (``PICKLE_RATIO``, at least ``PICKLE_FLOOR``)."""
-    loader.bound_pickle(max(PICKLE_FLOOR, PICKLE_RATIO * packed),
+    loader.bound_pickle(compressed_pickle_limit(packed),
                         f"the most a pickle {how} to {human_bytes(packed)} may hold: {PICKLE_RATIO} times that, "
                         f"at least {human_bytes(PICKLE_FLOOR)}")
 
