@@ -391,7 +391,8 @@ def test_every_catalogue_row_in_the_docs_has_a_test_and_back() -> None:
     from .hostile import CATALOGUE_IDS  # the rows of issue 13, tested in tests/test_hardening.py
 
     tested = ({r.id for r in ROWS} | {"nan-or-inf", "malicious-pickle", "internal-error", "directory-for-file", "gzip-bomb"}
-              | CATALOGUE_IDS | {"truncated-while-read", "hostile-pickle"})  # the last two: tests/test_torchfile.py
+              | CATALOGUE_IDS | {"truncated-while-read", "hostile-pickle"}  # these two: tests/test_torchfile.py
+              | {"ambiguous-zip", "tokenizer-panic"})  # tests/test_hardening_io.py
     assert documented == tested
 
 

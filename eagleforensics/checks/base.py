@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ForensicsError
-from ..io.modeldir import ModelDir, read_config
+from ..io.modeldir import ModelDir, check_weight_kinds, read_config
 from ..results import Finding
 from .drafterfacts import target_facts
 
@@ -147,7 +147,9 @@ class Artifacts:
     def drafter(self) -> ModelDir:
         if self.inputs.drafter is None:
             raise ForensicsError("no --drafter given")
-        return ModelDir(self.inputs.drafter, "drafter directory")
+        md = ModelDir(self.inputs.drafter, "drafter directory")
+        check_weight_kinds(md)  # an integer fc / norm / lm_head is one line, as replay says it
+        return md
 
     @cached_property
     def target(self) -> ModelDir:

@@ -23,6 +23,7 @@ from .base import Artifacts
 from .drafterfacts import draft_facts, drafter_tensor, positive_int, target_facts
 
 INT_DTYPES = ("I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64")
+UNSIGNED_WIDE = ("U16", "U32", "U64")  # torch promotes none of them with int64 (uint8 it does)
 # Fewer draft ids than this and "no two kept ids are adjacent" is weak evidence of absolute ids.
 MIN_IDS_FOR_ADJACENCY = 16
 
@@ -115,6 +116,13 @@ def diagnose_map(vm: VocabMap) -> MapDiagnosis:
     if vm.d2t_dtype not in INT_DTYPES:
         return MapDiagnosis("invalid", (f"d2t is stored as {vm.d2t_dtype}, not integers: SGLang adds it to an integer "
                                         "arange and indexes with it, vLLM copies it into an int64 parameter",),
+                            intended=kept if kept is not None and n and kept.size == n else None,
+                            intended_how="t2d's set ids")
+    if vm.d2t_dtype in UNSIGNED_WIDE:
+        return MapDiagnosis("invalid", (f"d2t is stored as {vm.d2t_dtype}: SGLang adds it to an int64 arange "
+                                        "(hot_token_id = d2t + arange), which torch refuses for uint16/32/64 "
+                                        "('Promotion for uint16, uint32, uint64 types is not supported', torch 2.13), "
+                                        "so SGLang cannot load the drafter; store int64 offsets as SpecForge does",),
                             intended=kept if kept is not None and n and kept.size == n else None,
                             intended_how="t2d's set ids")
     d2t = d2t.astype(np.int64)

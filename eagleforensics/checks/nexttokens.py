@@ -56,6 +56,15 @@ def target_head(art: Artifacts) -> TargetHead | None:
             raise ForensicsError("target has no lm_head tensor (looked for lm_head.weight in the safetensors index)",
                                  path=t.path)
         norm_name = t.find("norm")
+        head_shape = t.info(name).shape
+        if len(head_shape) != 2:
+            raise ForensicsError(f"target tensor {name} has shape {list(head_shape)}; an lm_head is [vocab, hidden]",
+                                 path=t.info(name).file)
+        if norm_name is not None and t.info(norm_name).shape != (head_shape[1],):
+            # checked from the header, before a raw final state is multiplied by it (a broadcast error, exit 3)
+            raise ForensicsError(f"target tensor {norm_name} has shape {list(t.info(norm_name).shape)}; the final "
+                                 f"norm of a target whose {name} reads {head_shape[1]} features is "
+                                 f"[{head_shape[1]}]", path=t.info(norm_name).file)
         eps = t.text.get("rms_norm_eps", 1e-6)
         return TargetHead(t.read(name), f32(t.read(norm_name)) if norm_name else None,
                           float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else 1e-6)

@@ -241,13 +241,19 @@ def check_expansion(size: int, packed: int, path: str | Path, what: str, limit: 
 
 
 def check_zip_members(zf: zipfile.ZipFile, path: str | Path, where: str = "") -> None:
-    """Check every member's declared size and ratio before anything is decompressed.
+    """Check every member's declared size and ratio before anything is decompressed; a name twice is refused.
 
     zipfile never returns more than a member's declared size and torch allocates a record at
     its declared size, so bounding the declaration bounds what is expanded.
     """
     total = 0
+    seen: set[str] = set()
     for info in zf.infolist():
+        if info.filename in seen:  # zipfile takes the last copy; torch's miniz a copy its binary search lands on
+            raise ForensicsError(f"{where}zip archive holds member {info.filename[:120]!r} more than once: which copy "
+                                 "a reader takes differs between readers (torch's depends on where the copies lie), "
+                                 "so the file is ambiguous; refused", path=path)
+        seen.add(info.filename)
         total += info.file_size
         if info.compress_type != zipfile.ZIP_STORED or info.file_size > info.compress_size:
             check_expansion(info.file_size, info.compress_size, path, f"{where}archive member {info.filename!r}")

@@ -181,3 +181,18 @@ class ModelDir:
         hits = [k for k in self.tensors if k.endswith(tail) and "mtp" not in k and ".layers." not in k
                 and "midlayer" not in k]
         return hits[0] if len(hits) == 1 else None
+
+
+def check_weight_kinds(md: ModelDir) -> None:
+    """A drafter's fc, norm and lm_head weights hold floats (any width): from the headers, by stored name, with
+    no config needed (doctor opens drafters replay cannot run). An integer one with no ``*_scale`` beside it (no
+    quantized layout) is one line: engines would copy its integers into their bf16 parameters."""
+    tensors = md.tensors
+    for stored, info in tensors.items():
+        bare = stored[len("model."):] if stored.startswith("model.") else stored
+        if bare not in ("fc.weight", "norm.weight", "lm_head.weight") or info.dtype.startswith(("F", "BF")):
+            continue
+        if any(k.startswith(stored[:-len("weight")]) and k.endswith("_scale") for k in tensors):
+            continue
+        raise ForensicsError(f"tensor {stored} has dtype {info.dtype}; a drafter's {bare} holds floating-point "
+                             "weights (float16/bfloat16/float32), which engines load", path=info.file)

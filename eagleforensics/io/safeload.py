@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import pickle
 import struct
 import warnings
 import zipfile
@@ -30,7 +31,7 @@ from ..arrays import BF16, as_array, is_torch
 from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, expansion_limit, open_regular, parse_json
-from .sizecheck import check_legacy_torch, check_npy, check_shape, claimed_int, human_bytes
+from .sizecheck import check_legacy_torch, check_npy, check_shape, claimed_int, compressed_pickle_limit, human_bytes
 
 UNSAFE_HINT = (
     "pass --allow-unsafe-pickle only if you trust where the file came from: "
@@ -69,10 +70,30 @@ def check_file(path: str | Path) -> Path:
     return p
 
 
+def is_pickle_head(head: bytes) -> bool:
+    """True when ``head`` opens a pickle as torch writes one: PROTO (0x80) then a protocol byte 2..5.
+
+    A lone 0x80 proves nothing: a safetensors file whose header length is 128 mod 256 starts with it."""
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= pickle.HIGHEST_PROTOCOL
+
+
+def is_safetensors_head(head: bytes, size: int) -> bool:
+    """True when ``head`` (the first 9+ bytes of a ``size``-byte file) has the safetensors structure:
+    an 8-byte little-endian header length N with 8 + N within the file, the header a JSON object ('{')."""
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    (hlen,) = struct.unpack("<Q", head[:8])
+    return 2 <= hlen and 8 + hlen <= size
+
+
 def sniff(path: Path) -> str:
-    """Name the container format from the first bytes: gzip, torch-zip, npz, npy, pickle, safetensors."""
+    """Name the container format by its structure: gzip, torch-zip, npz, npy, safetensors, pickle.
+
+    Magic numbers first (gzip, npy, zip); then safetensors by its layout (header length, then a JSON
+    object that fits in the file), before a pickle's PROTO opcode: a first byte alone is no proof."""
     with open_regular(path) as fh:
         head = fh.read(16)
+        size = os.fstat(fh.fileno()).st_size
     if head[:2] == b"\x1f\x8b":
         return "gzip"
     if head[:6] == b"\x93NUMPY":
@@ -87,9 +108,11 @@ def sniff(path: Path) -> str:
         if names and all(n.endswith(".npy") for n in names):
             return "npz"
         return "torch-zip"
-    if head[:1] == b"\x80":
+    if is_safetensors_head(head, size):
+        return "safetensors"
+    if is_pickle_head(head):
         return "pickle"
-    if len(head) >= 9 and head[8:9] == b"{":
+    if head[8:9] == b"{":  # a damaged safetensors file (its length past the end): the reader says what is wrong
         return "safetensors"
     raise ForensicsError(
         "unknown format: not a torch, safetensors, numpy or gzip file (first bytes "
@@ -307,8 +330,8 @@ def load_object(path: str | Path, *, allow_unsafe: bool = False, mmap: bool = Tr
         buf = io.BytesIO(payload)
         if payload[:4] == b"PK\x03\x04":  # a zip inside the gzip: its members are bounded too
             _check_zip(buf, p, "inside the gzip stream: ")
-        if payload[:1] == b"\x80":
-            check_legacy_torch(buf, len(payload), p)
+        if is_pickle_head(payload[:2]):  # its pickles walked no further than the unpickler will read them
+            check_legacy_torch(buf, len(payload), p, scan=compressed_pickle_limit(p.stat().st_size))
         if not allow_unsafe:
             from . import torchfile  # imported only for torch files
 

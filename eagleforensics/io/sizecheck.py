@@ -178,10 +178,41 @@ def _persistent_tuple(recent: collections.deque[tuple[str, Any]]) -> tuple[str, 
     return key, numel * _STORAGE_BYTES[kind]
 
 
-def check_legacy_torch(fh: IO[bytes], size: int, path: str | Path) -> None:
-    """Refuse a legacy torch file whose storages claim more bytes than the file holds."""
+class _Clamped:
+    """A read-only view of ``fh`` that never reads past ``size``: pickletools reads a length a pickle claims
+    (BINBYTES8 of 2^40) in one call, which allocated it before finding the file shorter (a MemoryError)."""
+
+    def __init__(self, fh: IO[bytes], size: int) -> None:
+        self.fh, self.size = fh, size
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(self.size - self.fh.tell(), 0)
+        return self.fh.read(left if n is None or n < 0 else min(n, left))
+
+    def readline(self) -> bytes:
+        return self.fh.readline(max(self.size - self.fh.tell(), 0))
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+
+# A compressed pickle (a deflated data.pkl, the pickles of a gzipped legacy file) may unfold to PICKLE_FLOOR bytes, or
+# to PICKLE_RATIO times its compressed size when more: torch stores data.pkl plainly and real pickles deflate about
+# 5:1, while a few KB of repeated opcodes deflate 1000:1 into minutes of pure-Python unpickling.
+PICKLE_FLOOR = 1 << 20
+PICKLE_RATIO = 16
+
+
+def compressed_pickle_limit(packed: int) -> int:
+    """The most pickle bytes ``packed`` compressed bytes may unfold to (``PICKLE_RATIO``, at least ``PICKLE_FLOOR``)."""
+    return max(PICKLE_FLOOR, PICKLE_RATIO * packed)
+
+
+def check_legacy_torch(fh: IO[bytes], size: int, path: str | Path, scan: int | None = None) -> None:
+    """Refuse a legacy torch file whose storages claim more bytes than the file holds; the opcodes walked are
+    at most ``scan`` bytes (a gzip payload's pickles are bounded by the gzip file, as the unpickler bounds them)."""
     start = fh.tell()
-    claim = legacy_torch_claim(fh)
+    claim = legacy_torch_claim(_Clamped(fh, size if scan is None else min(size, start + scan)))  # type: ignore[arg-type]
     fh.seek(start)
     if claim is not None and claim > size:
         raise ForensicsError(f"torch file declares {human_bytes(claim)} of tensor data but is only {human_bytes(size)}: "

@@ -10,18 +10,27 @@ the special-token strings as variables, and ``{% generation %}`` blocks rendered
 Templates come from the model's files and are untrusted code, hence the sandbox (jinja2 >=
 3.1.6, as transformers requires). Text is encoded without adding special tokens, as
 ``apply_chat_template(tokenize=True)`` does: the template writes them itself.
+
+Each tokenizer file present is judged by ``os.stat`` before it is opened: a FIFO, a device or a dangling link
+is one line, never skipped for another file. Every call into ``tokenizers`` runs guarded: a Rust panic (a
+regex that gives up) is one line naming tokenizer.json, Rust's report kept off stderr.
 """
 from __future__ import annotations
 
 import json
+import os
+import stat
+import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ForensicsError
-from .guards import parse_json, read_regular
+from .guards import NOT_REGULAR, parse_json, read_regular
 from .sizecheck import human_bytes
 
 MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # Gemma 3's tokenizer.json is 33 MB, Qwen3's 11 MB
@@ -31,6 +40,74 @@ MAX_RENDER_CHARS = 1 << 20  # a probe conversation renders to a few hundred char
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json")
 INSTALL_HINT = "pip install 'eagleforensics[audit]' (tokenizers and jinja2)"
+
+
+def present(path: Path) -> bool:
+    """Whether a tokenizer file is there: False when absent, True for a regular file, and one line for anything
+    else (a FIFO would hang the read, /dev/zero never ends, a dangling link is a broken file): judged by
+    ``os.stat`` before anything is opened, never silently skipped for another file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise ForensicsError("is a symbolic link to nothing: the tokenizer file is broken", path=path) from None
+        return False
+    except OSError as exc:
+        raise ForensicsError(f"cannot be read: {exc.strerror or exc}", path=path) from None
+    if stat.S_ISDIR(mode):
+        raise ForensicsError("is a directory, expected a tokenizer file", path=path)
+    if not stat.S_ISREG(mode):
+        raise ForensicsError(NOT_REGULAR, path=path)
+    return True
+
+
+_QUIET = threading.RLock()
+
+
+@contextmanager
+def _rust_guard(path: Path, what: str) -> Iterator[None]:
+    """Run a ``tokenizers`` call with Rust's panic report kept off stderr (its hook writes to descriptor 2, a
+    backtrace of some 190 lines under RUST_BACKTRACE) and a panic (``pyo3_runtime.PanicException``, a
+    BaseException) turned into one line naming ``path``."""
+    with _QUIET:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):  # no descriptor 2 to quiet: still catch the panic
+            saved = -1
+        try:
+            if saved >= 0:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 2)
+                os.close(null)
+            yield
+        except BaseException as exc:
+            if type(exc).__name__ != "PanicException":
+                raise
+            text = " ".join(str(exc).split())[:160] or "no message"
+            raise ForensicsError(f"the tokenizers library failed {what} (a Rust panic: {text}); the tokenizer's "
+                                 "regex or settings are broken", path=path) from None
+        finally:
+            if saved >= 0:
+                os.dup2(saved, 2)
+                os.close(saved)
+
+
+class GuardedTokenizer:
+    """A ``tokenizers.Tokenizer`` whose every call runs under ``_rust_guard`` (a panic is one line, not a crash)."""
+
+    def __init__(self, tokenizer: Any, path: Path) -> None:
+        self._tokenizer, self._path = tokenizer, path
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._tokenizer, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _rust_guard(self._path, f"in {name}"):
+                return attr(*args, **kwargs)
+        return call
 
 
 def _token_text(value: Any) -> str | None:
@@ -171,15 +248,17 @@ class ChatTokenizer:
 
 
 def has_tokenizer(directory: str | Path) -> bool:
-    """True when ``directory`` holds a ``tokenizer.json``."""
-    return (Path(directory) / "tokenizer.json").is_file()
+    """True when ``directory`` holds a ``tokenizer.json`` (one that is there but no regular file is one line)."""
+    return present(Path(directory) / "tokenizer.json")
 
 
 def load_tokenizer(directory: str | Path) -> ChatTokenizer:
     """The tokenizer and chat template in ``directory`` (a target model's directory); bad input is one line."""
     d = Path(directory)
     tok_path = d / "tokenizer.json"
-    if not tok_path.exists():
+    for name in TOKENIZER_FILES[1:]:  # each one there is a regular file, used or not: none is skipped for another
+        present(d / name)
+    if not present(tok_path):
         raise ForensicsError("no tokenizer.json here (only fast tokenizers are read: save the target's tokenizer "
                              "with transformers to get one)", path=d)
     try:
@@ -188,24 +267,27 @@ def load_tokenizer(directory: str | Path) -> ChatTokenizer:
         raise ForensicsError(f"reading tokenizer.json needs the tokenizers library: {INSTALL_HINT}") from None
     raw = read_regular(tok_path, MAX_TOKENIZER_BYTES, "tokenizer.json")
     try:
-        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+        with _rust_guard(tok_path, "reading it"):
+            tokenizer = GuardedTokenizer(Tokenizer.from_str(raw.decode("utf-8")), tok_path)
+    except ForensicsError:
+        raise
     except (UnicodeDecodeError, Exception) as exc:  # tokenizers raises its own Exception subclass
         raise ForensicsError(f"is not a tokenizer the tokenizers library can read "
                              f"({' '.join(str(exc).split())[:160]})", path=tok_path) from None
     cfg_path = d / "tokenizer_config.json"
-    cfg = _read_json(cfg_path, MAX_CONFIG_BYTES, "tokenizer_config.json") if cfg_path.is_file() else {}
+    cfg = _read_json(cfg_path, MAX_CONFIG_BYTES, "tokenizer_config.json") if present(cfg_path) else {}
     if not isinstance(cfg, dict):
         raise ForensicsError("tokenizer_config.json is not a JSON object", path=cfg_path)
     specials = {k: t for k in SPECIAL_KEYS if (t := _token_text(cfg.get(k))) is not None}
     template, where = None, None
     jinja_path, json_path = d / "chat_template.jinja", d / "chat_template.json"
-    if jinja_path.is_file():
+    if present(jinja_path):
         raw_t = read_regular(jinja_path, MAX_TEMPLATE_BYTES, "chat template")
         try:
             template, where = raw_t.decode("utf-8"), jinja_path
         except UnicodeDecodeError:
             raise ForensicsError("chat template is not UTF-8 text", path=jinja_path) from None
-    elif json_path.is_file():
+    elif present(json_path):
         obj = _read_json(json_path, MAX_CONFIG_BYTES, "chat_template.json")
         template = _template_from(obj.get("chat_template") if isinstance(obj, dict) else None, json_path)
         where = json_path

@@ -11,6 +11,12 @@ through ``ml_dtypes``). Any other global is refused before anything is called, i
 as torch's weights-only loader, so ``--allow-unsafe-pickle`` (which goes through torch) stays the
 only way to run a file's code.
 
+The unpickler itself is bounded (issue 31): a compressed pickle (deflated data.pkl, a gzipped legacy file) may
+unfold to ``PICKLE_RATIO`` times its compressed size (at least ``PICKLE_FLOOR``), the memo holds at most
+``MAX_MEMO`` objects, ``bytearray``/``_codecs.encode`` calls make at most as many bytes as the pickle holds,
+and a length a pickle claims is never allocated before it is read; BUILD is applied only where torch's
+weights-only loader applies it (attributes of an OrderedDict). Sizes, strides and offsets are int64 as in torch.
+
 Every size is checked before anything is allocated: a storage must equal its record's declared
 size (zip) or fit in the file (legacy); a tensor must lie inside its storage; what tensors would
 take once materialised (an expanded tensor has stride 0) is bounded like a decompressed archive
@@ -39,13 +45,19 @@ from ..arrays import dtype_name, numpy_dtype
 from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, open_regular
-from .safeload import UNSAFE_HINT
-from .sizecheck import human_bytes
+from .safeload import UNSAFE_HINT, is_pickle_head
+from .sizecheck import PICKLE_FLOOR, PICKLE_RATIO, compressed_pickle_limit, human_bytes
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001
 MAX_PICKLE = 256 << 20  # a torch pickle holds structure, not data: larger is not a checkpoint
 MAX_WEIGHT = 1_000_000  # values a tuple may hold counting shared ones again (hashing walks them all)
+MAX_MEMO = 1 << 21  # objects a pickle may memoize: torch memoizes about ten per tensor
+# What bytearray() / _codecs.encode (how a pickle stores bytes) may make in all: as many bytes as the pickle holds
+# (each bytes object is made once from its own string), at least MADE_FLOOR. Calling them again and again on one
+# memoized string is how an 844-byte file took a gigabyte.
+MADE_FLOOR = 1 << 20
+INT64 = 1 << 63  # torch's sizes, strides and offsets are int64, and numpy's byte strides and sizes too
 
 # storage classes torch names in its pickles -> the numpy dtype of their elements (None: none exists)
 _STORAGES: dict[str, np.dtype | None] = {
@@ -242,8 +254,11 @@ class StoredTensor(_Frozen):
             raw = _swapped(raw, self.dtype)
         item = self.dtype.itemsize
         base = raw[:raw.size // item * item].view(self.dtype) if raw.size else np.empty(0, self.dtype)
+        # a dimension of one element is never stepped over: a byte stride there past int64 (torch reads a 2^62
+        # stride) is taken as 0
         out = np.lib.stride_tricks.as_strided(base[self.offset:], shape=self.shape,
-                                              strides=tuple(s * item for s in self.strides))
+                                              strides=tuple(s * item if d > 1 or s * item < INT64 else 0
+                                                            for d, s in zip(self.shape, self.strides)))
         if self.conj:
             out = np.conj(out)
         if self.neg:
@@ -295,10 +310,39 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def __init__(self, data: Any, loader: "_Loader") -> None:
         super().__init__(data, encoding="utf-8")
         self.loader = loader
+        self.memo = _Memo()
         self._weights: dict[int, int] = {}
         self.dispatch = dict(self.dispatch)
         for op in (pickle.TUPLE, pickle.TUPLE1, pickle.TUPLE2, pickle.TUPLE3):
             self.dispatch[op[0]] = self._weighed(self.dispatch[op[0]])
+        self.dispatch[pickle.BUILD[0]] = lambda _self: self._build()
+        self.dispatch[pickle.BYTEARRAY8[0]] = lambda _self: self._bytearray8()
+
+    def _bytearray8(self) -> None:
+        """BYTEARRAY8 (protocol 5) with its claimed length checked against what the pickle can still hold:
+        pickle's own loader allocates the length first, so 9 bytes could claim gigabytes."""
+        (n,) = struct.unpack("<Q", self.read(8))
+        if n > self.loader.pickle_limit - self.loader.pickle_used:
+            raise pickle.UnpicklingError(f"a bytearray of {n} bytes claimed where the pickle holds fewer")
+        self.loader.make(n)
+        data = self.read(n)
+        if len(data) != n:
+            raise pickle.UnpicklingError("pickle data was truncated")
+        self.append(bytearray(data))
+
+    def _build(self) -> None:
+        """BUILD as torch's weights-only unpickler applies it: on an OrderedDict, its state (a dict) becomes
+        attributes (``state_dict()._metadata``); on anything else it is refused."""
+        state = self.stack.pop()
+        inst = self.stack[-1]
+        if type(inst) is collections.OrderedDict and type(state) is dict:
+            inst.__dict__.update(state)  # dropped by _finish, which rebuilds every container plainly
+            return
+        if type(inst) is collections.OrderedDict:
+            raise pickle.UnpicklingError(f"BUILD on an OrderedDict with a {type(state).__name__} state, which torch "
+                                         "cannot apply either")
+        raise _Unsafe(f"BUILD on a {type(inst).__name__}" if not isinstance(inst, _Frozen)
+                      else "BUILD on a tensor, storage or rebuild function")
 
     def _weighed(self, load: Callable[["_Unpickler"], None]) -> Callable[["_Unpickler"], None]:
         """Wrap a tuple-building opcode: refuse a tuple that holds more than MAX_WEIGHT values counting shared
@@ -327,6 +371,45 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         return self.loader.persistent(pid)
 
 
+class _Memo(dict):  # type: ignore[type-arg]
+    """The unpickler's memo, refusing its MAX_MEMO + 1-th entry (a one-byte MEMOIZE adds one: a flood of them
+    would take a hundred bytes each)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if len(self) >= MAX_MEMO and key not in self:
+            raise _Bound(f"the pickle memoizes more than {MAX_MEMO} objects")
+        super().__setitem__(key, value)
+
+
+class _Budget:
+    """The stream a pickle is read from, counting what it gives: past ``limit`` bytes in all (the pickle's
+    bound, shared by a legacy file's five pickles) the pickle is refused before the read is made."""
+
+    def __init__(self, fh: Any, loader: "_Loader") -> None:
+        self.fh, self.loader = fh, loader
+
+    def _take(self, n: int) -> None:
+        self.loader.pickle_used += n
+        if self.loader.pickle_used > self.loader.pickle_limit:
+            raise ForensicsError(f"the pickle is longer than {human_bytes(self.loader.pickle_limit)}, "
+                                 f"{self.loader.pickle_why}: corrupt or hostile", path=self.loader.path)
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(self.loader.pickle_limit - self.loader.pickle_used, 0)
+        data = self.fh.read(left + 1 if n is None or n < 0 else min(n, left + 1))  # never a read of a claimed length
+        self._take(len(data))
+        return data
+
+    def readline(self) -> bytes:
+        line = self.fh.readline(max(self.loader.pickle_limit - self.loader.pickle_used, 0) + 1)
+        self._take(len(line))
+        return line
+
+
+class _Bound(Exception):
+    """A bound on what a pickle may make was passed (no object of the file's runs: a bomb, not code)."""
+
+
 class _Refused(Exception):
     """A global outside the allowlist: said as torch's weights-only loader says it."""
 
@@ -345,6 +428,36 @@ class _Loader:
         self.tensors = 0
         self.swap = False
         self.resolve_member: Callable[[_Storage], None] | None = None  # zip: where a storage's record lies
+        self.pickle_limit, self.pickle_used, self.pickle_why = source.size, 0, "the file's size"
+        self.made = 0  # bytes made by bytearray() / _codecs.encode so far
+
+    def bound_pickle(self, limit: int, why: str) -> None:
+        """The most pickle bytes this file's pickles may hold in all, and why (said when it is passed)."""
+        self.pickle_limit, self.pickle_why = min(self.pickle_limit, limit), why
+
+    def make(self, n: int) -> None:
+        """Account for ``n`` bytes about to be made by a call the pickle makes; past the budget it is refused."""
+        self.made += n
+        cap = max(MADE_FLOOR, self.pickle_limit)
+        if self.made > cap:
+            raise ForensicsError(f"the pickle's bytearray() / _codecs.encode calls make more than {human_bytes(cap)} "
+                                 f"from a pickle of at most {human_bytes(self.pickle_limit)}: the same string copied "
+                                 "again and again (corrupt or hostile)", path=self.path)
+
+    def bytearray_(self, data: Any = b"", encoding: Any = None) -> bytearray:
+        if isinstance(data, str) and encoding in ("latin1", "latin-1"):
+            self.make(len(data))
+            return bytearray(data.encode("latin-1"))
+        if isinstance(data, (bytes, bytearray)) and encoding is None:
+            self.make(len(data))
+            return bytearray(data)
+        raise _Unsafe("bytearray() of something that is not bytes")  # bytearray(10**12) would allocate
+
+    def encode(self, text: Any, encoding: Any = "utf-8") -> bytes:
+        if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+            raise _Unsafe("_codecs.encode other than a latin-1 string (how pickle stores bytes)")
+        self.make(len(text))
+        return text.encode("latin-1")
 
     # -- globals
     def allowed(self, module: str, name: str) -> Any:
@@ -356,9 +469,9 @@ class _Loader:
         if full == "builtins.set":
             return _Call(full, _make_set)
         if full == "builtins.bytearray":
-            return _Call(full, _make_bytearray)
+            return _Call(full, self.bytearray_)
         if full == "_codecs.encode":
-            return _Call(full, _encode)
+            return _Call(full, self.encode)
         if module in _STORAGE_MODULES and name in _STORAGES:
             return _Token("storage", name, _STORAGES[name])
         if module == "torch" and name in _DTYPES:
@@ -445,7 +558,7 @@ class _Loader:
         if not isinstance(storage, _Storage):
             raise pickle.UnpicklingError("a tensor rebuilt from something that is not a storage")
         shape, strides = _ints(size, "size"), _ints(stride, "stride")
-        if type(offset) is not int or offset < 0 or len(shape) != len(strides):
+        if type(offset) is not int or not 0 <= offset < INT64 or len(shape) != len(strides):
             raise pickle.UnpicklingError("a tensor whose offset, size and stride do not agree")
         name = dtype.name if dtype is not None else storage.torch_name
         np_dtype = dtype.dtype if dtype is not None else storage.dtype
@@ -455,6 +568,13 @@ class _Loader:
                                  "store hidden states as bfloat16, float16 or float32", path=self.path)
         item = np_dtype.itemsize
         numel = math.prod(shape)
+        if math.prod(d for d in shape if d) * item >= INT64:  # numpy's limit, an empty tensor's shape included
+            raise ForensicsError(f"a tensor of shape {list(shape)} {dtype_name(np_dtype)} would take 2^63 bytes or "
+                                 "more, which no array can: corrupt", path=self.path)
+        meta = metadata if isinstance(metadata, dict) else {}
+        if meta.get("neg") and np_dtype.kind == "b":
+            raise ForensicsError("a bool tensor has its negative bit set, which no boolean value can take "
+                                 "(torch cannot resolve it either): corrupt", path=self.path)
         extent = offset + sum((d - 1) * s for d, s in zip(shape, strides)) + 1 if numel else 0
         if extent * item > storage.nbytes:
             raise ForensicsError(f"a tensor of shape {list(shape)} (strides {list(strides)}, offset {offset}) needs "
@@ -464,7 +584,6 @@ class _Loader:
         check_expansion(numel * item, max(extent * item, 1), self.path,
                         f"tensor {self.tensors} ({list(shape)} {dtype_name(np_dtype)})")
         self.tensors += 1
-        meta = metadata if isinstance(metadata, dict) else {}
         return StoredTensor(storage, np_dtype, offset, shape, strides, bool(meta.get("neg")), bool(meta.get("conj")))
 
 
@@ -473,8 +592,9 @@ def _ascii(x: Any) -> Any:
 
 
 def _ints(x: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(x, (tuple, list)) or len(x) > 64 or any(type(v) is not int or v < 0 for v in x):
-        raise pickle.UnpicklingError(f"a tensor {what} that is not a short tuple of non-negative integers")
+    """A tensor's size or stride: at most 64 integers in [0, 2^63), as torch's int64 holds them."""
+    if not isinstance(x, (tuple, list)) or len(x) > 64 or any(type(v) is not int or not 0 <= v < INT64 for v in x):
+        raise pickle.UnpicklingError(f"a tensor {what} that is not a short tuple of non-negative int64 integers")
     return tuple(x)
 
 
@@ -507,28 +627,18 @@ def _make_set(items: Any = ()) -> set[Any]:
     return set(items)
 
 
-def _make_bytearray(data: Any = b"", encoding: Any = None) -> bytearray:
-    if isinstance(data, str) and encoding in ("latin1", "latin-1"):
-        return bytearray(data.encode("latin-1"))
-    if isinstance(data, bytes) and encoding is None:
-        return bytearray(data)
-    raise _Unsafe("bytearray() of something that is not bytes")  # bytearray(10**12) would allocate
-
-
-def _encode(text: Any, encoding: Any = "utf-8") -> bytes:
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise _Unsafe("_codecs.encode other than a latin-1 string (how pickle stores bytes)")
-    return text.encode("latin-1")
-
-
 # ---------------------------------------------------------------- the two layouts
 
 def _unpickle(loader: _Loader, stream: Any) -> Any:
     """One pickle from ``stream`` through the restricted unpickler; every failure is one line."""
     try:
-        return _Unpickler(stream, loader).load()
+        # a zip's data.pkl comes whole (its size bounded first); a legacy file's pickles are read off the stream
+        whole = isinstance(stream, io.BytesIO) and loader.resolve_member is not None
+        return _Unpickler(stream if whole else _Budget(stream, loader), loader).load()
     except ForensicsError:
         raise
+    except _Bound as exc:
+        raise ForensicsError(f"{exc}: corrupt or hostile", path=loader.path) from None
     except _Refused as exc:
         raise ForensicsError(f"refused to unpickle: {refusal(str(exc))}; {UNSAFE_HINT}", path=loader.path) from None
     except _Unsafe as exc:
@@ -596,6 +706,15 @@ def _read_zip(source: _Source, fh: Any, lazy: bool) -> Any:
                                  "structure (corrupt or hostile)", path=path)
         loader = _Loader(source, legacy=False)
         loader.swap = order == b"big"
+        pkl = members["data.pkl"]
+        loader.pickle_limit, loader.pickle_why = pkl.file_size, "data.pkl's declared size"  # its own stream
+        if pkl.compress_type != zipfile.ZIP_STORED or not source.in_file:
+            _bound_packed(loader, pkl.compress_size if source.in_file else _packed_size(source),
+                          "deflated" if source.in_file else "gzipped")
+            if pkl.file_size > loader.pickle_limit:
+                raise ForensicsError(f"data.pkl unfolds to {human_bytes(pkl.file_size)}, past "
+                                     f"{human_bytes(loader.pickle_limit)} ({loader.pickle_why}): a compressed torch "
+                                     "pickle is never that repetitive (corrupt or hostile)", path=path)
 
         def resolve(st: _Storage) -> None:
             info = members.get(f"data/{st.key}")
@@ -619,6 +738,21 @@ def _read_zip(source: _Source, fh: Any, lazy: bool) -> Any:
         loader.resolve_member = resolve
         obj = _unpickle(loader, io.BytesIO(member("data.pkl")))
     return _finish(obj, loader, lazy)
+
+
+def _packed_size(source: _Source) -> int:
+    """Bytes on disk of a source held in memory (the gzip file its payload came from)."""
+    try:
+        return source.path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _bound_packed(loader: _Loader, packed: int, how: str) -> None:
+    """Bound a compressed pickle by its compressed size (``PICKLE_RATIO``, at least ``PICKLE_FLOOR``)."""
+    loader.bound_pickle(compressed_pickle_limit(packed),
+                        f"the most a pickle {how} to {human_bytes(packed)} may hold: {PICKLE_RATIO} times that, "
+                        f"at least {human_bytes(PICKLE_FLOOR)}")
 
 
 def _inflate_again(source: _Source, info: zipfile.ZipInfo) -> bytes:
@@ -650,6 +784,8 @@ def _read_legacy(source: _Source, fh: Any, lazy: bool) -> Any:
     """A legacy torch file: magic number, protocol, system info, the object, the storage keys, then each
     storage as its element count (int64) and its bytes, in the order of the keys."""
     loader = _Loader(source, legacy=True)
+    if not source.in_file:
+        _bound_packed(loader, _packed_size(source), "gzipped")
     magic = _unpickle(loader, fh)
     if magic != LEGACY_MAGIC:
         raise ForensicsError("cannot read as a torch file (truncated or corrupt): Invalid magic number; corrupt file?",
@@ -712,7 +848,7 @@ def _finish(obj: Any, loader: _Loader, lazy: bool) -> Any:
         busy.add(id(x))
         if isinstance(x, dict):
             out: Any = type(x)() if type(x) is not dict else {}
-            for k, v in x.items():
+            for k, v in dict.items(x):  # the type's items: BUILD may have set an attribute named items
                 out[k] = walk(v, depth + 1)
         elif isinstance(x, list):
             out = [walk(v, depth + 1) for v in x]
@@ -750,7 +886,7 @@ def load(path: str | Path, data: bytes | None = None, *, lazy: bool = False) -> 
         fh.seek(0)
         if head == b"PK\x03\x04":
             return _read_zip(source, fh, lazy)
-        if head[:1] == b"\x80":
+        if is_pickle_head(head):
             return _read_legacy(source, fh, lazy)
     raise ForensicsError(f"not a torch file (first bytes {head.hex()})", path=p)
 
