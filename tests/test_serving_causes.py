@@ -344,11 +344,14 @@ def test_new_suspects_read_each_engine_s_settings() -> None:
         assert s.sources and all("/" in src and "#" in src for src in s.sources)
 
 
-@pytest.mark.parametrize("version, status", [("0.12.0", "ruled-out"), ("0.14.0", "matches"), ("0.33.0", "matches")])
-def test_async_scheduling_default_per_vllm_release(tmp_path: Path, version: str, status: str) -> None:
+@pytest.mark.parametrize("version, pp, status", [("0.12.0", 1, "ruled-out"), ("0.14.0", 1, "matches"),
+                                                 ("0.14.0", 2, "ruled-out"), ("0.17.0", 2, "matches"),
+                                                 ("0.33.0", 1, "matches")])
+def test_async_scheduling_default_per_vllm_release(tmp_path: Path, version: str, pp: int, status: str) -> None:
     from eagleforensics.engines.suspects import match_suspects
 
-    args = find_server_args(vllm_log(tmp_path / "v.log", version, SAMPLES / "target", SPEC))
+    args = find_server_args(vllm_log(tmp_path / "v.log", version, SAMPLES / "target", SPEC,
+                                     pipeline_parallel_size=pp))
     got = {m.suspect.code: m.status for m in match_suspects(args)}
     assert got["async-scheduling"] == status
 

@@ -213,8 +213,9 @@ def _async_scheduling(args: ServerArgs) -> tuple[str, str]:
         return UNKNOWN, "async_scheduling not set and the vLLM release is not in the log"
     version, exact = v
     if version >= parse_version("0.14.0"):
-        if args.pp and args.pp > 1 and version < parse_version("0.20.0"):
-            return RULED_OUT, f"async_scheduling not set, pipeline_parallel_size {args.pp}: off (vllm/config/vllm.py)"
+        if args.pp and args.pp > 1 and version < parse_version("0.17.0"):
+            return RULED_OUT, (f"async_scheduling not set, pipeline_parallel_size {args.pp}: off "
+                               "(vllm/config/vllm.py 0.14.0; no longer from 0.17.0)")
         return MATCHES, (f"vLLM {args.version}" if exact else f"vLLM >= {args.version_range[0]}") + \
             ": async_scheduling not set, so on by default for EAGLE methods (vllm/config/vllm.py 0.14.0 - 0.33.0; " \
             "the log line 'Asynchronous scheduling is enabled/disabled' says what it resolved to)"
