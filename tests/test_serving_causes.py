@@ -153,6 +153,17 @@ def test_the_target_s_generation_config_penalty_is_applied_by_default(tmp_path: 
     assert ("sampling-penalty", "warning") in flagged(run(target=penalised_target, log=log))
 
 
+def test_generation_config_presence_penalty_only_where_the_engine_reads_it(tmp_path: Path,
+                                                                          penalised_target: Path) -> None:
+    (penalised_target / "generation_config.json").write_text(json.dumps({"presence_penalty": 0.8}))
+    log = sglang_log(tmp_path / "s.log", penalised_target, SAMPLES / "drafter", sampling_defaults="model")
+    assert not flagged(run(target=penalised_target, log=log))  # SGLang takes only repetition_penalty from it
+    log = vllm_log(tmp_path / "v.log", "0.29.0", penalised_target, SPEC)
+    assert not flagged(run(target=penalised_target, log=log))
+    log = vllm_log(tmp_path / "w.log", "0.33.0", penalised_target, SPEC)  # 0.33.0 reads frequency / presence too
+    assert flagged(run(target=penalised_target, log=log)) == [("sampling-penalty", "warning")]
+
+
 def test_vllm_override_generation_config_sets_a_penalty_for_every_request(tmp_path: Path) -> None:
     log = vllm_log(tmp_path / "v.log", "0.33.0", SAMPLES / "target", SPEC,
                    override_generation_config={"repetition_penalty": 1.25})

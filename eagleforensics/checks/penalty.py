@@ -52,8 +52,9 @@ def _level(penalties: dict[str, float]) -> tuple[str, str]:
     return "info", "low"
 
 
-def _generation_config(art: Artifacts) -> tuple[dict[str, float], str]:
-    """The non-neutral penalties of the target's ``generation_config.json`` and a note on it."""
+def _generation_config(art: Artifacts, keys: tuple[str, ...] = PENALTY_KEYS) -> tuple[dict[str, float], str]:
+    """The non-neutral penalties (of ``keys``: those the engine reads) of the target's ``generation_config.json``
+    and a note on it."""
     if not art.available("target"):
         return {}, "the target's generation_config.json not read (pass --target)"
     path = Path(art.inputs.target) / "generation_config.json"
@@ -61,7 +62,7 @@ def _generation_config(art: Artifacts) -> tuple[dict[str, float], str]:
         return {}, "the target has no generation_config.json"
     cfg = read_config(path, "generation_config.json")
     out = {}
-    for key in PENALTY_KEYS:
+    for key in keys:
         value = cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
@@ -77,10 +78,10 @@ def _server_defaults(art: Artifacts) -> tuple[dict[str, float], list[str], bool 
     notes: list[str] = []
     args = art.server_args
     engine = art.engine
-    gen, gen_note = _generation_config(art)
     applies: bool | None = None
+    rule = serving_rule("generation-config", engine, art.engine_version) if engine is not None else None
+    gen, gen_note = _generation_config(art, rule.keys if rule is not None and rule.keys else PENALTY_KEYS)
     if engine is not None:
-        rule = serving_rule("generation-config", engine, art.engine_version)
         applies = rule is not None and rule.outcome == "applied"
         if args is not None and applies:
             key, value = sampling_defaults(args)

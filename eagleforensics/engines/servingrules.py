@@ -46,6 +46,7 @@ class ServingRule:
     source: str
     families: tuple[str, ...] = ()
     setting: str = ""  # the argument that changes the outcome, with its default
+    keys: tuple[str, ...] = ()  # generation-config: the penalties the engine takes from generation_config.json
 
     def span(self) -> str:
         return f"{self.since} - {self.until}" if self.until and self.until != self.since else \
@@ -85,21 +86,25 @@ SERVING_RULES: tuple[ServingRule, ...] = (
                 "no sampling_defaults argument: requests get SGLang's neutral defaults",
                 _SGL.format(v="0.4.6", f="server_args.py") + " (no sampling_defaults field)"),
     ServingRule("generation-config", "sglang", "0.5.5", None, "applied",
-                "sampling_defaults='model' (the default) takes temperature, top_p, top_k, min_p and the "
-                "repetition / frequency / presence penalties from the target's generation_config.json for every "
-                "request that does not set them; 'openai' keeps the neutral defaults",
+                "sampling_defaults='model' (the default) takes repetition_penalty, temperature, top_k, top_p and "
+                "min_p from the target's generation_config.json for every request that does not set them; "
+                "'openai' keeps the neutral defaults",
                 _SGL.format(v="0.5.5, 0.5.12", f="server_args.py") + " sampling_defaults = 'model'; "
-                + _SGL.format(v="0.5.23", f="arg_groups/fields/serving.py") + " and configs/model_config.py "
-                "get_default_sampling_params (releases between 0.4.6 and 0.5.5 not read)",
-                setting="sampling_defaults='model'"),
-    ServingRule("generation-config", "vllm", "0.10.0", None, "applied",
-                "generation_config='auto' (the default) takes the repetition / frequency / presence penalties, "
-                "temperature, top_k, top_p and min_p from the target's generation_config.json as every "
-                "request's defaults; 'vllm' keeps vLLM's neutral defaults; override_generation_config "
-                "overrides single values",
-                _VLLM.format(v="0.10.0", f="config.py") + " ModelConfig.generation_config / "
-                "get_diff_sampling_param; " + _VLLM.format(v="0.33.0", f="config/model.py"),
-                setting="generation_config='auto'"),
+                + _SGL.format(v="0.5.5, 0.5.23", f="configs/model_config.py") + " get_default_sampling_params; "
+                "0.5.23 arg_groups/fields/serving.py (releases between 0.4.6 and 0.5.5 not read)",
+                setting="sampling_defaults='model'", keys=("repetition_penalty",)),
+    ServingRule("generation-config", "vllm", "0.10.0", "0.29.0", "applied",
+                "generation_config='auto' (the default) takes repetition_penalty, temperature, top_k, top_p, "
+                "min_p and max_new_tokens from the target's generation_config.json as every request's defaults; "
+                "'vllm' keeps vLLM's neutral defaults; override_generation_config overrides single values",
+                _VLLM.format(v="0.10.0", f="config.py") + " ModelConfig.get_diff_sampling_param; "
+                + _VLLM.format(v="0.14.0 - 0.29.0", f="config/model.py"),
+                setting="generation_config='auto'", keys=("repetition_penalty",)),
+    ServingRule("generation-config", "vllm", "0.33.0", None, "applied",
+                "as before, and the frequency and presence penalties too",
+                _VLLM.format(v="0.33.0", f="config/model.py") + " get_diff_sampling_param (0.30 - 0.32 not read)",
+                setting="generation_config='auto'",
+                keys=("repetition_penalty", "presence_penalty", "frequency_penalty")),
     # ---------------------------------------------------------------- LoRA
     ServingRule("lora", "sglang", "0.4.6", "0.4.6", "target-only",
                 "LoRA adapters wrap the target's layers only (and need --disable-cuda-graph and "
