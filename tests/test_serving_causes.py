@@ -260,6 +260,8 @@ def test_random_id_prompts_and_ignore_eos_are_named(tmp_path: Path) -> None:
     f = finding(report, "benchmark-prompts")
     assert f.severity == "warning" and "6 of 6 prompts are random token ids" in f.message
     assert "6 of 6 requests set ignore_eos" in f.message and "#52536" in f.source
+    rows = {c["name"]: c for c in json.loads(report.to_json())["checks"]}  # the --json object carries the counts
+    assert rows["benchmark-prompts"]["data"]["random_ids"] == 6 and rows["sampling-penalty"]["status"] == "clean"
     only_eos = [chat(ignore_eos=True)] * 2 + [chat()] * 2
     f = finding(run(served_prompts=prompts(tmp_path / "q.jsonl", only_eos)), "benchmark-prompts")
     assert f.severity == "warning" and "random token ids" not in f.message
