@@ -306,6 +306,13 @@ def test_text_prompts_are_tokenized_and_real_text_is_not_random(tmp_path: Path, 
     f = finding(run(target=tokenized_target, drafter=None, served_prompts=prompts(tmp_path / "fake.jsonl", fake)),
                 "benchmark-prompts")
     assert f.severity == "warning" and "8 of 8 prompts are random token ids" in f.message
+    # the same through the chat endpoint: random text in a user message; real chat text is not flagged
+    wrapped = [{"messages": [{"role": "user", "content": r["prompt"]}]} for r in fake[:4]] + \
+        [{"messages": [{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": text[9000 + i * 800:9800 + i * 800]}]} for i in range(4)]
+    f = finding(run(target=tokenized_target, drafter=None, served_prompts=prompts(tmp_path / "chat.jsonl", wrapped)),
+                "benchmark-prompts")
+    assert "4 of 8 prompts are random token ids (lines 1, 2, 3, 4:" in f.message
 
 
 def test_random_id_rule_against_uniform_draws_and_text() -> None:

@@ -13,7 +13,8 @@ ids as uniform draws from the vocabulary would give (at least ``DISTINCT_SHARE``
 expectation; text repeats its frequent tokens far more), and its ids spread over the vocabulary
 like uniform draws (the share in the upper half within ``UPPER_HALF``; text concentrates on the
 frequent, mostly low ids of a BPE vocabulary). Text prompts are tokenized with the target's
-tokenizer (``--target`` with ``tokenizer.json``), else only id prompts are read. Cause (for the
+tokenizer (``--target`` with ``tokenizer.json``), chat requests by their messages' text (a benchmark
+wraps random text in a user message), else only id prompts are read. Cause (for the
 grouping of findings): the measurement, not the drafter.
 """
 from __future__ import annotations
@@ -79,6 +80,7 @@ def run(art: Artifacts) -> CheckResult:
     prompts = art.served_prompts
     vocab = _vocab(art)
     tok, tok_note = (None, "") if all(p.kind == "ids" for p in prompts) else _tokenizer(art)
+    tok_note = tok_note.replace("text prompts", "text and chat prompts")
     random_lines, tested, ignore = [], 0, []
     for p in prompts:
         if p.sampling.get("ignore_eos") is True:
@@ -87,8 +89,10 @@ def run(art: Artifacts) -> CheckResult:
             ids = p.ids or []
         elif tok is not None and p.kind == "text":
             ids = tok.encode(p.text or "")
+        elif tok is not None:  # chat: the messages' text (benchmarks wrap random text in a user message)
+            ids = tok.encode("\n".join(m["content"] for m in p.messages or [] if isinstance(m.get("content"), str)))
         else:
-            continue  # chat requests are rendered through the template: not random-id benchmark prompts
+            continue
         tested += 1
         if looks_random(ids, vocab):
             random_lines.append(p.line)
