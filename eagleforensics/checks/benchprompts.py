@@ -98,7 +98,8 @@ def run(art: Artifacts) -> CheckResult:
             random_lines.append(p.line)
     total = len(prompts)
     data: dict[str, Any] = {"prompts": total, "tested_for_random_ids": tested, "random_ids": len(random_lines),
-                            "random_lines": random_lines[:20], "ignore_eos": len(ignore), "ignore_eos_lines": ignore[:20],
+                            "random_lines": random_lines[:20], "ignore_eos": len(ignore),
+                            "ignore_eos_lines": ignore[:20],
                             "vocab": vocab, "cause": CAUSE}
     findings = []
     parts = []

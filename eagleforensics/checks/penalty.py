@@ -139,7 +139,8 @@ def run(art: Artifacts) -> CheckResult:
     else:
         penalised = [defaults] if defaults else []
         n, total = (1, 1) if defaults else (0, 0)
-        where = "every request that sets no penalty of its own (no --served-prompts to count them)"
+        where = "the server's default for every request that sets no penalty of its own (no --served-prompts to " \
+                "count them)"
     strongest: dict[str, float] = {}
     for r in penalised:
         for k, v in r.items():
@@ -171,12 +172,14 @@ def run(art: Artifacts) -> CheckResult:
     if outcomes == {"not-speculated"}:
         severity = "warning"
         impact = "high" if prompts is None or n * 2 >= total else "medium"
-        message = (f"{where} carry a penalty ({shown}) and {engine_note} does not speculate such requests: "
+        verb = "carry" if prompts is not None else "is"
+        message = (f"{where} {verb} a penalty ({shown}) and {engine_note} does not speculate such requests: "
                    f"{parts[0]}.")
         fix = ("Upgrade to vLLM >= 0.14.0, which speculates them (the drafter still does not see the penalty), "
                "or drop the penalty where speed matters.")
     else:
-        message = (f"{where} carry a penalty ({shown}); on {engine_note} the target's verify logits are "
+        verb = "carry" if prompts is not None else "is"
+        message = (f"{where} {verb} a penalty ({shown}); on {engine_note} the target's verify logits are "
                    f"penalised and the drafts are not, so the target rejects more drafts the stronger the "
                    f"penalty ({'; '.join(parts)}). {measured}.")
         if severity == "info":

@@ -156,8 +156,8 @@ def dp_setting(args: ServerArgs) -> DpSetting:
 
 # ---------------------------------------------------------------- chunked prefill, async scheduling, backends
 def chunked_prefill(args: ServerArgs) -> tuple[bool | None, str]:
-    """(on, the setting as read): SGLang ``chunked_prefill_size`` (-1: off; None: sized at start), vLLM ``enable_chunked_prefill``
-    (on by default in every V1 release read) and ``max_num_batched_tokens``."""
+    """(on, the setting as read): SGLang ``chunked_prefill_size`` (-1: off; None: sized at start), vLLM
+    ``enable_chunked_prefill`` (on by default in every V1 release read) and ``max_num_batched_tokens``."""
     if args.engine == "sglang":
         key, size = _get(args, "chunked_prefill_size")
         n = _number(size)
