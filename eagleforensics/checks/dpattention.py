@@ -82,17 +82,19 @@ def run(art: Artifacts) -> CheckResult:
     certain = certain_release and family == "deepseek"
     needs = []
     if not certain_release:
-        needs.append(f"your release is one of SGLang {rule.span()} (the log's format says {args.version_hint}; "
-                     "pass --engine-version)")
+        needs.append(f"your release is one of SGLang {rule.span()} (the log's format says "
+                     f"{str(args.version_hint).replace('sglang ', '')}; pass --engine-version)")
     if family is None:
         needs.append("the target is a DeepSeek-architecture model (pass --target or --model-type)")
     lead = "" if certain else "if " + " and ".join(needs) + ", then "
-    msg = (f"SGLang {exact or args.version_hint} runs DP attention with EAGLE-3 ({s.describe()}): {lead}{rule.detail} "
+    hint = str(args.version_hint or "release unknown").replace("sglang ", "")
+    msg = (f"SGLang {exact or hint} runs DP attention with EAGLE-3 ({s.describe()}): {lead}{rule.detail} "
            f"({rule.source}). Expect acceptance far below the drafter's offline figure.")
     fix = ("Upgrade SGLang to >= 0.5.10 (the gather uses the attention-TP group), or serve without DP attention "
            "(or with moe_a2a_backend none) on this release.")
     severity, impact = ("error", "high") if certain else ("warning", "high")
-    return CheckResult((Finding("dp-attention", severity, printable(msg), fix=fix, source=SOURCE, impact=impact),),
+    source = f"{rule.source}; {SOURCE}"
+    return CheckResult((Finding("dp-attention", severity, printable(msg), fix=fix, source=source, impact=impact),),
                        f"DP attention: {s.describe()}", data)
 
 
