@@ -156,7 +156,7 @@ SERVING_RULES: tuple[ServingRule, ...] = (
                 "EAGLE drafts are greedy and the rejection sampler gets no draft probabilities (one-hot: a "
                 "draft token is kept with the target's probability of it)",
                 _VLLM.format(v="0.10.0, 0.17.0", f="v1/worker/gpu_model_runner.py") + " (draft_probs None); "
-                "v1/sample/rejection_sampler.py NO_DRAFT_PROBS"),
+                "v1/sample/rejection_sampler.py NO_DRAFT_PROBS; the choice: vllm-project/vllm#16899"),
     ServingRule("verify", "vllm", "0.20.0", "0.20.0", "strict",
                 "rejection_sample_method 'strict' by default: a draft token is kept only when it equals the "
                 "target's sampled token; 'probabilistic' keeps the draft logits for the ratio test",

@@ -71,13 +71,16 @@ SUSPECTS: tuple[Suspect, ...] = (
             "run once with it off (vLLM --no-async-scheduling, SGLang --disable-overlap-schedule) and compare the "
             "accept length"),
     Suspect("attention-backend", "the attention backend of the target or the draft: the same drafter has accepted "
-            "less on one backend than another (2.6 against 2.35, flashinfer-mla against triton)",
+            "less on one backend than another (2.6 against 2.35, flashinfer-mla against triton; failure catalogue "
+            "row 29)",
             ("sgl-project/sglang#4724",),
             "run once with another backend (SGLang --attention-backend / --speculative-draft-attention-backend, "
             "vLLM --attention-backend) and compare"),
     Suspect("verify-rule", "the acceptance rule at temperature > 0: greedy drafts verified as one-hot, or strict "
-            "token matching, accept less as the temperature rises (3.19 against 2.66 with greedy draft sampling)",
-            ("vllm-project/vllm#40551", "syv-ai/qwen38-27b-rtx3090#73", "sgl-project/sglang#26312"),
+            "token matching, accept less as the temperature rises (3.19 against 2.66 with greedy draft sampling, "
+            "failure catalogue row 29; vLLM chose argmax drafts knowing they lower acceptance at high temperature)",
+            ("vllm-project/vllm#16899", "vllm-project/vllm#40551", "syv-ai/qwen38-27b-rtx3090#73",
+             "sgl-project/sglang#26312"),
             "compare the accept length at temperature 0; where the release offers it, sample the drafts (vLLM "
             "speculative_config draft_sample_method 'probabilistic' (0.25 on) / 'gumbel' (0.21 - 0.24), SGLang "
             "--speculative-use-rejection-sampling with topk 1)"),
