@@ -142,6 +142,10 @@ def test_the_target_s_generation_config_penalty_is_applied_by_default(tmp_path: 
     served = prompts(tmp_path / "p.jsonl", [chat(repetition_penalty=1.0), chat()])
     assert "1 of 2 served requests" in finding(run(target=penalised_target, log=log, served_prompts=served),
                                                  "sampling-penalty").message
+    # a SGLang line without sampling_defaults is a release that has none (0.4.6): not applied
+    log = sglang_log(tmp_path / "n.log", penalised_target, SAMPLES / "drafter")
+    assert "no sampling_defaults" in {o.name: o for o in run(target=penalised_target, log=log).outcomes}[
+        "sampling-penalty"].note
     # sampling_defaults='openai': the generation config is not applied
     log = sglang_log(tmp_path / "o.log", penalised_target, SAMPLES / "drafter", sampling_defaults="openai")
     report = run(target=penalised_target, log=log)

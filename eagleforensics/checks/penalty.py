@@ -85,7 +85,11 @@ def _server_defaults(art: Artifacts) -> tuple[dict[str, float], list[str], bool 
         applies = rule is not None and rule.outcome == "applied"
         if args is not None and applies:
             key, value = sampling_defaults(args)
-            if value is not None and ((engine == "sglang" and value == "openai") or
+            if value is None and engine == "sglang" and args.engine == "sglang":
+                applies = False  # SGLang prints every field: a line without it is a release that has none
+                notes.append("the arguments line has no sampling_defaults (a release before it): the target's "
+                             "generation_config.json is not applied")
+            elif value is not None and ((engine == "sglang" and value == "openai") or
                                       (engine == "vllm" and value == "vllm")):
                 applies = False
                 notes.append(f"{key}={value!r}: the target's generation_config.json is not applied")
