@@ -93,7 +93,11 @@ def test_checks_table_is_most_severe_first_and_says_why_not_run() -> None:
     assert df["severity"].tolist()[0] == "error"
     not_run = df[df["status"] == "not run"]
     needs = dict(zip(not_run["check"], not_run["what"]))
-    assert "--log" in needs.pop("launch") and needs and all("--target" in w or "--engine" in w for w in needs.values())
+    assert "--log" in needs.pop("launch")
+    for name in ("sampling-penalty", "lora-target", "dp-attention", "benchmark-prompts"):  # the serving side
+        what = needs.pop(name)
+        assert "--log" in what or "--served-prompts" in what
+    assert needs and all("--target" in w or "--engine" in w for w in needs.values())
     tiers = [{"found": 0, "clean": 1, "not run": 2}[s] for s in df["status"]]
     assert tiers == sorted(tiers)
 

@@ -418,6 +418,9 @@ def test_suspects_read_each_engine_s_arguments() -> None:
                                  "'speculative_num_draft_tokens': 8, 'disaggregation_mode': 'decode', "
                                  "'page_size': 64, 'disable_cuda_graph': False, 'disable_radix_cache': True}")
     got = {m.suspect.code: m.status for m in match_suspects(sgl)}
+    serving = ("chunked-prefill", "async-scheduling", "attention-backend", "verify-rule")  # issue 34: own tests
+    assert set(serving) <= set(got)
+    got = {k: v for k, v in got.items() if k not in serving}
     assert got == {"cuda-graph": "matches", "prefix-cache": "ruled-out", "pd-disaggregation": "matches",
                    "tree": "matches", "page-size": "matches", "release": "matches"}
     assert all(m.status == "unknown" for m in match_suspects(None))

@@ -13,6 +13,7 @@ from .base import Check
 # check modules, in the order their rows are listed when clean or not run
 MODULES: tuple[str, ...] = ("launch", "sizes", "vocabmap", "coverage", "embedding", "flags", "rope", "template",
                            "dataorigin", "datashape")
+MODULES += ("penalty", "lora", "dpattention", "benchprompts")  # issue 34, serving side
 _CHECKS: dict[str, Check] = {}
 
 

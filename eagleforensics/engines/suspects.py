@@ -59,6 +59,31 @@ SUSPECTS: tuple[Suspect, ...] = (
             "(Qwen-VL: 2.2 on SGLang 0.5.4, 1.0 on 0.5.5.post3)", ("vllm-project/vllm#26191",
                                                                    "sgl-project/SpecForge#310"),
             "run the same drafter on the previous (or next) release"),
+    Suspect("chunked-prefill", "chunked prefill: at the end of a non-final chunk the drafter is handed the target's "
+            "predicted token instead of the next prompt token, or is primed from the last chunk only, so long "
+            "prompts accept less", ("sgl-project/sglang#26329", "sgl-project/sglang#26800",
+                                    "vllm-project/vllm-ascend#3025"),
+            "compare a run whose chunk size exceeds the longest prompt (SGLang --chunked-prefill-size, vLLM "
+            "--max-num-batched-tokens), or with chunked prefill off (SGLang --chunked-prefill-size -1)"),
+    Suspect("async-scheduling", "asynchronous scheduling (vLLM) or the overlap scheduler (SGLang): the next step is "
+            "prepared before the accepted count is known, and fixes have traded acceptance for it",
+            ("vllm-project/vllm-ascend#11215", "vllm-project/vllm#37150", "vllm-project/vllm-ascend#8230"),
+            "run once with it off (vLLM --no-async-scheduling, SGLang --disable-overlap-schedule) and compare the "
+            "accept length"),
+    Suspect("attention-backend", "the attention backend of the target or the draft: the same drafter has accepted "
+            "less on one backend than another (2.6 against 2.35, flashinfer-mla against triton; failure catalogue "
+            "row 29)",
+            ("sgl-project/sglang#4724",),
+            "run once with another backend (SGLang --attention-backend / --speculative-draft-attention-backend, "
+            "vLLM --attention-backend) and compare"),
+    Suspect("verify-rule", "the acceptance rule at temperature > 0: greedy drafts verified as one-hot, or strict "
+            "token matching, accept less as the temperature rises (3.19 against 2.66 with greedy draft sampling, "
+            "failure catalogue row 29; vLLM chose argmax drafts knowing they lower acceptance at high temperature)",
+            ("vllm-project/vllm#16899", "vllm-project/vllm#40551", "syv-ai/qwen38-27b-rtx3090#73",
+             "sgl-project/sglang#26312"),
+            "compare the accept length at temperature 0; where the release offers it, sample the drafts (vLLM "
+            "speculative_config draft_sample_method 'probabilistic' (0.25 on) / 'gumbel' (0.21 - 0.24), SGLang "
+            "--speculative-use-rejection-sampling with topk 1)"),
 )
 
 
@@ -146,9 +171,105 @@ def _release(args: ServerArgs) -> tuple[str, str]:
     return UNKNOWN, "the release is not in the log"
 
 
+def _chunked_prefill(args: ServerArgs) -> tuple[str, str]:
+    from .servingargs import chunked_prefill
+
+    on, said = chunked_prefill(args)
+    if on is None:
+        return UNKNOWN, said
+    if on:
+        return MATCHES, f"chunked prefill on in this run ({said}): prompts longer than a chunk cross a chunk end"
+    return RULED_OUT, f"chunked prefill off in this run ({said})"
+
+
+def _first_version(args: ServerArgs) -> tuple[Any, bool] | None:
+    from .rules import parse_version
+
+    first = args.version or (args.version_range[0] if args.version_range else None)
+    if first is None:
+        return None
+    try:
+        return parse_version(first), args.version is not None
+    except Exception:  # a version text we cannot order: the caller says unknown
+        return None
+
+
+def _async_scheduling(args: ServerArgs) -> tuple[str, str]:
+    from .rules import parse_version
+    from .servingargs import _get, _truthy
+
+    if args.engine == "sglang":
+        key, value = _get(args, "disable_overlap_schedule")
+        flag = _truthy(value)
+        if flag is None:
+            return UNKNOWN, "the arguments line has no disable_overlap_schedule"
+        if flag:
+            return RULED_OUT, "overlap scheduler off in this run (disable_overlap_schedule=True)"
+        return MATCHES, "overlap scheduler on in this run (disable_overlap_schedule=False, as resolved at start)"
+    key, value = _get(args, "async_scheduling")
+    flag = _truthy(value)
+    if flag is not None:
+        return (MATCHES, "async scheduling on in this run (async_scheduling=True)") if flag else \
+            (RULED_OUT, "async scheduling off in this run (async_scheduling=False)")
+    v = _first_version(args)
+    if v is None:
+        return UNKNOWN, "async_scheduling not set and the vLLM release is not in the log"
+    version, exact = v
+    if version >= parse_version("0.14.0"):
+        if args.pp and args.pp > 1 and version < parse_version("0.17.0"):
+            return RULED_OUT, (f"async_scheduling not set, pipeline_parallel_size {args.pp}: off "
+                               "(vllm/config/vllm.py 0.14.0; no longer from 0.17.0)")
+        return MATCHES, (f"vLLM {args.version}" if exact else f"vLLM >= {args.version_range[0]}") + \
+            ": async_scheduling not set, so on by default for EAGLE methods (vllm/config/vllm.py 0.14.0 - 0.33.0; " \
+            "the log line 'Asynchronous scheduling is enabled/disabled' says what it resolved to)"
+    if exact:
+        return RULED_OUT, f"vLLM {args.version}: async scheduling off by default (config/scheduler.py 0.10.0 - 0.13.0)"
+    return UNKNOWN, f"async_scheduling not set; its default depends on the release ({args.version_hint})"
+
+
+def _attention_backend(args: ServerArgs) -> tuple[str, str]:
+    from .servingargs import attention_backends
+
+    named = attention_backends(args)
+    if named:
+        return MATCHES, "this run: " + ", ".join(f"{k}={printable(v)}" for k, v in named.items())
+    return UNKNOWN, "no attention backend named in the arguments line (the engine picked its default for the GPU)"
+
+
+def _verify_rule(args: ServerArgs) -> tuple[str, str]:
+    from .servingargs import verify_settings
+    from .servingrules import rules_between, serving_rule
+
+    settings = verify_settings(args)
+    shown = ", ".join(f"{k}={printable(repr(v))}" for k, v in settings.items())
+    if args.version or args.version_range is None:
+        rows = [r for r in [serving_rule("verify", args.engine, args.version)] if r is not None]
+    else:
+        rows = rules_between("verify", args.engine, args.version_range[0], args.version_range[1])
+    rule = "; ".join(f"{r.engine} {r.span()}: {r.outcome} ({r.setting or 'default'})" for r in rows)
+    lossy = []
+    for key in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
+        try:
+            if key in settings and float(settings[key]) < 1.0:
+                lossy.append(f"{key}={settings[key]} accepts more than the target's probabilities allow (lossy)")
+        except (TypeError, ValueError):
+            pass
+    if str(settings.get("rejection_sample_method", "")).strip("'\"") in ("synthetic", "fly"):
+        lossy.append(f"rejection_sample_method={settings['rejection_sample_method']} does not verify losslessly "
+                     "(synthetic: accepts at configured rates)")
+    sampled = (str(settings.get("draft_sample_method", "")).strip("'\"") in ("probabilistic", "gumbel") or
+               settings.get("speculative_use_rejection_sampling") is True)
+    if sampled and not lossy:
+        return RULED_OUT, f"this run samples its drafts ({shown}): the ratio test uses the draft probabilities"
+    return MATCHES, "; ".join(lossy + [f"this run: {shown or 'the release defaults'}; rule: {rule or 'none read'} "
+                                       "(engines.servingrules); matters only for requests at temperature > 0"])
+
+
 _CHECKS: dict[str, Callable[[Any], tuple[str, str]]] = {
     "cuda-graph": _cuda_graph, "prefix-cache": _prefix_cache, "pd-disaggregation": _pd, "tree": _tree,
     "page-size": _page_size, "model-runner-v2": _runner, "release": _release,
+    "chunked-prefill": _chunked_prefill, "async-scheduling": _async_scheduling,
+    "attention-backend": _attention_backend, "verify-rule": _verify_rule,
 }
 
 

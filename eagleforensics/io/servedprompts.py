@@ -9,7 +9,11 @@ or what a benchmark logs):
   ``--use-chat-template`` sends raw text here);
 * ``{"prompt_token_ids": [...]}`` (or ``"input_ids"``, ``"token_ids"``, or ``"prompt"`` as a list of ints).
 
-A request wrapped as ``{"body": {...}}`` (OpenAI batch files) is unwrapped. Bounded: the file at most
+A request wrapped as ``{"body": {...}}`` (OpenAI batch files) is unwrapped. Sampling parameters the
+request carries (``SAMPLING_KEYS``: temperature, the repetition / frequency / presence penalties,
+``ignore_eos``, ...) are kept in ``sampling``, read at the top level (OpenAI and vLLM bodies), under
+``sampling_params`` (SGLang's ``/generate``) and under ``extra_body`` (the OpenAI client's pass-through);
+a value of the wrong type is bad input. Bounded: the file at most
 ``MAX_FILE_BYTES``, a line ``MAX_LINE_BYTES``, at most ``MAX_PROMPTS`` prompts read.
 """
 from __future__ import annotations
@@ -27,6 +31,10 @@ MAX_FILE_BYTES = 512 * 1024 * 1024
 MAX_LINE_BYTES = 8 * 1024 * 1024
 MAX_PROMPTS = 2000
 ID_KEYS = ("prompt_token_ids", "input_ids", "token_ids")
+# sampling parameters kept per request: numbers, except ignore_eos (a flag)
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+                 "presence_penalty", "ignore_eos", "min_tokens", "max_tokens", "max_new_tokens",
+                 "max_completion_tokens")
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class ServedPrompt:
     kwargs: dict[str, Any] = field(default_factory=dict)
     text: str | None = None
     ids: list[int] | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)  # SAMPLING_KEYS the request set
 
     @property
     def kind(self) -> str:
@@ -52,11 +61,31 @@ class ServedPrompt:
         return tok.encode(tok.render(self.messages or [], add_generation_prompt=True, **self.kwargs))
 
 
+def _sampling(obj: dict[str, Any], n: int, path: Path) -> dict[str, Any]:
+    """The request's sampling parameters: top level, then ``sampling_params`` and ``extra_body`` (later wins)."""
+    out: dict[str, Any] = {}
+    for where in (obj, obj.get("sampling_params"), obj.get("extra_body")):
+        if not isinstance(where, dict):
+            continue
+        for key in SAMPLING_KEYS:
+            value = where.get(key)
+            if value is None:
+                continue
+            if key == "ignore_eos":
+                if not isinstance(value, bool):
+                    raise ForensicsError(f"line {n}: 'ignore_eos' must be true or false", path=path)
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise ForensicsError(f"line {n}: {key!r} must be a number", path=path)
+            out[key] = value
+    return out
+
+
 def _parse(obj: Any, n: int, path: Path) -> ServedPrompt:
     if isinstance(obj, dict) and isinstance(obj.get("body"), dict):
         obj = obj["body"]
     if not isinstance(obj, dict):
         raise ForensicsError(f"line {n} is not a JSON object", path=path)
+    sampling = _sampling(obj, n, path)
     msgs = obj.get("messages")
     if msgs is not None:
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
@@ -64,14 +93,14 @@ def _parse(obj: Any, n: int, path: Path) -> ServedPrompt:
         kw = obj.get("chat_template_kwargs") or {}
         if not isinstance(kw, dict):
             raise ForensicsError(f"line {n}: 'chat_template_kwargs' must be an object", path=path)
-        return ServedPrompt(n, messages=msgs, kwargs={str(k): v for k, v in kw.items()})
+        return ServedPrompt(n, messages=msgs, kwargs={str(k): v for k, v in kw.items()}, sampling=sampling)
     for key in ("prompt", "text", *ID_KEYS):
         value = obj.get(key)
         if isinstance(value, str) and key in ("prompt", "text"):
-            return ServedPrompt(n, text=value)
+            return ServedPrompt(n, text=value, sampling=sampling)
         if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                      for v in value):
-            return ServedPrompt(n, ids=[int(v) for v in value])
+            return ServedPrompt(n, ids=[int(v) for v in value], sampling=sampling)
     raise ForensicsError(f"line {n} has no 'messages', 'prompt' (text or ids), 'text' or token ids "
                          f"({', '.join(ID_KEYS)})", path=path)
 

@@ -288,6 +288,52 @@ DEFECTS: tuple[Defect, ...] = (
 )
 
 
+# ---------------------------------------------------------------- issue 34, the serving side
+def _requests(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _sampling_penalty(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    chat = {"messages": [{"role": "user", "content": "Explain the bonus token."}], "repetition_penalty": 1.5}
+    return {"log": str(sglang_log(case / "server.log", t, d)), "served_prompts": str(_requests(case / "p.jsonl",
+                                                                                                [chat] * 4))}
+
+
+def _lora_target(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    return {"log": str(sglang_log(case / "server.log", t, d, enable_lora=True,
+                                  lora_paths=["sql=/adapters/sql", "chat=/adapters/chat"]))}
+
+
+def _dp_attention(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    """SGLang 0.5.8's ``server_args=ServerArgs(...)`` line (the dataclass repr of 0.4.3 - 0.5.18) with DP attention
+    over 8 ranks and the deepep all-to-all backend, for a DeepSeek-V3 target (``--model-type``)."""
+    fields = {"model_path": str(t), **SGLANG_ARGS, "speculative_draft_model_path": str(d), "tp_size": 8,
+              "dp_size": 8, "enable_dp_attention": True, "moe_a2a_backend": "deepep", "ep_size": 8}
+    line = "server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+    (case / "server.log").write_text(f"[2026-11-29 11:58:30] {line}\n")
+    return {"log": str(case / "server.log"), "engine_version": "0.5.8", "model_type": "deepseek_v3"}
+
+
+def _benchmark_prompts(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = [{"prompt_token_ids": rng.integers(0, 128256, 256).tolist(), "ignore_eos": True} for _ in range(6)]
+    return {"served_prompts": str(_requests(case / "p.jsonl", rows))}
+
+
+DEFECTS += (
+    Defect("sampling-penalty", "sampling-penalty", "served requests at repetition penalty 1.5 on SGLang 0.5.23",
+           _sampling_penalty),
+    Defect("lora-target", "lora-target", "two LoRA adapters in SGLang's lora_paths (log)", _lora_target),
+    Defect("dp-attention", "dp-attention", "DP attention 8 with deepep on SGLang 0.5.8, DeepSeek-V3 (log)",
+           _dp_attention),
+    Defect("benchmark-prompts", "benchmark-prompts", "random token ids with ignore_eos as the served prompts",
+           _benchmark_prompts),
+)
+
+
 def plant(defect: Defect, out: Path, *, drafter: Path = SAMPLES / "drafter", target: Path = SAMPLES / "target"
           ) -> Planted:
     """Copy ``drafter`` and ``target`` into ``out/<name>/`` and plant ``defect`` there."""
