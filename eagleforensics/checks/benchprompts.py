@@ -1,4 +1,4 @@
-"""Benchmark prompts unlike real traffic: random token ids, or generation forced past EOS (failure catalogue row 30).
+"""Benchmark prompts unlike real traffic: random token ids, or generation forced past EOS (docs/causes.md row 30).
 
 ``benchmark-prompts``: the served requests (``--served-prompts``) are random token ids (the
 ``random`` datasets of vLLM's and SGLang's serving benchmarks draw ids uniformly from the
@@ -27,7 +27,7 @@ from .base import Artifacts, Check, CheckResult
 from .registry import register
 
 SOURCE = ("vllm-project/vllm#52536, ai-dynamo/dynamo#12918, ggml-org/llama.cpp#27711, vllm-project/vllm#33497 "
-          "(failure catalogue row 30)")
+          "(docs/causes.md row 30)")
 CAUSE = "benchmark workload unlike real traffic"
 MIN_TOKENS = 32
 DISTINCT_SHARE = 0.9

@@ -1,4 +1,4 @@
-"""DP attention / expert parallelism: aux states gathered over the wrong group (failure catalogue row 20).
+"""DP attention / expert parallelism: aux states gathered over the wrong group (docs/causes.md row 20).
 
 ``dp-attention``: the arguments line runs DP attention (SGLang ``enable_dp_attention`` with
 ``dp_size`` > 1) with an all-to-all MoE backend (``moe_a2a_backend`` deepep / mooncake) on a
@@ -24,7 +24,7 @@ from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 
-SOURCE = "sgl-project/sglang#20492, vllm-project/vllm#9565 (failure catalogue row 20)"
+SOURCE = "sgl-project/sglang#20492, vllm-project/vllm#9565 (docs/causes.md row 20)"
 CAUSE = "engine bug in the serving path"
 A2A = ("deepep", "mooncake")
 

@@ -1,4 +1,4 @@
-"""LoRA adapters on the target with one unadapted drafter (failure catalogue row 25).
+"""LoRA adapters on the target with one unadapted drafter (docs/causes.md row 25).
 
 ``lora-target``: the arguments line enables LoRA (SGLang ``--enable-lora`` / ``--lora-paths``, vLLM
 ``--enable-lora`` / ``--lora-modules``). Every engine release read applies the adapter to the
@@ -22,7 +22,7 @@ from .engineembed import engine_label
 from .registry import register
 
 SOURCE = ("sgl-project/sglang#9756, sgl-project/sglang#28395, sgl-project/sglang#34337, sgl-project/SpecForge#138 "
-          "(failure catalogue row 25)")
+          "(docs/causes.md row 25)")
 CAUSE = "the served target differs from the drafter's training target"
 
 

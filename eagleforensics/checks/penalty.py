@@ -1,4 +1,4 @@
-"""Sampling penalties under speculation: the target is penalised, the drafter is not (failure catalogue row 22).
+"""Sampling penalties under speculation: the target is penalised, the drafter is not (docs/causes.md row 22).
 
 ``sampling-penalty``: the served requests carry a repetition, frequency or presence penalty (from
 ``--served-prompts`` request samples, vLLM's ``override_generation_config`` in the arguments line,
@@ -26,7 +26,7 @@ from .base import Artifacts, Check, CheckResult
 from .registry import register
 
 SOURCE = ("sgl-project/sglang#28242, sgl-project/sglang#33643, sgl-project/sglang#22049, vllm-project/vllm#18902 "
-          "(failure catalogue row 22)")
+          "(docs/causes.md row 22)")
 CAUSE = "sampling settings at serving time"
 # repetition penalty at or above: the measured losses (1.2: 3.23 -> 2.91, -10%; 1.5: -> 1.31, -59%)
 REP_WARN, REP_HIGH = 1.1, 1.3

@@ -78,7 +78,7 @@ SUSPECTS: tuple[Suspect, ...] = (
             "vLLM --attention-backend) and compare"),
     Suspect("verify-rule", "the acceptance rule at temperature > 0: greedy drafts verified as one-hot, or strict "
             "token matching, accept less as the temperature rises (3.19 against 2.66 with greedy draft sampling, "
-            "failure catalogue row 29; vLLM chose argmax drafts knowing they lower acceptance at high temperature)",
+            "docs/causes.md row 29; vLLM chose argmax drafts knowing they lower acceptance at high temperature)",
             ("vllm-project/vllm#16899", "vllm-project/vllm#40551", "syv-ai/qwen38-27b-rtx3090#73",
              "sgl-project/sglang#26312"),
             "compare the accept length at temperature 0; where the release offers it, sample the drafts (vLLM "
