@@ -468,8 +468,8 @@ def _audit(draft: _Draft, rule: Rule, n: int, findings: list[Finding], t_hidden:
             "ids it reads" if rule.keys.keys else "way to read ids")
         findings.append(Finding("default-fallback", WARNING, (
             f"{rule.label} finds no {where} and silently uses its default, positions "
-            f"{default_aux_positions(n)}; a drafter trained on other layers loses most of its "
-            "acceptance (vLLM PR #50170: 1.2%)")))
+            f"{default_aux_positions(n)}: a drafter trained on other layers is fed states it never saw "
+            "(vLLM PR #50170 reports 1.2% acceptance there; replay measures this drafter's own cost)")))
     ids_used = list(ids_read) if ids_read is not None else []
     if ids_read:
         findings += _id_findings(rule, ids_read, n)
