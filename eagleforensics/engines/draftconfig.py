@@ -371,8 +371,17 @@ def _by_version(rule: Rule, draft: _Draft, n: int, runner: str | None, mode: str
     read = {tuple(r["served"]) for r in rows if r["key_read"] and r["supported"]}
     sev = WARNING if not version_given and len(read) > 1 else INFO
     tail = "" if version_given else " (pass --engine-version for yours)"
+    if same_positions(rows):
+        return rows, [Finding("version-dependent", INFO, "the same for every version: "
+                              f"{_labels_str(rows[0]['served'])}; only where the ids come from changes: "
+                              + "; ".join(parts))]
     return rows, [Finding("version-dependent", sev, "the answer depends on the version: "
                           + "; ".join(parts) + tail)]
+
+
+def same_positions(rows: list[dict[str, Any]]) -> bool:
+    """True when every version range serves the same positions (only the key they are read from differs)."""
+    return len({(tuple(r["served"]), r["capture_off"], r["supported"]) for r in rows}) == 1
 
 
 def _labels_str(labels: list[str]) -> str:
