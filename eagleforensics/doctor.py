@@ -147,7 +147,7 @@ class DoctorReport:
         """The JSON object: ``schema``, ``verdict``, ``level``, ``exit_code``, ``todo``, ``causes`` (the root causes,
         most costly first: ``key``, ``title``, ``severity``, ``impact`` (the cost label), ``cost`` (``label``,
         ``measured``, ``lost`` and ``se`` in accept length, ``served``, ``trained``, ``source``, ``basis``, ``text``),
-        ``codes``, ``checks``, ``fix``, ``findings``; see docs/causes.md), ``findings`` (ranked; each
+        ``codes``, ``checks``, ``fix``, ``findings``; see docs/cause-grouping.md), ``findings`` (ranked; each
         ``check``, ``code``, ``severity``, ``message`` and when known ``fix``, ``source``, ``impact`` (its cause's
         label), ``cause`` (its cause's key)),
         ``checks`` (one row per check: ``name``, ``title``, ``status`` found/clean/not-run, ``codes``, ``note``,
