@@ -666,7 +666,7 @@ def make_plan(inputs: PlanInputs) -> PlanReport:
              closed.tok_s else ""),
             fix="find the serving-path cause: " + "; ".join(f"{m.suspect.code}: {m.suspect.try_}" for m in hits[:4])
                 if hits else "find the serving-path cause (see the suspects)",
-            source="; ".join(sorted({s for m in hits for s in m.suspect.sources})) or "failure catalogue row 3"))
+            source="; ".join(sorted({s for m in hits for s in m.suspect.sources})) or "docs/causes.md row 3"))
     elif gap is not None and gap.above:
         findings.append(Finding("serving-gap-above", "info",
                                 f"run {served.label} accepts {gap.measured:.2f}, more than replay's {gap.expected:.2f} "

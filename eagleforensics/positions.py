@@ -3,7 +3,7 @@
 Position p is the index into HF transformers' ``output_hidden_states``: p = 0 is the
 embedding output, p = k the output of decoder layer k-1, p = N the last layer's
 output; ``normed=True`` marks the state after the final norm (what the lm_head reads).
-See shared/reference/conventions.md, "The one neutral coordinate".
+See docs/conventions.md, "The one coordinate".
 """
 from __future__ import annotations
 

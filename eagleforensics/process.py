@@ -25,7 +25,7 @@ def small_pages_for_arrays() -> None:
     meanwhile), where small pages took a steady 0.05 s. align's T=2048 record read lands on its
     critical path only when it waits, so the tail is what counts: paired T=2048 - T=512 runs took
     0.148 s (IQR 0.131-0.163) with small pages and 0.183 s (0.135-0.328) with huge ones, best runs
-    equal (``benchmarks/README.md``, 2026-12-02). Process-wide, hence only in a short command (and
+    equal (``docs/benchmarks.md``, 2026-12-02). Process-wide, hence only in a short command (and
     its child processes, through the environment); a host process can set ``NUMPY_MADVISE_HUGEPAGE=0``."""
     if HUGEPAGE_ENV in os.environ:
         return

@@ -5,11 +5,12 @@ a launch argument), then runs the doctor on each and prints the matrix: the code
 what it flagged (errors and warnings), and the doctor command that shows it. Exit 1 when a defect is
 missed or something else is flagged. The defects are ``eagleforensics.testing.defects.DEFECTS``.
 
-    python scripts/plant_defects.py [OUT_DIR] [--show NAME] [--example]
+    python scripts/plant_defects.py [OUT_DIR] [--show NAME] [--example [--no-run]]
 
 --example prints the README's example instead: the random-embedding drafter with the samples'
 training record and capture and a clean vLLM 0.14.0 server log (vLLM keeps a drafter's own
-embedding from 0.11.1, so the init is served).
+embedding from 0.11.1, so the init is served). With --no-run it writes the case and prints only the
+doctor's arguments, one per line (scripts/report.sh renders the doctor report from them).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def replay_phrase(drafter: Path, target: Path, inputs: dict) -> str:
     return text
 
 
-def example(out: Path) -> int:
+def example(out: Path, run: bool = True) -> int:
     """The README's example: a drafter with a random embedding, served by vLLM, with a record and a capture."""
     from eagleforensics.testing.defects import vllm_log
 
@@ -62,6 +63,9 @@ def example(out: Path) -> int:
     inputs = {k: os.path.relpath(v) for k, v in dict(
         drafter=case.drafter, target=case.target, train=SAMPLES / "record_layer_outputs.pt",
         capture=SAMPLES / "capture.pt", log=log).items()}
+    if not run:
+        print("\n".join(x for k, v in inputs.items() for x in (f"--{k}", v)))
+        return 0
     print("$ " + shlex.join(["eagleforensics", "doctor"] + [x for k, v in inputs.items()
                                                              for x in (f"--{k}", v)]))
     report = diagnose(DoctorInputs(**inputs))
@@ -74,13 +78,14 @@ def main() -> int:
     ap.add_argument("out", nargs="?", default="planted", help="where to write the cases (default ./planted)")
     ap.add_argument("--show", action="append", default=[], help="print the doctor's full output for this defect")
     ap.add_argument("--example", action="store_true", help="print the README's example run")
+    ap.add_argument("--no-run", action="store_true", help="with --example: write the case, print the doctor's arguments")
     ap.add_argument("--replay", action="store_true",
                     help="also run the doctor with the samples' record and capture: replay's accept length per case")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.example:
-        return example(out)
+        return example(out, run=not args.no_run)
     bad = 0
     print(f"{'defect':24} {'must find':22} {'level':8} flagged" + ("  | replay (clean: trained p3,p7,p10)" if args.replay
                                                                 else ""))

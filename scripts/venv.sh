@@ -1,7 +1,23 @@
-# Sourced by scripts/test.sh and scripts/report.sh: enter ./.venv (created if missing) and install
-# this checkout with the pinned constraints and the extras named in $1 (e.g. "test" or "report").
+# Sourced by scripts/test.sh, report.sh and lab.sh: enter ./.venv (created if missing) and install this
+# checkout with the pinned constraints and the extras named in $1 (e.g. "test" or "report").
+# The install runs only when it is needed: a new venv, or pyproject.toml, constraints.txt, the extras or
+# the Python changed since the last one (a stamp in .venv records them). The package is installed in
+# editable mode, so edits to eagleforensics/ need no reinstall. pip's output goes to .venv/install.log
+# and is printed only when the install fails.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ -x .venv/bin/python ] || python3 -m venv .venv
+[ -x .venv/bin/python ] || python3 -m venv .venv || return 1
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-python -m pip install -q -c constraints.txt -e ".[$1]"
+_ef_stamp=".venv/.eagleforensics-$1.stamp"
+_ef_want="$(cat pyproject.toml constraints.txt; echo "extras=$1"; python -c 'import sys; print(sys.version)')"
+_ef_want="$(printf '%s' "$_ef_want" | python -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
+if [ "$(cat "$_ef_stamp" 2>/dev/null)" != "$_ef_want" ] || [ ! -x .venv/bin/eagleforensics ]; then
+    echo "installing eagleforensics[$1] into .venv (pip's log: .venv/install.log)"
+    if ! { python -m pip install -q --upgrade pip && python -m pip install -q -c constraints.txt -e ".[$1]"; } \
+            >.venv/install.log 2>&1; then
+        cat .venv/install.log >&2
+        echo "scripts/venv.sh: pip install failed (log above and in .venv/install.log)" >&2
+        return 1
+    fi
+    echo "$_ef_want" >"$_ef_stamp"
+fi
+unset _ef_stamp _ef_want

@@ -1,6 +1,6 @@
 """Tests for eagleforensics.engines.rules: one test per table row (naming its source), versions,
 the generic appliers and round trips. Expected values are worked out by hand from
-shared/reference/conventions.md and the wheels the row cites, never computed from the table."""
+docs/conventions.md and the wheels the row cites, never computed from the table."""
 from __future__ import annotations
 
 import re
@@ -45,7 +45,7 @@ S1 = [[3, 7, 10], [2, 6, 9]]  # id k -> p k+1
 V0 = [[2, 6, 9], [1, 5, 8]]   # id k -> p k
 UNSUP = [[U] * 3, [U] * 3, [U], [U], [U], [U]]
 
-# Hand-worked answers per capture row (label -> probes), from conventions.md and the cited files.
+# Hand-worked answers per capture row (label -> probes), from docs/conventions.md and the cited files.
 CAPTURE_EXPECT = {
     "sglang llama 0.4.10 - 0.5.21": S1 + [[R], [1], [X], [X]],
     "sglang llama >= 0.5.22": S1 + [[0], [1], [X], [X]],
@@ -81,9 +81,9 @@ TRT_ORDER = {"one-model": ["p12 post-norm", "p3", "p10"], "two-model": ["p3", "p
 
 
 def _cites(source: str) -> bool:
-    """A source names a version (or main / conventions.md) and a file."""
+    """A source names a version (or main / docs/conventions.md) and a file."""
     return bool(re.search(r"(\d+\.\d+\.\d+|main|conventions\.md)", source)) and (
-        ".py" in source or "conventions.md" in source)
+        ".py" in source or "docs/conventions.md" in source)
 
 
 def _rule_for_capture(row) -> Rule:
@@ -240,7 +240,7 @@ def test_kimi_answers_by_version():
 
 
 def test_minus_one_per_engine_family_version():
-    """[-1, 2, 30], N=61: what -1 reaches differs by engine, family and version (conventions.md)."""
+    """[-1, 2, 30], N=61: what -1 reaches differs by engine, family and version (docs/conventions.md)."""
     def first(engine, mt, version=None, mode=None):
         return positions_for_ids(resolve(engine, mt, version, mode=mode), [-1, 2, 30], 61)[0]
 

@@ -86,7 +86,7 @@ def test_kimi_target_with_text_config(tmp_path):
     ("trtllm", None, Position(32, normed=True), None),  # post-norm final, concatenated FIRST
 ])
 def test_minus_one_per_engine_and_version(tmp_path, engine, version, first, code):
-    """[-1,2,30]: what -1 reaches depends on the engine and version (conventions.md)."""
+    """[-1,2,30]: what -1 reaches depends on the engine and version (docs/conventions.md)."""
     if engine == "trtllm":
         draft = _trtllm_yaml(tmp_path, [-1, 2, 30])
     elif engine == "vllm":

@@ -1,5 +1,5 @@
 """The grid of issue 11: draft kinds x engine versions x families, against answers worked out by
-hand from shared/reference/conventions.md (and the wheels the rules cite). Pure metadata: every
+hand from docs/conventions.md (and the wheels the rules cite). Pure metadata: every
 cell is one ``audit_config`` on a small config file, no tensors.
 
 N = 61 (Kimi-K2's depth) for every family. Draft kinds: nested [2,30,58] (SpecForge), top-level

@@ -21,7 +21,7 @@ from eagleforensics.testing.tinymodels import build_model, mid_layer_states, pro
 N, H, T = 8, 64, 40
 AUX = [2, 4, 5]
 TRUTH = [Position(2), Position(4), Position(5), Position(N, True)]
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def _bf16(t):
@@ -343,12 +343,13 @@ NEW_CODES = ("capture-relabelled", "labels-not-positions", "embedding-unconfirme
              "between-positions", "few-distinct-tokens", "row-offset", "rows-unverified")
 
 
-def test_every_alignment_finding_code_is_in_the_readme_table():
+def test_every_alignment_finding_code_is_in_the_docs_table():
     pkg = Path(__file__).resolve().parents[1] / "eagleforensics"
     emitted = set()
     for f in [pkg / "alignment.py", *(pkg / "evidence").glob("*.py")]:
         emitted |= set(re.findall(r'(?:Finding|notes\.append)\(\(?"([a-z][a-z-]+)"', f.read_text()))
-    first_cells = [line.split("|")[1] for line in README.read_text().splitlines() if line.startswith("| `")]
+    first_cells = [line.split("|")[1] for page in sorted(DOCS.glob("*.md")) for line in page.read_text().splitlines()
+                   if line.startswith("| `")]
     table = set(re.findall(r"`([a-z][a-z-]+)`", "\n".join(first_cells)))
     assert set(NEW_CODES) <= emitted
     assert emitted <= table, sorted(emitted - table)

@@ -9,7 +9,7 @@ do not make a finding): no drafter accepts well under such a cap. Between that a
 ceiling is stated (info): it binds only when the drafter otherwise reaches it, which the replay row
 measures. Measured on the ids alone it is a proxy, reported as info. Sources: a vocabulary
 pruned on a narrow corpus loses a language or domain (sgl-project/SpecForge#765,
-MiaAI-Lab/Qwen3.8-Flash-Next-Single-DGX-Spark#43; failure catalogue rows 5 and 19).
+MiaAI-Lab/Qwen3.8-Flash-Next-Single-DGX-Spark#43; docs/causes.md rows 5 and 19).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from .vocabmap import diagnosis
 
 CEILING_WARN = 0.50  # at most half the target's tokens draftable: a cause whatever the drafter (EAGLE-3 reaches 0.7+)
 CEILING_INFO = 0.90  # below this the ceiling is stated (info): whether it binds depends on the drafter's acc@1
-SOURCE = "sgl-project/SpecForge#765, MiaAI-Lab/Qwen3.8-Flash-Next-Single-DGX-Spark#43 (failure catalogue rows 5, 19)"
+SOURCE = "sgl-project/SpecForge#765, MiaAI-Lab/Qwen3.8-Flash-Next-Single-DGX-Spark#43 (docs/causes.md rows 5, 19)"
 
 
 def upper_bound(share: float, n: int, z: float = 1.96) -> float:

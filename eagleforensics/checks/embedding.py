@@ -24,10 +24,10 @@ from .registry import register
 from .rowcompare import FRESH_COS, compare_rows, init_signature, sample_rows
 from .vocabmap import diagnosis
 
-RANDOM_SOURCE = "lightseekorg/TorchSpec#38, sgl-project/sglang#27908 (failure catalogue row 11)"
-NOT_TARGET_SOURCE = "vllm-project/vllm#27732, vllm-project/vllm#28549 (failure catalogue rows 2, 11)"
+RANDOM_SOURCE = "lightseekorg/TorchSpec#38, sgl-project/sglang#27908 (docs/causes.md row 11)"
+NOT_TARGET_SOURCE = "vllm-project/vllm#27732, vllm-project/vllm#28549 (docs/causes.md rows 2, 11)"
 HEAD_SOURCE = ("speculators 0.9.0 speculators/model.py _load_verifier_weights (lm_head = verifier lm_head[t2d], "
-               "frozen); failure catalogue row 11")
+               "frozen); docs/causes.md row 11")
 
 
 CONVERTER_SOURCE = ("speculators 0.9.0 speculators/convert/eagle/eagle3_converter.py _save_converted_checkpoint (the "

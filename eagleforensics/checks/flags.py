@@ -8,7 +8,7 @@ feature is a warning (the engine serves another function than the one trained: t
 with this drafter). Whose embedding and head are used is the embedding row's business, so
 ``own_embedding`` / ``own_lm_head`` are left to it. An ambiguous ``norm_output`` (SpecForge <= 0.2.0
 meant another thing by the key) is info. Sources: vllm-project/vllm#27732, sgl-project/sglang#32334,
-vllm-project/vllm#43482, vllm-project/vllm#40656 (failure catalogue row 2).
+vllm-project/vllm#43482, vllm-project/vllm#40656 (docs/causes.md row 2).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .base import Artifacts, Check, CheckResult
 from .engineembed import engine_label
 from .registry import register
 
-THREADS = "vllm-project/vllm#27732, sgl-project/sglang#32334, vllm-project/vllm#43482 (failure catalogue row 2)"
+THREADS = "vllm-project/vllm#27732, sgl-project/sglang#32334, vllm-project/vllm#43482 (docs/causes.md row 2)"
 LEFT_TO_EMBEDDING = ("own_embedding", "own_lm_head")
 
 

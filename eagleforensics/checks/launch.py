@@ -9,7 +9,7 @@ non-last stages drop the aux states they capture. ``accept-len-one``: accept len
 decode line, which a weak drafter never gives (it accepts sometimes): the drafter's drafts are
 structurally never the target's token. Engine facts: ``engines.launchrules`` (each row cites the
 wheel file); threads: sgl-project/sglang#21272, #36528, #39644, vllm-project/vllm#22333, #36151,
-#36731, #50514 (failure catalogue rows 12, 14).
+#36731, #50514 (docs/causes.md rows 12, 14).
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from .drafterfacts import draft_facts, drafter_tensor, target_facts
 from .engineembed import engine_label
 from .registry import register
 
-ALGO_SOURCE = "sgl-project/sglang#21272 (failure catalogue row 14)"
-PATH_SOURCE = "sgl-project/sglang#36528, vllm-project/vllm#22333 (failure catalogue row 14)"
+ALGO_SOURCE = "sgl-project/sglang#21272 (docs/causes.md row 14)"
+PATH_SOURCE = "sgl-project/sglang#36528, vllm-project/vllm#22333 (docs/causes.md row 14)"
 PP_SOURCE = "vllm-project/vllm#36151, vllm-project/vllm#36731, vllm-project/vllm#50514, sgl-project/sglang#39644 " \
-            "(failure catalogue row 12)"
-ONE_SOURCE = "sgl-project/sglang#21272, lightseekorg/tokenspeed#526 (failure catalogue rows 1, 14)"
+            "(docs/causes.md row 12)"
+ONE_SOURCE = "sgl-project/sglang#21272, lightseekorg/tokenspeed#526 (docs/causes.md rows 1, 14)"
 DRAFTING = ("eagle", "eagle3")  # the algorithms that load a separate drafter
 MIN_LINES = 3  # fewer decode lines than this and "every line is 1.00" says little
 ONE = 1.005  # an accept length at or below this is 1.00 as printed

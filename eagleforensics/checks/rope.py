@@ -24,7 +24,7 @@ from .base import Artifacts, Check, CheckResult
 from .drafterfacts import draft_facts, positive_int, target_facts
 from .registry import register
 
-ROPE_SOURCE = "NVIDIA-NeMo/Automodel#2399, wejoncy/sfllm#32, sgl-project/sglang#6783 (failure catalogue row 7)"
+ROPE_SOURCE = "NVIDIA-NeMo/Automodel#2399, wejoncy/sfllm#32, sgl-project/sglang#6783 (docs/causes.md row 7)"
 MAXPOS_SOURCE = "vllm-project/speculators#684, NVIDIA-NeMo/RL#3960, vllm-project/speculators#574 (catalogue row 7)"
 # the scaling fields that change the rotary frequencies, by name as transformers writes them
 SCALING_FIELDS = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor", "beta_fast",

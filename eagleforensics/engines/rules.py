@@ -15,7 +15,7 @@ from (wheels unpacked with ``pip download --no-deps``; TensorRT-LLM from its sou
 ``Rule``; ``positions_for_ids`` and ``ids_for_positions`` are the small generic appliers;
 ``answers_by_version`` re-runs a question over every version range the tables know so a caller
 can say when the version changes the answer. Facts are collected in
-shared/reference/conventions.md; the rows below were re-checked against the wheels where the
+docs/conventions.md; the rows below were re-checked against the wheels where the
 source column names a version, and say "not re-read" where they were not.
 """
 from __future__ import annotations
@@ -192,14 +192,14 @@ CAPTURE_RULES: tuple[CaptureRow, ...] = (
                "nothing", _SGL.format(v="0.5.14", f="deepseek_v2.py") + ": same id rule; capture "
                "moved into the layer (captured_last_layer_outputs), residual None guarded"),
     CaptureRow("sglang", ("deepseek",), "0.5.18", None, "k+1 if ids[0]==1 else k", "p0",
-               "nothing", "conventions.md: sglang 0.5.18 models/deepseek_v2.py preallocates one "
+               "nothing", "docs/conventions.md: sglang 0.5.18 models/deepseek_v2.py preallocates one "
                "slot per id (not re-read)", duplicates="leaves an empty slot"),
     CaptureRow("sglang", ("gpt_oss",), "0.5.3", "0.5.16", "k+1", "raises", "nothing",
                _SGL.format(v="0.5.3, 0.5.16", f="gpt_oss.py") + ": [val + 1 ...]; capture before "
                "layer i appends hidden_states + residual"),
     CaptureRow("sglang", ("gpt_oss",), "0.5.17", None, "k if max(ids)==N else k+1", "p0", "raw",
                _SGL.format(v="0.5.17", f="gpt_oss.py") + ": list(layer_ids) when max(layer_ids) "
-               "== num_layers, else +1; every boundary 0..N reachable (conventions.md)"),
+               "== num_layers, else +1; every boundary 0..N reachable (docs/conventions.md)"),
     # vLLM: id k = capture index k (no shift); ids are sorted and de-duplicated.
     CaptureRow("vllm", _LLAMA_LIKE, "0.10.1.1", "0.17.1", "k", "raises", "nothing",
                _VLLM.format(v="0.17.1", f="llama.py") + ": `idx in aux_hidden_state_layers` "
@@ -210,7 +210,7 @@ CAPTURE_RULES: tuple[CaptureRow, ...] = (
                "_maybe_add_hidden_state, called with 0 before layer 0 and idx+1 after layer idx "
                "(llama.py)", duplicates="captured once (ids de-duplicated)"),
     CaptureRow("vllm", ("gpt_oss",), "0.10.1.1", "0.10.2", "none", "nothing", "nothing",
-               "conventions.md: gpt-oss EAGLE-3 in vllm from 0.11.0 (0.10.x not re-read)"),
+               "docs/conventions.md: gpt-oss EAGLE-3 in vllm from 0.11.0 (0.10.x not re-read)"),
     CaptureRow("vllm", ("gpt_oss",), "0.11.0", "0.17.1", "k", "p0", "nothing",
                _VLLM.format(v="0.17.1", f="gpt_oss.py") + ": appends x if residual is None "
                "else x + residual before layer i", duplicates="captured once (ids de-duplicated)"),
@@ -232,7 +232,7 @@ CAPTURE_RULES: tuple[CaptureRow, ...] = (
                "TensorRT-LLM main tensorrt_llm/_torch/speculative/eagle3.py (source, no wheel): "
                "Eagle3OneModelSpecMetadata.__post_init__ only sorts the ids (-1 lands first); "
                "maybe_capture_hidden_states saves hidden_states + residual after layer k; -1 = "
-               "model output after the norm (conventions.md)",
+               "model output after the norm (docs/conventions.md)",
                order="sorted: -1 (post-norm) FIRST", mode="one-model"),
     CaptureRow("trtllm", FAMILIES, TRT_MAIN, None, "k+1", "nothing", "raw",
                "TensorRT-LLM main tensorrt_llm/_torch/speculative/eagle3.py (source, no wheel): "
@@ -256,7 +256,7 @@ KEY_RULES: tuple[KeyRule, ...] = (
             "vllm 0.11.0 vllm/v1/worker/gpu_model_runner.py: no _get_eagle3_aux_layers_from_"
             "config, the model's default is always used"),
     KeyRule("vllm", "0.11.1", "0.17.0", "v1", (TOP_KEY,), "absent", False,
-            _GMR.format(v="0.11.1, 0.11.2") + ": top-level key only (conventions.md said from "
+            _GMR.format(v="0.11.1, 0.11.2") + ": top-level key only (docs/conventions.md said from "
             "0.11.2)"),
     KeyRule("vllm", "0.17.1", "0.21.0", "v1", (TOP_KEY,), "absent", True,
             _GMR.format(v="0.17.1, 0.21.0") + ": top-level only; vllm/v1/spec_decode/eagle.py "
@@ -275,7 +275,7 @@ KEY_RULES: tuple[KeyRule, ...] = (
             _V2U.format(v="0.33.0") + ": as 0.28 plus requires_aux_hidden_states reads "
             "eagle_config.use_aux_hidden_state", note="0.31 and 0.32 not read"),
     KeyRule("trtllm", TRT_MAIN, None, None, (YAML_KEY,), "absent", False,
-            "conventions.md: TensorRT-LLM llmapi/llm_args.py speculative_config."
+            "docs/conventions.md: TensorRT-LLM llmapi/llm_args.py speculative_config."
             "eagle3_layers_to_capture (a set); the draft checkpoint is never read for ids"),
 )
 
@@ -298,7 +298,7 @@ RUNNER_RULES: tuple[RunnerRule, ...] = (
                "is_moe (DeepseekV3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM stay V1)"),
     RunnerRule("0.29.0", None, "always", frozenset(),
                _CFG.format(v="0.29.0, 0.30.0, 0.33.0") + ": V2 for every model unless a "
-               "feature V2 lacks is on (conventions.md said from 0.30)"),
+               "feature V2 lacks is on (docs/conventions.md said from 0.30)"),
 )
 
 NEWEST = {"sglang": "0.5.23", "vllm": "0.33.0", "trtllm": TRT_MAIN}
@@ -779,7 +779,7 @@ def trainer_final_expectation(trainer: str) -> str:
     key = str(trainer).strip().lower()
     if key == "specforge":
         return ("post-norm: SpecForge applies only lm_head to the stored final state, so it "
-                "expects the state after the final norm (shared/reference/conventions.md; "
+                "expects the state after the final norm (docs/conventions.md; "
                 "SpecForge source not re-read)")
     if key == "speculators":
         return ("raw/pre-norm: speculators computes targets as verifier_lm_head(verifier_norm("

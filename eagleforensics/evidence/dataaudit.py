@@ -31,11 +31,11 @@ from . import templates as tpl
 from .agreement import MIN_TOKENS, SHAPE_CHI2, SURPRISE_MAX, Z_MIN, Agreement
 
 ORIGIN_SOURCE = ("sgl-project/SpecForge#533, sgl-project/SpecForge#128, vllm-project/speculators#751, "
-                 "SafeAILab/EAGLE#98 (failure catalogue row 4)")
+                 "SafeAILab/EAGLE#98 (docs/causes.md row 4)")
 TEMPLATE_SOURCE = ("SafeAILab/EAGLE#196, sgl-project/SpecForge#296, lightseekorg/tokenspeed#1305 "
-                   "(failure catalogue row 6)")
+                   "(docs/causes.md row 6)")
 SHIFT_SOURCE = "sgl-project/SpecForge#885 (fix proposed in #895); vllm-project/speculators#865"
-LENGTH_SOURCE = "vllm-project/speculators#684, sgl-project/sglang#6783 (failure catalogue row 7)"
+LENGTH_SOURCE = "vllm-project/speculators#684, sgl-project/sglang#6783 (docs/causes.md row 7)"
 SHIFT_SHARE = 0.05  # shifted runs among the runs near the header: above this is a pipeline bug, not noise
 MAJORITY = 0.5
 

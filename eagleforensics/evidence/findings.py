@@ -2,7 +2,7 @@
 
 Severity ``error`` means the drafter cannot be served as trained (or nothing could be
 placed); ``warning`` a trap that an explicit id list or a check avoids; ``info`` context.
-Rules cite shared/reference/conventions.md through the conventions module.
+Rules cite docs/conventions.md through the conventions module.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 After RMSNorm every token's vector is ``g * x / rms(x)``, so per-token norms are nearly
 constant (their coefficient of variation is small), while residual-stream states vary
 widely from token to token, most of all the first token with its massive activations
-(shared/reference/conventions.md, "A post-norm state has a signature").
+(docs/conventions.md, "A post-norm state has a signature").
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Accepted layouts (each integer is read through ``convention``, see ``CONVENTIONS
 
 * what ``torch.save(out.hidden_states)`` writes: a tuple/list of N+1 tensors ``[1,T,H]`` or
   ``[T,H]``; HF replaces the last entry by the final-normed state
-  (shared/reference/conventions.md, "HF transformers quirk");
+  (docs/conventions.md, "A transformers quirk");
 * a dict with such a list under ``hidden_states`` and optional ``input_ids``;
 * a dict or safetensors file with keys ``<name>.<int>`` (and optional ``input_ids``);
 * a directory of per-position files whose names carry an integer;

@@ -3,7 +3,7 @@
 A slot has a stable identity ``(key, index)``: ``("aux_hidden_state", 1)`` is the second
 H-wide block of SpecForge's concatenated aux tensor, ``("hidden_states", 3)`` the fourth
 entry of a list or of speculators' L axis, ``("hidden_state", None)`` a lone tensor.
-Layouts (shared/reference/conventions.md, "What the training data holds"):
+Layouts (docs/conventions.md, "What the training data holds"):
 
 * ``specforge``: ``input_ids [S]``, ``loss_mask [S]``, ``hidden_state [1,S,H]`` (post-norm
   final), ``aux_hidden_state [1,S,kH]``; ``.ckpt`` or ``.ckpt.gz``.

@@ -7,7 +7,7 @@ prefix are the prefix of its states), so thousands of records take seconds. Ever
 opens with the same short "system prompt", as chat-templated data does, and the reference
 capture is a sweep of another prompt with that opening.
 
-Records follow SpecForge's offline writer (shared/reference/conventions.md, "What the
+Records follow SpecForge's offline writer (docs/conventions.md, "What the
 training data holds"): ``rows_{g}-{g+2000}/data_{idx}.ckpt`` (every tenth gzipped),
 ``input_ids [S]``, ``loss_mask [S]``, ``hidden_state [1,S,H]`` post-norm,
 ``aux_hidden_state [1,S,3H]`` at p = [2, N//2, N-3], right-padded with zero rows.
