@@ -42,7 +42,7 @@ class CauseKind:
     source: str = ""  # where the expected label comes from ("" = its findings' sources)
 
 
-_PR50170 = "vllm-project/vllm#50170 (1.2% acceptance with the default layers; failure catalogue row 1)"
+_PR50170 = "vllm-project/vllm#50170 (1.2% acceptance with the default layers; docs/causes.md row 1)"
 CAUSES: dict[str, CauseKind] = {
     "aux-wiring": CauseKind("the engine feeds the drafter other layers than it was trained on (aux-layer wiring)",
                             WIRING, "collapse", _PR50170),
