@@ -118,6 +118,18 @@ def accept_se(wiring: dict[str, Any]) -> float | None:
     return math.sqrt(var / n)
 
 
+def paired_se(a: Any, b: Any | None) -> float | None:
+    """SE of the mean of ``a`` (tokens accepted per start row, NaN where none starts), or of ``a - b`` over the rows
+    both count (the same rows replayed on two wirings: a paired difference); None with fewer than 2 rows."""
+    import numpy as np
+
+    x = np.asarray(a, dtype=np.float64)
+    if b is not None:
+        x = x - np.asarray(b, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return None if x.size < 2 else float(x.std(ddof=1) / math.sqrt(x.size))
+
+
 @dataclass(frozen=True)
 class Cost:
     """What a cause costs: ``label`` (collapse/high/medium/low) and how it is known.
@@ -243,11 +255,11 @@ def price(kind: CauseKind, replay: dict[str, Any] | None, expected: str, source:
         else None
     if trained is not None and other is not None and other is not trained:
         t, s = trained["accept_length"], other["accept_length"]
-        se_t, se_s = accept_se(trained), accept_se(other)
+        se_t, se_s = trained.get("se") or accept_se(trained), other.get("se") or accept_se(other)
         if se_t is not None and se_s is not None:
             gain = t - 1.0
-            if gain > Z * se_t:
-                se = math.sqrt(se_t ** 2 + se_s ** 2)
+            if gain > Z * se_t:  # paired on the same start rows where replay kept them, else the two combined
+                se = other.get("se_vs_trained") or math.sqrt(se_t ** 2 + se_s ** 2)
                 what = (f"without {', '.join(other['served_without'])}" if other.get("served_without")
                         else f"{other['label']} ({other['source']})")
                 return Cost(label_of(t - s, gain), True, "replay on the capture",

@@ -302,6 +302,7 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
         return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
             None, OK
     summary = rep.to_dict()
+    add_paired_se(summary, rep)
     art.memo("replay-report", lambda: rep)
     parts = []
     for r in rep.results:
@@ -315,6 +316,23 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                      for f in rep.findings)
     return CheckOutcome("replay", REPLAY_TITLE, CLEAN, findings, "; ".join(parts),
                         data={"served_without": dropped}), summary, OK
+
+
+def add_paired_se(summary: dict[str, Any], rep: Any) -> None:
+    """Beside each replayed wiring in the doctor's copy of replay's JSON: ``se`` (its accept length's standard
+    error over the start rows) and ``se_vs_trained`` (the SE of its difference from the trained wiring, paired on
+    the same start rows), which the causes' measured costs use (``causes.price``)."""
+    from .causes import paired_se
+
+    trained = rep.trained
+    base = None if trained is None else trained.per_start
+    for w, r in zip(summary.get("wirings") or [], rep.results):
+        mine = getattr(r, "per_start", None)
+        if mine is None:
+            continue
+        w["se"] = paired_se(mine, None)
+        if base is not None and r is not trained:
+            w["se_vs_trained"] = paired_se(base, mine)
 
 
 DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row, replay_row)

@@ -147,6 +147,10 @@ def test_the_measured_cost_decides_the_wiring_label(vllm_case) -> None:  # noqa:
     cost = wiring.cost
     assert cost.measured and cost.trained > 2.5 and 2.0 < cost.served < cost.trained and cost.se > 0
     assert cost.label == "medium" and f"{cost.served:.2f} against {cost.trained:.2f}" in report.to_text()
+    # the SE is paired on the same start rows (replay's per-row counts), far tighter than the two combined
+    engine = next(w for w in report.replay["wirings"] if "engine default" in w["source"])
+    assert cost.se == pytest.approx(engine["se_vs_trained"]) and cost.se < C.accept_se(engine)
+    assert not cost.weak and cost.lost > C.Z * cost.se
     text = report.to_text()
     assert "(collapse)" not in text and "loses most of its acceptance" not in text
     assert all(r.finding.impact == "medium" for r in report.findings if r.cause == "aux-wiring")
@@ -176,6 +180,16 @@ def test_accept_se_from_reach() -> None:
     # every row accepts exactly 2 of 3: no spread; a 50/50 mix of 0 and 3 accepted: sd 1.5
     assert C.accept_se({"reach": [1.0, 1.0, 0.0], "starts": 100}) == pytest.approx(0.0)
     assert C.accept_se({"reach": [0.5, 0.5, 0.5], "starts": 100}) == pytest.approx(0.15)
+
+
+def test_paired_se_counts_only_rows_both_wirings_start() -> None:
+    import numpy as np
+
+    a = np.array([3, 2, np.nan, 3, 1], dtype=np.float32)
+    b = np.array([2, 2, 1, np.nan, 0], dtype=np.float32)
+    d = np.array([1.0, 0.0, 1.0])
+    assert C.paired_se(a, b) == pytest.approx(d.std(ddof=1) / np.sqrt(3))
+    assert C.paired_se(np.array([1.0, np.nan]), None) is None
 
 
 def test_a_new_code_joins_a_cause_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
