@@ -54,6 +54,12 @@ CAUSES: dict[str, CauseKind] = {
     "d2t-invalid": CauseKind("the d2t map is not a valid map", CARRIED),
     "vocab-coverage": CauseKind("the draft vocabulary misses the target's frequent tokens", CARRIED),
     "pp-drops-aux": CauseKind("pipeline parallelism drops the aux states before the drafter", OUTSIDE),
+    "wiring-unjudged": CauseKind("align cannot place the record's slots on this capture, so the wiring is not "
+                                 "judged (the record and the capture do not pair up, or the evidence is too weak)"),
+    "record-wiring": CauseKind("the training record's slots hold states the drafter should not be trained on (the "
+                               "embedding, a post-norm state, a wrong order or layer)"),
+    "record-states": CauseKind("the training record's hidden states are corrupt or misaligned with its tokens"),
+    "drafter-weights": CauseKind("the drafter's weights are missing or still at their init", CARRIED),
     "d2t-missing": CauseKind("the drafter's checkpoint has no d2t map for its reduced vocabulary", CARRIED),
     "size-mismatch": CauseKind("the drafter's sizes do not fit the target", CARRIED),
     "dtype-mismatch": CauseKind("the drafter's dtype differs from the target's", OUTSIDE),
@@ -70,19 +76,40 @@ CAUSES: dict[str, CauseKind] = {
 }
 ROOT_CAUSE: dict[str, str] = {  # code -> root-cause key (a code not here, nor in CHECK_CAUSE's checks, is its own)
     # the aux-ids wiring: the draft config read, the engine's fallback, the positions served
-    "serving-mismatch": "aux-wiring", "serving-unjudged": "aux-wiring", "off-by-default": "aux-wiring",
+    "serving-mismatch": "aux-wiring", "serving-unjudged": "wiring-unjudged", "off-by-default": "aux-wiring",
     "nested-ignored": "aux-wiring", "top-level-ignored": "aux-wiring", "key-ignored": "aux-wiring",
     "default-fallback": "aux-wiring", "draft-ids-ignored": "aux-wiring", "keys-disagree": "aux-wiring",
     "engine-cannot-serve": "aux-wiring", "engine-captures-nothing": "aux-wiring", "aux-capture-off": "aux-wiring",
     "trtllm-arch-forces-ids": "aux-wiring", "order-differs": "aux-wiring", "empty-id-list": "aux-wiring",
     "negative-id": "aux-wiring", "duplicate-id": "aux-wiring", "id-raises": "aux-wiring",
-    "id-captures-nothing": "aux-wiring",
+    "id-captures-nothing": "aux-wiring", "fc-width-mismatch": "aux-wiring", "version-dependent": "aux-wiring",
+    # the record's own slots hold what an EAGLE-3 drafter should not be trained on
+    "embedding-included": "record-wiring", "aux-post-norm": "record-wiring", "concat-order": "record-wiring",
+    "duplicate-position": "record-wiring", "final-wrong-layer": "record-wiring",
     # the drafter's embedding: a fresh init and another model's are one defect with one fix
     "embedding-random": "draft-embedding", "embedding-not-target": "draft-embedding",
+    # align's row, when it says something other than the engine's layers: its evidence cannot place the slots ...
+    "possibly-swapped": "wiring-unjudged", "no-confident-match": "wiring-unjudged", "token-mismatch": "wiring-unjudged",
+    "ambiguous-position": "wiring-unjudged", "between-positions": "wiring-unjudged",
+    "position-unknown": "wiring-unjudged", "rows-unverified": "wiring-unjudged",
+    "neighbours-not-captured": "wiring-unjudged", "capture-read-as-labelled": "wiring-unjudged",
+    "convention-content": "wiring-unjudged", "few-distinct-tokens": "wiring-unjudged",
+    "nonfinite-capture": "wiring-unjudged", "num-layers-disagree": "wiring-unjudged",
+    "trained-wiring-unknown": "wiring-unjudged", "tokens-assumed-greedy": "wiring-unjudged",
+    "loss-mask-empty": "wiring-unjudged", "loss-mask-unpaired": "wiring-unjudged", "loss-mask-unread": "wiring-unjudged",
+    # ... or the record's own states are broken (docs/causes.md row 9)
+    "rows-differ": "record-states", "token-misalignment": "record-states", "nonfinite-training": "record-states",
+    # the drafter's weights (replay judged against baselines)
+    "drafter-weights-random": "drafter-weights", "drafter-weights-missing": "drafter-weights",
 }
-CHECK_CAUSE: dict[str, str] = {"wiring": "aux-wiring"}  # check -> key for every code it emits
-# symptom code -> the replay views of the causes it may join (the most costly one found beside it)
-SYMPTOMS: dict[str, tuple[str, ...]] = {"accept-len-one": (WIRING, SERVED, CARRIED, OUTSIDE)}
+# check -> key for every code it emits not in ROOT_CAUSE (align's other codes are notes on its evidence)
+CHECK_CAUSE: dict[str, str] = {"wiring": "wiring-unjudged"}
+# symptom code -> the causes it may join (replay views or cause keys): the most costly one found beside it
+SYMPTOMS: dict[str, tuple[str, ...]] = {
+    "accept-len-one": (WIRING, SERVED, CARRIED, "algorithm-mismatch", "draft-path-missing", "draft-is-target",
+                       "pp-drops-aux"),
+    "drafter-no-better-than-baseline": (CARRIED,),
+}
 
 # the label rule: the share of the trained drafter's gain (accept length - 1) that is lost, most first
 LABEL_SHARE: tuple[tuple[str, float], ...] = (("collapse", 0.9), ("high", 0.5), ("medium", 0.2), ("low", 0.0))
@@ -225,7 +252,8 @@ def group(items: Iterable[tuple[str, Finding]]) -> list[tuple[str, list[tuple[st
         else:
             groups.setdefault(cause_key(f.code, check), []).append((check, f))
     for check, f in symptoms:
-        host = next((k for k in groups if k not in SYMPTOMS and kind_of(k).replay in SYMPTOMS[f.code]), None)
+        allowed = SYMPTOMS[f.code]
+        host = next((k for k in groups if k not in SYMPTOMS and (k in allowed or kind_of(k).replay in allowed)), None)
         groups.setdefault(host or cause_key(f.code, check), []).append((check, f))
     return list(groups.items())
 

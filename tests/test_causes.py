@@ -193,11 +193,28 @@ def test_paired_se_counts_only_rows_both_wirings_start() -> None:
 
 
 def test_a_new_code_joins_a_cause_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(C.ROOT_CAUSE, "drafter-weights-random", "draft-embedding")
+    monkeypatch.setitem(C.ROOT_CAUSE, "embedding-some-new-kind", "draft-embedding")
     items = [("embedding", Finding("embedding-random", "error", "m", impact="collapse")),
-             ("replay", Finding("drafter-weights-random", "warning", "n", impact="high")),
-             ("launch", Finding("accept-len-one", "error", "o", impact="collapse"))]
+             ("embedding", Finding("embedding-some-new-kind", "warning", "n", impact="high")),
+             ("launch", Finding("accept-len-one", "error", "o", impact="collapse")),
+             ("replay", Finding("drafter-no-better-than-baseline", "warning", "p", impact="high"))]
     got = C.build(items)
-    assert [(c.key, c.codes) for c in got] == [("draft-embedding", ["embedding-random", "drafter-weights-random",
-                                                                    "accept-len-one"])]
-    assert C.cause_key("some-new-code") == "some-new-code" and C.cause_key("anything", "wiring") == "aux-wiring"
+    assert [(c.key, c.codes) for c in got] == [("draft-embedding", ["embedding-random", "embedding-some-new-kind",
+                                                                    "accept-len-one",
+                                                                    "drafter-no-better-than-baseline"])]
+    assert C.cause_key("some-new-code") == "some-new-code"
+    assert C.cause_key("off-by-default", "wiring") == "aux-wiring"
+    assert C.cause_key("an-evidence-note", "wiring") == "wiring-unjudged"
+    # a symptom with nothing beside it that explains it stands alone
+    assert [c.key for c in C.build([("launch", Finding("accept-len-one", "error", "o", impact="collapse")),
+                                    ("data-shape", Finding("train-shorter-than-served", "warning", "q"))])] == [
+        "accept-len-one", "train-shorter-than-served"]
+
+
+def test_swapped_record_and_capture_are_one_unjudged_wiring_not_a_miswired_engine() -> None:
+    """align's notes on evidence it cannot place are one cause, and not the engine-layers cause."""
+    report = diagnose(DoctorInputs(train=str(CAPTURE), capture=str(RECORD)))
+    check_one_voice(report)
+    assert [c.key for c in report.causes] == ["wiring-unjudged"]
+    assert {"possibly-swapped", "no-confident-match"} <= set(report.causes[0].codes)
+    assert report.verdict.startswith("PROBLEM: 1 likely cause of low acceptance: wiring-unjudged (")
