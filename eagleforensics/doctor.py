@@ -79,6 +79,8 @@ class DoctorReport:
         ranked = [replace(r, finding=replace(r.finding, impact=of[r.check, id(r.finding)].cost.label),
                           cause=of[r.check, id(r.finding)].key) if (r.check, id(r.finding)) in of else r
                   for r in ranked]
+        place = {c.key: i for i, c in enumerate(causes)}  # the causes' order: the findings follow it
+        ranked = [r for _, r in sorted(enumerate(ranked), key=lambda x: (place.get(x[1].cause, len(place)), x[0]))]
         object.__setattr__(self, "causes", causes)
         object.__setattr__(self, "findings", ranked)
 

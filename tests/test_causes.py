@@ -75,6 +75,8 @@ def check_one_voice(report) -> None:  # noqa: ANN001
     assert worst == doc["level"] or (worst == "OK" and doc["level"] != "PROBLEM")
     # every flagged finding carries its cause's label as its impact
     label = {c["key"]: c["impact"] for c in causes}
+    order = [f["cause"] for f in doc["findings"] if "cause" in f]  # the findings follow their causes' ranking
+    assert order == sorted(order, key=[c["key"] for c in causes].index)
     for f in doc["findings"]:
         if "cause" in f:
             assert f["impact"] == label[f["cause"]], f
