@@ -6,7 +6,6 @@ import json
 from click.testing import CliRunner
 
 from eagleforensics.checks.base import DoctorInputs
-from eagleforensics.checks.dataorigin import flat_target
 from eagleforensics.cli import main
 from eagleforensics.doctor import diagnose
 from eagleforensics.testing.defects import SAMPLES
@@ -24,6 +23,8 @@ def test_the_data_origin_row_says_the_target_is_flat_in_the_row() -> None:
 
 
 def test_a_sharp_target_is_not_called_flat() -> None:
+    from eagleforensics.checks.dataorigin import flat_target
+
     assert flat_target(2.0, 151_936) == ""  # a real LLM: ~2 nats of ln(152k) = 11.9
     assert flat_target(None, 512) == "" and flat_target(6.0, None) == ""
     assert "flat" in flat_target(6.21, 512)
