@@ -3,9 +3,11 @@
 ``diagnose(DoctorInputs(...))`` runs each registered check (``checks.registry``) whose inputs were
 given, lists the others with the option that would enable them, and, with a record and a capture,
 align's verdict on the wiring; with a drafter and a capture, replay's acceptance per wiring.
-Findings are ranked most costly first: severity, then the likely cost in acceptance (``impact``).
-The level follows align's rule: PROBLEM when something is broken (an error finding), ACTION when
-something must be written or changed (a warning), OK otherwise; exit 0 / 1 / 1, 2 for bad input.
+Findings that share one root cause are one cause (``causes``: the grouping table and the cost rule),
+ranked most costly first: severity, then the cost in acceptance, measured by replay where it ran.
+The level follows align's rule (``verdict.LEVEL_OF_SEVERITY``): PROBLEM when something is broken
+(an error cause), ACTION when something must be written or changed (a warning), OK otherwise; exit
+0 / 1 / 1, 2 for bad input. The wiring row's cause takes align's own level as its severity.
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .checks.base import CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs
+from .causes import Cause
+from .causes import build as build_causes
 from .checks.registry import all_checks
 from .errors import ForensicsError, printable
 from .results import IMPACTS, Finding
-from .verdict import ACTION, EXIT_CODES, OK, PROBLEM, SEVERITY_ORDER
+from .verdict import ACTION, EXIT_CODES, LEVEL_OF_SEVERITY, OK, PROBLEM, SEVERITY_OF_LEVEL, SEVERITY_ORDER
 
 if TYPE_CHECKING:  # pragma: no cover
     from .results import AlignmentResult
@@ -34,9 +38,10 @@ class RankedFinding:
 
     check: str
     finding: Finding
+    cause: str = ""  # the root-cause key it belongs to (flagged findings only)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, **self.finding.to_dict()}
+        return {"check": self.check, **self.finding.to_dict(), **({"cause": self.cause} if self.cause else {})}
 
 
 def rank(outcomes: list[CheckOutcome]) -> list[RankedFinding]:
@@ -58,9 +63,26 @@ class DoctorReport:
     replay: dict[str, Any] | None = None
     extra_level: str = OK  # a pipeline's own level (align's ACTION with only info findings, say)
     findings: list[RankedFinding] = field(init=False)
+    causes: list[Cause] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "findings", rank(self.outcomes))
+        ranked = rank(self.outcomes)
+        found = {o.name for o in self.outcomes if o.status == FOUND}
+        flagged = [r for r in ranked if r.finding.severity in FLAGGED and r.check in found]
+        floors = {o.name: SEVERITY_OF_LEVEL[o.data["level"]] for o in self.outcomes
+                  if o.status == FOUND and o.data.get("level") in SEVERITY_OF_LEVEL}
+        replay_row = next((o for o in self.outcomes if o.name == "replay"), None)
+        reason = f"replay did not run: {replay_row.reason}" if replay_row is not None and replay_row.reason else ""
+        causes = build_causes(((r.check, r.finding) for r in flagged), self.replay, floors, reason)
+        of = {(c, id(f)): cause for cause in causes for c, f in cause.items}
+        # a finding's impact is its cause's cost label: one number decides, on every surface
+        ranked = [replace(r, finding=replace(r.finding, impact=of[r.check, id(r.finding)].cost.label),
+                          cause=of[r.check, id(r.finding)].key) if (r.check, id(r.finding)) in of else r
+                  for r in ranked]
+        place = {c.key: i for i, c in enumerate(causes)}  # the causes' order: the findings follow it
+        ranked = [r for _, r in sorted(enumerate(ranked), key=lambda x: (place.get(x[1].cause, len(place)), x[0]))]
+        object.__setattr__(self, "causes", causes)
+        object.__setattr__(self, "findings", ranked)
 
     @property
     def flagged(self) -> list[RankedFinding]:
@@ -80,9 +102,8 @@ class DoctorReport:
         checked, so OK would vouch for what was never looked at (the 'not run' rows say what to give)."""
         if self.nothing_ran:
             return max(ACTION, self.extra_level, key=_LEVEL_RANK.__getitem__)
-        severities = {r.finding.severity for r in self.flagged}
-        level = PROBLEM if "error" in severities else ACTION if "warning" in severities else OK
-        return max(level, self.extra_level, key=_LEVEL_RANK.__getitem__)
+        levels = [LEVEL_OF_SEVERITY.get(c.severity, OK) for c in self.causes]
+        return max([OK, *levels, self.extra_level], key=_LEVEL_RANK.__getitem__)
 
     @property
     def exit_code(self) -> int:
@@ -106,8 +127,9 @@ class DoctorReport:
         if self.nothing_ran:
             return "no check could run with these inputs: nothing was checked (see 'not run' for what each needs)"
         if flagged:
-            codes = list(dict.fromkeys(r.finding.code for r in flagged))
-            head = f"{len(codes)} likely cause{'s' if len(codes) > 1 else ''} of low acceptance: " + ", ".join(codes)
+            causes = self.causes
+            head = (f"{len(causes)} likely cause{'s' if len(causes) > 1 else ''} of low acceptance: "
+                    + ", ".join(c.key if c.codes == [c.key] else f"{c.key} ({', '.join(c.codes)})" for c in causes))
         else:
             head = "no cause of low acceptance found by the checks that ran"
         clean, skipped = len(self.by_status(CLEAN)), len(self.by_status(NOT_RUN))
@@ -120,16 +142,21 @@ class DoctorReport:
 
     @property
     def todo(self) -> list[str]:
-        """What to do, most costly first, one line per distinct fix."""
-        return list(dict.fromkeys(r.finding.fix for r in self.flagged if r.finding.fix))
+        """What to do, most costly cause first, one line per distinct fix."""
+        return list(dict.fromkeys(f.fix for c in self.causes for _, f in c.items if f.fix))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object: ``schema``, ``verdict``, ``level``, ``exit_code``, ``todo``, ``findings`` (ranked; each
-        ``check``, ``code``, ``severity``, ``message`` and when known ``fix``, ``source``, ``impact``),
+        """The JSON object: ``schema``, ``verdict``, ``level``, ``exit_code``, ``todo``, ``causes`` (the root causes,
+        most costly first: ``key``, ``title``, ``severity``, ``impact`` (the cost label), ``cost`` (``label``,
+        ``measured``, ``lost`` and ``se`` in accept length, ``served``, ``trained``, ``source``, ``basis``, ``text``),
+        ``codes``, ``checks``, ``fix``, ``findings``; see docs/cause-grouping.md), ``findings`` (ranked; each
+        ``check``, ``code``, ``severity``, ``message`` and when known ``fix``, ``source``, ``impact`` (its cause's
+        label), ``cause`` (its cause's key)),
         ``checks`` (one row per check: ``name``, ``title``, ``status`` found/clean/not-run, ``codes``, ``note``,
         ``reason``, ``data``), ``align`` and ``replay`` (their own JSON objects, or null), ``inputs``."""
         return {"schema": SCHEMA, "verdict": self.verdict, "level": self.level, "exit_code": self.exit_code,
-                "todo": self.todo, "findings": [r.to_dict() for r in self.findings],
+                "todo": self.todo, "causes": [c.to_dict() for c in self.causes],
+                "findings": [r.to_dict() for r in self.findings],
                 "checks": [o.to_dict() for o in self.outcomes], "align": self.align, "replay": self.replay,
                 "inputs": self.inputs.given()}
 
@@ -145,17 +172,17 @@ def render_text(report: DoctorReport) -> str:
     given = report.inputs.given()
     lines = ["doctor: " + ", ".join(f"{k.replace('_', '-')} {printable(v)}" for k, v in given.items()),
              "", f"VERDICT: {report.verdict}"]
-    shown = report.flagged  # a clean pipeline row's warnings do not count (align judged them): in its JSON
-    if shown:
-        lines += ["", "findings (most costly first):"]
-        for i, r in enumerate(shown, 1):
-            f = r.finding
-            impact = f" ({f.impact})" if f.impact else ""
-            lines.append(f"  {i}. [{f.severity}] {f.code}{impact}: {printable(f.message)}")
-            if f.fix:
-                lines.append(f"     fix: {printable(f.fix)}")
-            if f.source:
-                lines.append(f"     source: {printable(f.source)}")
+    if report.causes:  # a clean pipeline row's warnings do not count (align judged them): in its JSON
+        lines += ["", "causes (most costly first; the codes beneath each are its evidence):"]
+        for i, c in enumerate(report.causes, 1):
+            lines.append(f"  {i}. {printable(c.line)}")
+            lines.append(f"     cost: {printable(c.cost.text)}")
+            for _, f in c.items:
+                lines.append(f"     - [{f.severity}] {f.code}: {printable(f.message)}")
+            for fix in dict.fromkeys(f.fix for _, f in c.items if f.fix):
+                lines.append(f"     fix: {printable(fix)}")
+            for source in dict.fromkeys(f.source for _, f in c.items if f.source):
+                lines.append(f"     source: {printable(source)}")
     context = [r for r in report.findings if r.finding.severity not in FLAGGED and r.check not in PIPELINE_ROWS]
     if context:  # the checks' info lines; align's and replay's own are in their JSON (--json)
         lines += ["", "context:"] + [f"  - {r.finding.code}: {printable(r.finding.message)}" for r in context]
@@ -244,7 +271,8 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                      for i, f in enumerate(result.findings))
     status = FOUND if verdict.level != OK else CLEAN
     note = f"{verdict.level}: {verdict.summary}"
-    return CheckOutcome("wiring", WIRING_TITLE, status, findings, note), result.to_dict(), verdict.level
+    return (CheckOutcome("wiring", WIRING_TITLE, status, findings, note, data={"level": verdict.level}),
+            result.to_dict(), verdict.level)
 
 
 REPLAY_TITLE = "replay: the drafter's accept length per wiring (trained, engine, as served)"
@@ -276,6 +304,7 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
         return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
             None, OK
     summary = rep.to_dict()
+    add_paired_se(summary, rep)
     art.memo("replay-report", lambda: rep)
     parts = []
     for r in rep.results:
@@ -289,6 +318,23 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                      for f in rep.findings)
     return CheckOutcome("replay", REPLAY_TITLE, CLEAN, findings, "; ".join(parts),
                         data={"served_without": dropped}), summary, OK
+
+
+def add_paired_se(summary: dict[str, Any], rep: Any) -> None:
+    """Beside each replayed wiring in the doctor's copy of replay's JSON: ``se`` (its accept length's standard
+    error over the start rows) and ``se_vs_trained`` (the SE of its difference from the trained wiring, paired on
+    the same start rows), which the causes' measured costs use (``causes.price``)."""
+    from .causes import paired_se
+
+    trained = rep.trained
+    base = None if trained is None else trained.per_start
+    for w, r in zip(summary.get("wirings") or [], rep.results):
+        mine = getattr(r, "per_start", None)
+        if mine is None:
+            continue
+        w["se"] = paired_se(mine, None)
+        if base is not None and r is not trained:
+            w["se_vs_trained"] = paired_se(base, mine)
 
 
 DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row, replay_row)

@@ -23,8 +23,12 @@ OK, ACTION, PROBLEM = "OK", "ACTION", "PROBLEM"
 LEVELS = (OK, ACTION, PROBLEM)
 EXIT_CODES = {OK: 0, ACTION: 1, PROBLEM: 1}
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-# serving-mismatch is an error finding, but the serving check's own status decides whether a
-# snippet fixes it (ACTION) or nothing does (PROBLEM)
+# the one severity mapping every surface shares (align, doctor, the report, the JSON): an error is something broken
+# that no setting fixes (PROBLEM), a warning something to write or change (ACTION), info context (OK)
+LEVEL_OF_SEVERITY = {"error": PROBLEM, "warning": ACTION, "info": OK}
+SEVERITY_OF_LEVEL = {level: severity for severity, level in LEVEL_OF_SEVERITY.items()}
+# serving-mismatch is a warning where a snippet fixes it and an error where nothing does; the serving
+# check's own status decides the level (ACTION or PROBLEM), so its severity already agrees with it
 _SERVING_CODES = ("serving-mismatch",)
 
 

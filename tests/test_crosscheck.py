@@ -72,7 +72,7 @@ class TestLibrary:
         assert (check.fix_ids, check.fix_key) == ([2, 6, 9], NESTED_KEY)
         assert json.loads(check.fix_snippet) == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
         err = [f for f in check.findings if f.code == "serving-mismatch"][0]
-        assert err.severity == "error" and "[2, 6, 9]" in err.message
+        assert err.severity == "warning" and "[2, 6, 9]" in err.message  # a snippet fixes it: ACTION, not PROBLEM
 
     def test_speculators_top_level_ignored_by_sglang(self, result, tmp_path):
         """Top-level [3,7,10]: SGLang ignores it, uses its default p=[2,6,9]: mismatch, same fix."""

@@ -51,11 +51,17 @@ def test_report_exit_code_verdict_and_rows(hostile_run) -> None:  # noqa: ANN001
     summary = read_report(out)["summary"]
     assert summary["schema"] == "eagleforensics-doctor-v1" and summary["exit_code"] == 1
     assert [f["code"] for f in summary["findings"] if f["severity"] in ("error", "warning")] == ["rope-mismatch"]
-    table = re.search(r"<table[^>]*ef-table[^>]*>(.*?)</table>", out.read_text(), re.S)
-    assert table, "no checks table in the page"
-    cells = [[html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-             for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table.group(1), re.S)]
-    cells = [c for c in cells if c]
+    tables = re.findall(r"<table[^>]*ef-table[^>]*>(.*?)</table>", out.read_text(), re.S)
+    assert len(tables) == 2, "no causes table and checks table in the page"
+
+    def body(table: str) -> list[list[str]]:
+        rows = [[html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row,
+                                                                                        re.S)]
+                for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)]
+        return [r for r in rows if r]
+    # the causes table: the same causes, severity and cost label as the JSON the page records
+    assert [c[:3] for c in body(tables[0])] == [[c["key"], c["severity"], c["impact"]] for c in summary["causes"]]
+    cells = body(tables[1])
     assert cells[0][:2] == ["rope", "found"]  # the most severe row first
     tiers = [{"found": 0, "clean": 1, "not run": 2}[c[1]] for c in cells]
     assert tiers == sorted(tiers) and len(cells) == len(summary["checks"])

@@ -270,7 +270,26 @@ class Artifacts:
 
     @property
     def vllm_runner(self) -> str | None:
-        return self.inputs.vllm_runner
+        """--vllm-runner, else the runner the log or the release decides for this launch (``vllm_runner_from``)."""
+        if self.inputs.vllm_runner is not None:
+            return self.inputs.vllm_runner
+        return self._launch_runner[0]
+
+    @property
+    def vllm_runner_from(self) -> str:
+        """Why ``vllm_runner`` is what it is when it was not given (the log's fallback line, the release's rule)."""
+        return "" if self.inputs.vllm_runner is not None else self._launch_runner[1]
+
+    @cached_property
+    def _launch_runner(self) -> tuple[str | None, str]:
+        from ..engines.launchrules import V1_FALLBACK_LINE, launch_runner
+        from ..engines.logs import read_lines
+
+        args = self.server_args
+        if args is None or self.engine != "vllm" or args.engine != "vllm":
+            return None, ""
+        lines = [line for _, line in read_lines(self.inputs.log) if V1_FALLBACK_LINE in line][:1]
+        return launch_runner(self.engine_version, args.algorithm, args.pp, lines)
 
     @property
     def model_type(self) -> str | None:

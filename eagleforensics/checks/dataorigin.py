@@ -9,6 +9,8 @@ accuracy promises (sgl-project/SpecForge#533: 98% in training, 10% served).
 """
 from __future__ import annotations
 
+import math
+
 from ..evidence.dataaudit import AuditSummary, origin_findings
 from .base import Artifacts, Check, CheckResult
 from .registry import register
@@ -34,7 +36,28 @@ def run(art: Artifacts) -> CheckResult:
     a = summary.agreement
     note = (f"{a.tokens:,} supervised tokens of {len(summary.per_record)} records: agreement {a.agreement:.1%}, "
             f"surprise {a.mean_surprise:+.2f} nats/token")
-    return CheckResult(tuple(origin_findings(summary)), note, data)
+    findings = tuple(origin_findings(summary))
+    flat = flat_target(a.mean_entropy, getattr(audit.head, "vocab", None))
+    if flat and not any(f.severity in ("error", "warning") for f in findings):
+        note += f"; cannot tell where they came from: {flat}"
+        data["flat_target"] = True
+    return CheckResult(findings, note, data)
+
+
+FLAT_SHARE = 0.8  # a mean entropy above this share of ln(V): the target is near uniform on these tokens
+
+
+def flat_target(mean_entropy: float | None, vocab: int | None) -> str:
+    """Why the origin tests cannot tell (the target is near uniform here, so its own samples look like any other
+    text), or '' when the target is sharp enough to judge."""
+    if mean_entropy is None or not vocab or vocab < 2:
+        return ""
+    top = math.log(vocab)
+    if mean_entropy < FLAT_SHARE * top:
+        return ""
+    return (f"the target is flat on these tokens (mean entropy {mean_entropy:.2f} nats, {mean_entropy / top:.0%} of the "
+            f"{top:.2f} of a uniform choice among its {vocab:,} tokens), so its own samples look like any other text "
+            "and low agreement says nothing")
 
 
 CHECK = register(Check("data-origin", "training answers written by this target (agreement with its lm_head)",

@@ -30,6 +30,12 @@ HEAD_SOURCE = ("speculators 0.9.0 speculators/model.py _load_verifier_weights (l
                "frozen); docs/causes.md row 11")
 
 
+CONVERTER_SOURCE = ("speculators 0.9.0 speculators/convert/eagle/eagle3_converter.py _save_converted_checkpoint (the "
+                    "source weights loaded as they are, embed_tokens only when the source has one); "
+                    "speculators/models/eagle3/core.py _keys_to_ignore_on_save (a trained drafter saves embed_tokens "
+                    "and lm_head = verifier lm_head[t2d], speculators/model.py _load_verifier_weights)")
+
+
 def _with(source: str, rule_source: str) -> str:
     return f"{source}; {rule_source}" if rule_source else source
 
@@ -138,6 +144,21 @@ def check_head(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]:
     data = {"lm_head": cmp.to_dict(), "trainer": trainer}
     if cmp.copy:
         return [], f"lm_head is the target's rows at the draft ids, as {trainer} writes it", data
+    if drafter_tensor(names, "embed_tokens.weight") is None:
+        # speculators' trainer saves its frozen embed_tokens copy; its converter keeps only what the source had
+        data["converted"] = True
+        msg = (f"this drafter's {own} is not the target's rows at the draft ids (median row cosine "
+               f"{_cos(cmp.median_cos)} over {cmp.rows} sampled rows). It is in speculators' layout but carries no "
+               "embed_tokens of its own, as speculators' converter writes it (speculators convert keeps the source "
+               "checkpoint's weights, its lm_head included), not as speculators' trainer does (which copies and "
+               "freezes the target's rows, and saves embed_tokens): the head is most likely the source trainer's "
+               "own, the one this decoder was trained with (SpecForge trains its head), and then costs nothing. Only "
+               "if the source trainer also copied the target's rows is it a defect.")
+        return [Finding("lm-head-not-target", "warning", msg,
+                        fix="Check which trainer wrote the source checkpoint: if it trained its own head, nothing to "
+                            "do; if it copied the target's rows, re-export with lm_head = target lm_head[t2d]. "
+                            "Replay on a capture (--capture) measures this drafter as it is.",
+                        source=CONVERTER_SOURCE, impact="low")], "", data
     msg = (f"{trainer} copies the target's lm_head rows at the draft ids and freezes them, but this drafter's {own} "
            f"is not those rows (median row cosine {_cos(cmp.median_cos)} over {cmp.rows} sampled rows): the decoder "
            "layer learned against the target's head and is served with another, so its logits rank the wrong tokens.")

@@ -29,6 +29,8 @@ def engine_label(art: Artifacts) -> tuple[str, str | None, str]:
     if engine == "vllm" and runner is None:
         runner = default_runner(version, None)[0]
         assumed.append(f"{runner} runner assumed (pass --vllm-runner)")
+    elif engine == "vllm" and art.vllm_runner_from:
+        assumed.append(f"{runner} runner: {art.vllm_runner_from}")
     name = f"{ENGINE_NAMES.get(engine, engine)} {version}".strip()
     if engine == "vllm":
         name += f" ({runner} runner)"

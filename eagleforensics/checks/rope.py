@@ -121,12 +121,43 @@ def check_rope(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]:
     data = {"draft_rope": draft, "target_rope": target}
     if not diffs:
         return [], f"RoPE agrees with the target's ({_describe(target)})", data
+    if modelopt_export_rope(art.draft_config, draft):
+        data["modelopt_export_rope"] = True
+        msg = ("the draft config's RoPE is not the target's: " + "; ".join(diffs) + ". This is ModelOpt's own export "
+               "default, not a conversion mistake: ModelOpt trains the drafter with plain RoPE and, at export, writes "
+               "its eagle_export_rope_scaling (YaRN, factor 32 from 2048 positions, unless set to {}) into the "
+               "config for long contexts, so the drafter is served with rotary frequencies and an attention scale "
+               "it was not trained with; what that costs here, replay on a capture measures.")
+        return [Finding("rope-mismatch", "warning", msg,
+                        fix="Re-export with eagle_export_rope_scaling={} to serve the RoPE the drafter was trained "
+                            "with, or keep the YaRN scaling where contexts past 2048 tokens matter more.",
+                        source=MODELOPT_ROPE_SOURCE, impact="medium")], "", data
     msg = ("the draft config's RoPE is not the target's: " + "; ".join(diffs) + ". The trainers build the draft "
            "config from the target's, so this is an export or conversion mistake; unless the drafter was trained with "
            "exactly these settings, every rotated position is off, more so the longer the context.")
     return [Finding("rope-mismatch", "warning", msg,
                     fix="Write the target's rope_theta and rope_scaling / rope_parameters into the draft config "
                         "(the settings the drafter was trained with).", source=ROPE_SOURCE, impact="high")], "", data
+
+
+# ModelOpt's EAGLE export: the rope_scaling it injects when the drafter trained with the default RoPE
+MODELOPT_EXPORT_ROPE = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048.0}
+MODELOPT_ROPE_SOURCE = ("nvidia-modelopt 0.47.0 modelopt/torch/speculative/config.py EagleConfig."
+                        "eagle_export_rope_scaling (default yarn, factor 32, original_max_position_embeddings 2048); "
+                        "modelopt/torch/export/plugins/hf_spec_export.py EagleExporter._export_config (injected when "
+                        "the training rope_type is default); modelopt/torch/export/plugins/hf_spec_configs.py "
+                        "(the exported eagle_config keys)")
+# keys only ModelOpt's exported eagle_config carries (hf_spec_configs.py llama_eagle_template_config)
+MODELOPT_EAGLE_KEYS = ("use_input_layernorm_in_first_layer", "use_mtp_layernorm", "next_layer_regular",
+                       "parallel_draft_step", "parallel_draft_heads_num_layers")
+
+
+def modelopt_export_rope(cfg: dict[str, Any], draft_rope: dict[str, Any]) -> bool:
+    """True when a ModelOpt-exported draft config carries ModelOpt's default export YaRN scaling."""
+    eagle = cfg.get("eagle_config")
+    if not isinstance(eagle, dict) or not any(k in eagle for k in MODELOPT_EAGLE_KEYS):
+        return False
+    return all(not _differ(draft_rope.get(k), v) for k, v in MODELOPT_EXPORT_ROPE.items())
 
 
 def _describe(r: dict[str, Any]) -> str:

@@ -34,7 +34,12 @@ def render_audit(audit: "ConfigAudit") -> str:
         what = pos.describe(audit.num_layers) if pos is not None else (note or "")
         lines.append(f"  {k:>5}  {label:<16} {what}")
     if audit.by_version:
-        lines += ["", "by version (the answer changes):"]
+        from ..engines.draftconfig import same_positions
+
+        same = same_positions(audit.by_version)
+        served = ", ".join(audit.by_version[0]["served"]) or "nothing"
+        lines += ["", f"by version (the same for every version: {served}; only where the ids come from changes):"
+                  if same else "by version (the answer changes):"]
         for row in audit.by_version:
             what = ("no EAGLE-3 capture" if not row["supported"] else "no aux capture" if row["capture_off"]
                     else f"{', '.join(row['served']) or 'nothing'} (from {row['key_read'] or 'its default'})")

@@ -238,7 +238,8 @@ def crosscheck(result: "AlignmentResult", audit: ConfigAudit) -> CrossCheck:
             f"no id list fixes it: {'; '.join(notes)}")))
         return CrossCheck(status=MISMATCH, fix_notes=notes, findings=found, fix_all=everywhere, **base)
     text = snippet(key, ids, use_aux=audit.capture_off)
-    found.append(Finding("serving-mismatch", "error", (
+    # a snippet fixes it: something to write (warning, ACTION), not something broken (error, PROBLEM)
+    found.append(Finding("serving-mismatch", "warning", (
         f"{rule.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}: "
         f"set {key} to {ids} in {_WRITE_WHERE[audit.engine]}: {text}")))
     return CrossCheck(status=MISMATCH, fix_ids=ids, fix_key=key, fix_snippet=text, fix_notes=notes,

@@ -371,8 +371,17 @@ def _by_version(rule: Rule, draft: _Draft, n: int, runner: str | None, mode: str
     read = {tuple(r["served"]) for r in rows if r["key_read"] and r["supported"]}
     sev = WARNING if not version_given and len(read) > 1 else INFO
     tail = "" if version_given else " (pass --engine-version for yours)"
+    if same_positions(rows):
+        return rows, [Finding("version-dependent", INFO, "the same for every version: "
+                              f"{_labels_str(rows[0]['served'])}; only where the ids come from changes: "
+                              + "; ".join(parts))]
     return rows, [Finding("version-dependent", sev, "the answer depends on the version: "
                           + "; ".join(parts) + tail)]
+
+
+def same_positions(rows: list[dict[str, Any]]) -> bool:
+    """True when every version range serves the same positions (only the key they are read from differs)."""
+    return len({(tuple(r["served"]), r["capture_off"], r["supported"]) for r in rows}) == 1
 
 
 def _labels_str(labels: list[str]) -> str:
@@ -468,8 +477,8 @@ def _audit(draft: _Draft, rule: Rule, n: int, findings: list[Finding], t_hidden:
             "ids it reads" if rule.keys.keys else "way to read ids")
         findings.append(Finding("default-fallback", WARNING, (
             f"{rule.label} finds no {where} and silently uses its default, positions "
-            f"{default_aux_positions(n)}; a drafter trained on other layers loses most of its "
-            "acceptance (vLLM PR #50170: 1.2%)")))
+            f"{default_aux_positions(n)}: a drafter trained on other layers is fed states it never saw "
+            "(vLLM PR #50170 reports 1.2% acceptance there; replay measures this drafter's own cost)")))
     ids_used = list(ids_read) if ids_read is not None else []
     if ids_read:
         findings += _id_findings(rule, ids_read, n)

@@ -383,3 +383,38 @@ def describe_launch_rules() -> list[dict]:
                         ("PP_SPLITS", PP_SPLITS), ("STATS_INTERVALS", STATS_INTERVALS)):
         out += [{"table": table, **asdict(r)} for r in rows]
     return out
+
+
+# vLLM's runner for EAGLE-3 with pipeline parallelism: use_v2_model_runner turns V2 off and logs the fallback
+# ('Model Runner V2 does not yet support ...; using the V1 model runner instead'), vllm 0.29.0
+# vllm/config/vllm.py use_v2_model_runner and _get_v2_model_runner_unsupported_features ('EAGLE3 with pipeline
+# parallelism'); the releases 0.22.0 - 0.29.0 as the pp-aux row above cites them
+PP_V1_FALLBACK = ("0.22.0", "0.29.0")
+PP_V1_SOURCE = ("vllm 0.29.0 vllm/config/vllm.py use_v2_model_runner, _get_v2_model_runner_unsupported_features "
+                "('EAGLE3 with pipeline parallelism'); 0.22.0 - 0.29.0")
+V1_FALLBACK_LINE = "using the V1 model runner instead"
+
+
+def launch_runner(version: str | None, algorithm: str | None, pp: int | None, log_lines: Sequence[str] = ()
+                  ) -> tuple[str | None, str]:
+    """The vLLM model runner one launch runs, when the log or the release decides it: ``(runner, why)``.
+
+    The log's own fallback line wins ("Model Runner V2 does not yet support X; using the V1 model runner
+    instead"); else an EAGLE-3 launch with pp_size > 1 on a release that refuses it on V2 runs V1. ``(None, '')``
+    when neither says (the release's default for the model applies).
+    """
+    for line in log_lines:
+        if V1_FALLBACK_LINE in line:
+            what = line.split("does not yet support", 1)[-1].split(";", 1)[0].strip() if "does not yet support" \
+                in line else "a feature V2 lacks"
+            return "v1", f"the log says vLLM fell back to the V1 runner ({what})"
+    if algorithm == "eagle3" and pp and pp > 1 and version:
+        try:
+            v = parse_version(version)
+            inside = parse_version(PP_V1_FALLBACK[0]) <= v <= parse_version(PP_V1_FALLBACK[1])
+        except ForensicsError:
+            inside = False
+        if inside:
+            return "v1", (f"vLLM {PP_V1_FALLBACK[0]} - {PP_V1_FALLBACK[1]} run EAGLE3 with pipeline parallelism on "
+                          f"the V1 runner ({PP_V1_SOURCE})")
+    return None, ""

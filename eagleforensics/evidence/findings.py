@@ -61,7 +61,7 @@ def slot_findings(matches: list[SlotMatch], num_layers: int) -> list[Finding]:
                                    f"{'deeper' if d > 0 else 'shallower'} than the states every engine "
                                    f"captures by default (p={default}). An engine left on its default, or "
                                    "given ids read with another engine's rule, feeds the drafter the wrong "
-                                   "layers and acceptance collapses without any error. Write the ids below "
+                                   "layers without any error (what that costs: replay measures it). Write the ids below "
                                    "explicitly into the key each engine reads."))
         elif placed == default:
             out.append(Finding("engine-default", "info",

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -675,6 +676,7 @@ class Scores:
     reach: list[float | None]
     accept_length: float | None
     starts: int
+    per_start: np.ndarray | None = None  # float32 [T]: tokens accepted in the chain from each start row, NaN elsewhere
 
 
 def score(drafts: torch.Tensor, targets: torch.Tensor, rows: Rows) -> Scores:
@@ -685,7 +687,9 @@ def score(drafts: torch.Tensor, targets: torch.Tensor, rows: Rows) -> Scores:
     acc = [_mean(ok[k], rows.acc[k]) for k in range(steps)]
     chain = ok.long().cumprod(0)
     reach = [_mean(chain[k], rows.starts) for k in range(steps)]
-    return Scores(acc, [int(r.sum()) for r in rows.acc], _cond(reach), reach, _length(reach), int(rows.starts.sum()))
+    per_start = np.where(rows.starts.numpy(), chain.sum(0).numpy().astype(np.float32), np.float32(np.nan))
+    return Scores(acc, [int(r.sum()) for r in rows.acc], _cond(reach), reach, _length(reach), int(rows.starts.sum()),
+                  per_start)
 
 
 def _cond(reach: list[float | None]) -> list[float | None]:
@@ -732,6 +736,8 @@ class WiringReplay:
     sampling: dict[str, Any] | None = None  # expected acceptance at a temperature (see ``replay_chain``)
     tree: dict[str, Any] | None = None  # SGLang tree accept length (see ``tree_depths``)
     excluded_rows: int = 0  # rows whose aux states were NaN/Inf (never attended to, never counted)
+    # tokens accepted from each start row (float32 [T], NaN where no chain starts): paired differences between wirings
+    per_start: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def measured(self) -> bool:
@@ -789,7 +795,7 @@ def replay_wiring(fwd: DraftForward, aux: torch.Tensor | AuxRows, ids: torch.Ten
         tree = _tree_summary(fwd, pre, targets, steps, topk, draft_tokens, rows, run, sc, chunk)
     return WiringReplay(label, list(positions), source, steps, sc.starts, sc.acc, sc.cond, sc.reach,
                         sc.accept_length, note, acc_rows=sc.acc_rows, served_without=tuple(served_without),
-                        sampling=sampling, tree=tree, excluded_rows=int((~valid).sum()))
+                        sampling=sampling, tree=tree, excluded_rows=int((~valid).sum()), per_start=sc.per_start)
 
 
 def _tree_summary(fwd: DraftForward, pre: Prefix, targets: torch.Tensor, steps: int, topk: int, draft_tokens: int,

@@ -98,10 +98,15 @@ def checks_table(report: DoctorReport) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
+    worst = {}  # check -> its most costly cause (causes come most costly first): severity and cost label from it
+    for c in report.causes:
+        for name in c.checks:
+            worst.setdefault(name, c)
     for o in report.rows():
         flagged = [f for f in o.findings if f.severity in FLAGGED]
         shown = flagged or [f for f in o.findings if o.name != "wiring"]  # align's info lines stay in its section
-        severity = flagged[0].severity if flagged else "-"
+        cause = worst.get(o.name)
+        severity = cause.severity if cause is not None else "-"
         if o.status == NOT_RUN:
             what = f"not run: {o.reason}"
         else:
@@ -109,10 +114,20 @@ def checks_table(report: DoctorReport) -> pd.DataFrame:
             if o.note and shown and o.status != "found":
                 what = f"{o.note} | {what}"
         rows.append({"check": o.name, "status": o.status.replace("-", " "), "severity": severity,
-                     "impact": next((f.impact for f in flagged if f.impact), "-"), "what": what,
+                     "impact": cause.cost.label if cause is not None else "-", "what": what,
                      "what to do": " | ".join(dict.fromkeys(f.fix for f in flagged if f.fix)) or "-",
                      "source": " | ".join(dict.fromkeys(f.source for f in shown if f.source)) or "-"})
     return pd.DataFrame(rows, columns=["check", "status", "severity", "impact", "what", "what to do", "source"])
+
+
+def causes_table(report: DoctorReport) -> pd.DataFrame:
+    """One row per root cause, most costly first: severity, cost label, the cost (measured or expected), the codes
+    beneath it, what to do: the same grouping as the text's causes and the JSON's ``causes``."""
+    import pandas as pd
+
+    rows = [{"cause": c.key, "severity": c.severity, "impact": c.cost.label or "-", "what": c.title,
+             "cost": c.cost.text, "codes": ", ".join(c.codes), "what to do": c.fix or "-"} for c in report.causes]
+    return pd.DataFrame(rows, columns=["cause", "severity", "impact", "what", "cost", "codes", "what to do"])
 
 
 def align_doctor(params: ReportParams, result: AlignmentResult) -> DoctorReport:

@@ -339,7 +339,10 @@ def doctor_verdict(report: DoctorReport, params: DoctorParams | None = None) -> 
 
 
 def doctor_checks(report: DoctorReport) -> None:
-    """One row per check, most severe first: found / clean / not run and why (escaped by pandas)."""
-    from .doctorreport import checks_table
+    """The causes (one row per root cause, its codes beneath), then one row per check, most severe first: found /
+    clean / not run and why (escaped by pandas)."""
+    from .doctorreport import causes_table, checks_table
 
+    if report.causes:
+        table(causes_table(report))
     table(checks_table(report))
