@@ -12,7 +12,8 @@ from .base import Check
 
 # check modules, in the order their rows are listed when clean or not run
 MODULES: tuple[str, ...] = ("launch", "sizes", "vocabmap", "coverage", "embedding", "flags", "rope", "template",
-                           "dataorigin", "datashape")
+                           "dataorigin", "datashape",
+                           "targetquant", "mtpweights", "hybrid", "multimodal", "verifier", "datasize")
 _CHECKS: dict[str, Check] = {}
 
 
