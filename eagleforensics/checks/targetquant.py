@@ -223,8 +223,10 @@ def run_rotated(art: Artifacts) -> CheckResult:
                                     f"{version or 'newest'} does not fold it ({rule.source}). Unless this drafter was "
                                     "trained on the rotated target's states, nothing it drafts will match.", fix=fix,
                                     source=f"{rule.source}; {ROTATION_SOURCE}", impact="collapse"),), "", data)
+    which = (f"{ENGINE_NAMES.get(engine, engine)} {version} was not read" if engine else "pass --engine to know "
+             "yours")
     return CheckResult((Finding("target-rotated", "warning", f"{head}. No vLLM or SGLang release read folds it "
-                                "(vllm-ascend does); pass --engine to know yours. Unless this drafter was trained on "
+                                f"(vllm-ascend does); {which}. Unless this drafter was trained on "
                                 "the rotated target's states, nothing it drafts will match.", fix=fix,
                                 source=ROTATION_SOURCE, impact="collapse"),), "", data)
 

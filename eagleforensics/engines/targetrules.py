@@ -70,10 +70,10 @@ class RotationRule:
 
 
 ROTATION_RULES: tuple[RotationRule, ...] = (
-    RotationRule("vllm", "0.10.1.1", None, False, "vllm 0.33.0 vllm/v1/spec_decode/ and model_executor/models/"
-                 "llama_eagle3.py: no rotation is read or applied (proposed in vllm-project/vllm#36223 / #36225, "
-                 "open); vllm-ascend folds it from vllm-project/vllm-ascend#6914"),
-    RotationRule("sglang", "0.4.10", None, False, "sglang 0.5.23 srt/speculative/ and srt/models/llama_eagle3.py: no "
+    RotationRule("vllm", "0.10.1.1", None, False, "vllm 0.10.1.1, 0.11.0, 0.11.1, 0.33.0 vllm/model_executor/models/"
+                 "llama_eagle3.py and 0.33.0 vllm/v1/spec_decode/: no rotation is read or applied (proposed in "
+                 "vllm-project/vllm#36223 / #36225, open); vllm-ascend folds it from vllm-project/vllm-ascend#6914"),
+    RotationRule("sglang", "0.5.23", None, False, "sglang 0.5.23 srt/speculative/ and srt/models/llama_eagle3.py: no "
                  "rotation is read or applied (sgl-project/sglang#30524, NPU only, open)"),
 )
 
