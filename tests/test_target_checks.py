@@ -210,9 +210,22 @@ def test_a_vl_target_on_an_engine_that_captures_it_is_info_and_reads_the_records
 
     rec = load_training(str(data / "data_0.ckpt"))
     ids = [int(x) for x in rec.input_ids.reshape(-1)[:8]]
+    served = tmp_path / "served.jsonl"
+    text = {"messages": [{"role": "user", "content": "hi"}]}
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}},
+                                                        {"type": "text", "text": "what is this?"}]}]}
+    served.write_text(json.dumps(text) + "\n")
+    r = _run(("multimodal-target",), target=str(t), engine="vllm", train=str(data), served_prompts=str(served))
+    assert _codes(r, ("error", "warning", "info")) == [("multimodal-target", "info")]
+    assert r.outcomes[0].data["served_with_media"] == 0
+    served.write_text(json.dumps(text) + "\n" + json.dumps(image) + "\n")
+    r = _run(("multimodal-target",), target=str(t), engine="vllm", train=str(data), served_prompts=str(served))
+    assert _codes(r) == [("multimodal-target", "warning")] and "1 of 2 served requests" in r.findings[0].finding.message
     edit_config(t, image_token_id=ids[3])  # a token the record holds
     r = _run(("multimodal-target",), target=str(t), engine="vllm", train=str(data))
     assert r.outcomes[0].data["records_with_image_tokens"] == 1
+    r = _run(("multimodal-target",), target=str(t), engine="vllm", train=str(data), served_prompts=str(served))
+    assert _codes(r, ("error", "warning", "info")) == [("multimodal-target", "info")]  # trained with image tokens
 
 
 def test_verifier_names_and_suffixes() -> None:

@@ -38,6 +38,25 @@ def records_with_tokens(art: Artifacts, ids: set[int]) -> tuple[int, int]:
     return hit, seen
 
 
+MEDIA_PARTS = {"image_url", "image", "input_image", "video", "video_url", "audio_url", "input_audio", "audio"}
+
+
+def served_with_media(art: Artifacts, ids: set[int]) -> tuple[int, int]:
+    """(served requests carrying an image / video / audio part or token, requests read) of ``--served-prompts``."""
+    hit = 0
+    prompts = art.served_prompts
+    for p in prompts:
+        media = False
+        for m in p.messages or []:
+            content = m.get("content")
+            if isinstance(content, list):
+                media |= any(isinstance(part, dict) and part.get("type") in MEDIA_PARTS for part in content)
+        if p.ids is not None and ids:
+            media |= any(i in ids for i in p.ids)
+        hit += media
+    return hit, len(prompts)
+
+
 def run(art: Artifacts) -> CheckResult:
     """The target's multimodal layout, the engine's EAGLE-3 support for it, and image tokens in the records."""
     cfg = art.target.config
@@ -56,7 +75,7 @@ def run(art: Artifacts) -> CheckResult:
     if engine in status and status[engine] == "no":
         return unsupported(art, "multimodal-target", head, arch, line, src, data)
     ids = set(layout["token_ids"].values())
-    trained = ""
+    trained, hit = "", None
     if ids and art.available("train"):
         hit, seen = records_with_tokens(art, ids)
         data.update(records_with_image_tokens=hit, records_read=seen)
@@ -65,11 +84,27 @@ def run(art: Artifacts) -> CheckResult:
                    + ("." if hit else ": the drafter was trained on text only."))
     elif not art.available("train"):
         trained = " Pass --train to see whether the records hold image tokens."
+    served = ""
+    media = None
+    if art.available("served_prompts"):
+        media, asked = served_with_media(art, ids)
+        data.update(served_with_media=media, served_read=asked)
+        served = f" {media} of {asked} served requests carry images, video or audio."
+    else:
+        served = " Pass --served-prompts to see whether the served requests carry images."
     msg = (f"{head}. Text-only requests reach the drafter as in training (M-RoPE's three position streams "
            "coincide on text); requests with images feed it states over image tokens and multimodal positions a "
-           "text drafter never saw, so acceptance on them falls (Qwen-VL accept length about 1 in the threads)."
+           "text drafter never saw, so acceptance on them falls (failure catalogue row 24: vision embeddings not "
+           "passed to the draft, vllm-project/vllm#36097; Qwen-VL near accept length 1, sgl-project/SpecForge#310)."
            f"{trained}"
            f" {line}.")
+    msg += served
+    if media and hit == 0:
+        return CheckResult((Finding("multimodal-target", "warning", msg + " The served traffic carries media the "
+                                    "text-trained drafter never saw: acceptance on those requests falls.",
+                                    fix="Train the drafter on multimodal records of this target (its image tokens "
+                                        "and positions), or measure acceptance on text and media requests apart.",
+                                    source=src, impact="medium"),), "", data)
     return CheckResult((Finding("multimodal-target", "info", msg, fix="Measure acceptance on text and image requests "
                                 "apart; for image traffic, train the drafter on multimodal records of this target.",
                                 source=src, impact="low"),), "", data)
