@@ -144,6 +144,20 @@ def test_an_mtp_layer_stored_is_clean_and_the_launch_decides_the_severity(target
     assert _codes(r, ("error", "warning", "info")) == [] and r.outcomes[0].data["mtp_tensors"] == 1
 
 
+def test_a_config_only_target_is_not_run_for_mtp_and_read_by_the_rest(tmp_path: Path) -> None:
+    t = tmp_path / "target"
+    t.mkdir()
+    (t / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                                               "num_hidden_layers": 61, "num_nextn_predict_layers": 1,
+                                               "quantization_config": {"quant_method": "fp8",
+                                                                       "weight_block_size": [128, 128]}}))
+    r = _run(target=str(t))
+    rows = {o.name: o for o in r.outcomes}
+    assert rows["mtp-weights"].status == "not-run" and "shard index" in rows["mtp-weights"].reason
+    assert rows["target-quantized"].status == "clean" and r.exit_code == 0
+    assert [f.finding.code for f in r.findings] == ["target-quantized"]
+
+
 def test_sglang_quantizes_the_drafter_only_when_the_launch_passes_quantization(targets: dict, tmp_path: Path) -> None:
     t = _copy(targets["llama", 1], tmp_path)
     edit_config(t, quantization_config=FP8_CONFIG)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import ForensicsError
 from ..io.modeldir import text_config
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
@@ -76,7 +77,11 @@ def run(art: Artifacts) -> CheckResult:
         return CheckResult(note="the target's config declares no MTP / next-n layers")
     key, count = declared
     num_layers = positive_int(text_config(cfg).get("num_hidden_layers")) or 0
-    names = stored_names(art)
+    try:
+        names = stored_names(art)
+    except ForensicsError as exc:  # a config-only target, or a partial download the listing cannot read yet
+        return CheckResult(skipped=f"the target's tensor names cannot be listed ({exc}): the check needs its shard "
+                                   "index or safetensors files")
     found = mtp_tensors(names, num_layers, count)
     data = {"key": key, "declared": count, "num_hidden_layers": num_layers, "mtp_tensors": len(found),
             "tensors_listed": len(names)}
