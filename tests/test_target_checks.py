@@ -199,6 +199,11 @@ def test_layouts_that_are_not_hybrid_or_multimodal(targets: dict, tmp_path: Path
         r = _run(("hybrid-target",), target=str(t), engine=engine)
         assert _codes(r, ("error", "warning", "info")) == [("hybrid-target", "info")]
         assert "3 of 4 layers are linear_attention" in r.findings[0].finding.message
+    from eagleforensics.checks.targetkind import hybrid_layout
+
+    assert hybrid_layout({"attn_type_list": [0, 0, 1, 0]})["layers"] == 3  # MiniMax's lightning attention
+    assert hybrid_layout({"layer_types": ["conv", "full_attention"]})["kinds"] == ["conv"]  # LFM2
+    assert hybrid_layout({"attn_type_list": [1, 1], "layer_types": ["sliding_attention"]}) is None
     r = _run(("hybrid-target",), target=str(t.parent / "swa"), engine="sglang", engine_version="0.5.12")
     assert _codes(r, ("error", "warning", "info")) == []
     t = _copy(targets["qwen3", 3], tmp_path, "nemo")

@@ -43,6 +43,9 @@ def hybrid_layout(cfg: dict[str, Any]) -> dict[str, Any] | None:
         rec = [b for b in blocks if "mamba" in str(b) or "hybrid" in str(b)]
         return {"kinds": sorted({str(b) for b in rec}), "layers": len(rec), "of": len(blocks),
                 "from": "layers_block_type"}
+    kinds = text.get("attn_type_list")  # MiniMax-Text-01 / M1: 0 = linear (lightning) attention, 1 = softmax
+    if isinstance(kinds, list) and 0 in kinds:
+        return {"kinds": ["linear_attention"], "layers": kinds.count(0), "of": len(kinds), "from": "attn_type_list"}
     if isinstance(text.get("attn_layer_period"), int):  # Jamba: attention every period, Mamba elsewhere
         return {"kinds": ["mamba"], "layers": None, "of": text.get("num_hidden_layers"), "from": "attn_layer_period"}
     if mtype in ATTENTION_FREE:
