@@ -172,6 +172,16 @@ def test_sglang_quantizes_the_drafter_only_when_the_launch_passes_quantization(t
     assert "--log" in r.findings[0].finding.message
 
 
+def test_a_modelopt_side_file_is_read_when_the_config_has_no_quantization(tmp_path: Path) -> None:
+    t = _copy(SAMPLES / "target", tmp_path)
+    (t / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.37.0"},
+                                                        "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                                                         "exclude_modules": ["lm_head"]}}))
+    r = _run(("target-quantized",), target=str(t), engine="vllm", engine_version="0.11.0")
+    assert _codes(r) == [("target-quantized", "warning")]
+    assert "modelopt (NVFP4)" in r.findings[0].finding.message and "lm_head among them" in r.findings[0].finding.message
+
+
 def test_in_layer_transforms_and_modelslim_rotations(targets: dict, tmp_path: Path) -> None:
     quip = {"config_groups": {"v": {"type": "hadamard", "apply": [
         {"targets": ["Linear"], "location": "input", "ignore": "lm_head"},

@@ -189,11 +189,22 @@ def _quant_finding(art: Artifacts, d: dict[str, Any]) -> tuple[Finding, dict[str
                    impact="low"), data
 
 
+def modelopt_config(art: Artifacts) -> dict[str, Any] | None:
+    """ModelOpt's ``hf_quant_config.json`` beside a config without ``quantization_config`` (older exports), or None."""
+    path = art.target.path / "hf_quant_config.json"
+    if not path.is_file():
+        return None
+    obj = read_config(path, "hf_quant_config.json")
+    inner = obj.get("quantization")
+    return {"quant_method": "modelopt", **obj} if isinstance(inner, dict) and inner.get("quant_algo") else None
+
+
 def run_quantized(art: Artifacts) -> CheckResult:
     """Read the target's quantization_config and the engine's rule for the drafter beside it."""
-    q = quantization_of(art.target.config)
+    q = quantization_of(art.target.config) or modelopt_config(art)
     if q is None:
-        return CheckResult(note="the target's config declares no quantization_config (served in its own dtype)")
+        return CheckResult(note="the target declares no quantization (config.json quantization_config, "
+                                "hf_quant_config.json): served in its own dtype")
     d = describe(q)
     finding, data = _quant_finding(art, d)
     return CheckResult((finding,), "", {**d, **data})
