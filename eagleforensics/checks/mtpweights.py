@@ -11,7 +11,6 @@ NVIDIA/Model-Optimizer#2427); an engine serving MTP then builds a random head an
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..errors import ForensicsError
@@ -26,7 +25,6 @@ MTP_SOURCE = ("vllm-project/vllm#35548, sgl-project/sglang#35797, vllm-project/v
 MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_mtp_layers")
 MTP_ALGORITHMS = ("nextn", "mtp", "deepseek_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "mimo_mtp", "ernie_mtp",
                   "longcat_flash_mtp")
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def declared_mtp(cfg: dict[str, Any]) -> tuple[str, int] | None:
@@ -45,12 +43,18 @@ def stored_names(art: Artifacts) -> list[str]:
 
 
 def mtp_tensors(names: list[str], num_layers: int, count: int) -> list[str]:
-    """Names that belong to MTP layers: ``layers.{num_layers + i}.`` or an ``mtp`` prefix."""
-    wanted = set(range(num_layers, num_layers + count))
+    """Names that belong to MTP layers: ``layers.{num_layers + i}.`` or an ``mtp`` prefix (plain string scans: a
+    DeepSeek-V3 index lists about 92k names)."""
+    wanted = {str(i) for i in range(num_layers, num_layers + count)}
     out = []
     for name in names:
-        m = _LAYER.search(name)
-        if (m and int(m.group(1)) in wanted) or any(part.startswith("mtp") for part in name.split(".")[:3]):
+        at = name.find("layers.")
+        if at >= 0 and (at == 0 or name[at - 1] == "."):
+            end = name.find(".", at + 7)
+            if name[at + 7:end] in wanted:
+                out.append(name)
+                continue
+        if name.startswith("mtp") or ".mtp" in name[:40]:
             out.append(name)
     return out
 
