@@ -289,3 +289,21 @@ def test_the_record_count_decides_and_one_file_is_not_run(tmp_path: Path) -> Non
     r = diagnose(DoctorInputs(train=str(farm), max_records=4), checks=[get_check("data-size")], pipelines=())
     assert _codes(r) == [("too-little-data", "warning")]
     assert f"{FEW_RECORDS - 1:,} records" in r.findings[0].finding.message
+
+
+@pytest.mark.parametrize("edit", [
+    {"quantization_config": {"quant_method": ["fp8"], "ignore": "lm_head", "config_groups": [1, 2],
+                             "transform_config": {"config_groups": {"R1": {"apply": ["x", {"targets": 7}]}}}}},
+    {"layer_types": [None, 3, {"a": 1}], "hybrid_override_pattern": 12, "attn_type_list": "0,1"},
+    {"vision_config": "", "rope_scaling": {"mrope_section": "[1,2]"}, "image_token_id": True,
+     "num_nextn_predict_layers": "1", "architectures": "LlamaForCausalLM"},
+])
+def test_odd_config_values_are_read_without_a_crash(tmp_path: Path, edit: dict) -> None:
+    t = _copy(SAMPLES / "target", tmp_path)
+    edit_config(t, **edit)
+    d = _speculators_drafter(t, tmp_path / "d", ["not", "a", "name"], None)  # type: ignore[arg-type]
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["architectures"] = "Qwen3ForCausalLM"
+    (d / "config.json").write_text(json.dumps(cfg))
+    report = _run(target=str(t), draft_config=str(d / "config.json"), engine="vllm")
+    assert {o.name for o in report.outcomes} == set(MINE)

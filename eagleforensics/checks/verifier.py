@@ -40,6 +40,13 @@ def verifier_of(cfg: dict[str, Any]) -> dict[str, Any] | None:
     return ver if isinstance(ver, dict) else None
 
 
+def _archs(value: Any) -> list[str]:
+    """An ``architectures`` value as a list of names (a bare string is one name; anything else none)."""
+    if isinstance(value, str):
+        return [value]
+    return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
+
+
 def _names_agree(a: str, b: str) -> bool:
     return bool(a and b) and (a == b or a in b or b in a)
 
@@ -53,8 +60,7 @@ def run(art: Artifacts) -> CheckResult:
     tcfg = art.target.config
     v_name = short_name(ver.get("name_or_path"))
     t_names = [n for n in (short_name(art.target.path.resolve().name), short_name(tcfg.get("_name_or_path"))) if n]
-    v_arch = [a for a in ver.get("architectures") or [] if isinstance(a, str)]
-    t_arch = [a for a in tcfg.get("architectures") or [] if isinstance(a, str)]
+    v_arch, t_arch = _archs(ver.get("architectures")), _archs(tcfg.get("architectures"))
     data = {"verifier_name": ver.get("name_or_path"), "verifier_architectures": v_arch, "target_names": t_names,
             "target_architectures": t_arch}
     arch_differs = bool(v_arch and t_arch and not set(v_arch) & set(t_arch))
