@@ -35,7 +35,7 @@ def command(case) -> str:  # noqa: ANN001
 def replay_phrase(drafter: Path, target: Path, inputs: dict) -> str:
     """Replay's answer for a case run with the samples' incident record and capture: the trained wiring's accept
     length (and the as-served one), or why replay refused the drafter."""
-    extra = {k: v for k, v in inputs.items() if k != "capture"}
+    extra = {k: v for k, v in inputs.items() if k not in ("capture", "train")}  # the incident record replaces them
     report = diagnose(DoctorInputs(drafter=str(drafter), target=str(target), train=str(SAMPLES / "record_layer_outputs.pt"),
                                    capture=str(SAMPLES / "capture.pt"), **extra))
     row = next(o for o in report.outcomes if o.name == "replay")

@@ -41,15 +41,18 @@ def test_clean_sample_drafter_is_ok_and_lists_what_did_not_run() -> None:
 
 
 def test_when_no_check_can_run_the_doctor_does_not_say_ok() -> None:
-    """A target alone runs no check: 'OK' with exit 0 vouched for nothing. It is ACTION (exit 1: give the
-    inputs the 'not run' rows name), and one check that runs clean is OK again."""
-    report = diagnose(DoctorInputs(target=str(SAMPLES / "target")))
+    """A capture alone runs no check: 'OK' with exit 0 vouched for nothing. It is ACTION (exit 1: give the
+    inputs the 'not run' rows name), and one check that runs clean is OK again (a target alone runs the
+    target-side checks of issue 34)."""
+    capture = str(SAMPLES / "capture_sweep.safetensors")
+    report = diagnose(DoctorInputs(capture=capture))
     assert all(o.status == "not-run" for o in report.outcomes)
     assert report.level == "ACTION" and report.exit_code == 1
     assert report.verdict.startswith("ACTION: no check could run with these inputs: nothing was checked")
-    out = CliRunner().invoke(main, ["doctor", "--target", str(SAMPLES / "target"), "--json"])
+    out = CliRunner().invoke(main, ["doctor", "--capture", capture, "--json"])
     assert out.exit_code == 1 and json.loads(out.stdout)["level"] == "ACTION"
     assert diagnose(DoctorInputs(drafter=str(SAMPLES / "drafter"))).level == "OK"
+    assert diagnose(DoctorInputs(target=str(SAMPLES / "target"))).level == "OK"
 
 
 def test_planted_size_mismatch_is_found_with_its_code_only(drafter_copy: Path) -> None:

@@ -99,7 +99,7 @@ def test_checks_table_is_most_severe_first_and_says_why_not_run() -> None:
     assert df["severity"].tolist()[0] == "error"
     not_run = df[df["status"] == "not run"]
     needs = dict(zip(not_run["check"], not_run["what"]))
-    assert "--log" in needs.pop("launch")
+    assert "--log" in needs.pop("launch") and "--train DIR" in needs.pop("data-size")  # one record file: no dataset
     for name in ("sampling-penalty", "lora-target", "dp-attention", "benchmark-prompts"):  # the serving side
         what = needs.pop(name)
         assert "--log" in what or "--served-prompts" in what

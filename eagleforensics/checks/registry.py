@@ -12,8 +12,9 @@ from .base import Check
 
 # check modules, in the order their rows are listed when clean or not run
 MODULES: tuple[str, ...] = ("launch", "sizes", "vocabmap", "coverage", "embedding", "flags", "rope", "template",
-                           "dataorigin", "datashape")
-MODULES += ("penalty", "lora", "dpattention", "benchprompts")  # issue 34, serving side
+                           "dataorigin", "datashape",
+                           "targetquant", "mtpweights", "hybrid", "multimodal", "verifier", "datasize",
+                           "penalty", "lora", "dpattention", "benchprompts")
 _CHECKS: dict[str, Check] = {}
 
 

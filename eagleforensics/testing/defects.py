@@ -253,6 +253,57 @@ def _lm_head_not_target(d: Path, t: Path, case: Path) -> dict[str, Any]:
     return {}
 
 
+# ---------------------------------------------------------------- the target's own defects (issue 34)
+FP8_CONFIG = {  # an FP8 w8a8 compressed-tensors export as llm-compressor writes it, lm_head left out
+    "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {"targets": ["Linear"],
+                                  "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                                  "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+SPINQUANT_R1 = {  # SpinQuant's mergeable R1 rotation as llm-compressor declares it (transform_config)
+    "config_groups": {"R1": {"type": "hadamard", "apply": [
+        {"targets": ["re:.*embed_tokens$", "re:.*o_proj$", "re:.*down_proj$"], "location": "weight_output"},
+        {"targets": ["re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$", "re:.*up_proj$", "re:.*gate_proj$"],
+         "location": "weight_input", "inverse": True}]}}}
+
+
+def _target_quantized(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # an FP8 target on vLLM 0.11.0, which builds the unquantized drafter with the target's quant config
+    edit_config(t, quantization_config=FP8_CONFIG)
+    return {"engine": "vllm", "engine_version": "0.11.0"}
+
+
+def _target_rotated(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a W4A16 export with SpinQuant's R1 rotation of the residual stream; the drafter was trained unrotated
+    q = {**FP8_CONFIG, "format": "pack-quantized", "transform_config": SPINQUANT_R1,
+         "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}}}
+    edit_config(t, quantization_config=q)
+    return {}
+
+
+def _hybrid_unsupported(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a Nemotron-H-style hybrid (Mamba layers by hybrid_override_pattern) on SGLang 0.5.23, whose NemotronH class
+    # has no EAGLE-3 capture
+    edit_config(t, architectures=["NemotronHForCausalLM"], hybrid_override_pattern="M-M-M*-M-M-")
+    return {"engine": "sglang", "engine_version": "0.5.23"}
+
+
+def _multimodal_unsupported(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # a Qwen2-VL-style target (vision tower, M-RoPE) on SGLang 0.5.23, whose Qwen2VL class has no EAGLE-3 capture
+    cfg = json.loads((t / "config.json").read_text())
+    rope = {**cfg.get("rope_parameters", {}), "mrope_section": [4, 6, 6]}
+    edit_config(t, architectures=["Qwen2VLForConditionalGeneration"], rope_parameters=rope,
+                vision_config={"depth": 2, "embed_dim": 64}, image_token_id=500)
+    return {"engine": "sglang", "engine_version": "0.5.23"}
+
+
+def _too_little_data(d: Path, t: Path, case: Path) -> dict[str, Any]:
+    # the whole training set is one directory of a single record (the threads: 5k-50k records against 300k-600k)
+    data = case / "data"
+    data.mkdir()
+    shutil.copy(SAMPLES / "data_0.ckpt", data / "data_0.ckpt")
+    return {"train": str(data)}
+
+
 DEFECTS: tuple[Defect, ...] = (
     # replay refuses a map that sends ids out of range (here: 256 + 511 > 512) or a reduced vocabulary without d2t
     Defect("d2t-absolute", "d2t-absolute", "d2t holds target ids (arange + offsets) instead of offsets",
@@ -285,6 +336,15 @@ DEFECTS: tuple[Defect, ...] = (
     Defect("dtype-fp16", "dtype-mismatch", "drafter exported in float16 beside a bfloat16 target", _dtype_fp16),
     Defect("lm-head-not-target", "lm-head-not-target", "a speculators drafter whose lm_head is not the target's rows",
            _lm_head_not_target),
+    Defect("target-quantized", "target-quantized", "an FP8 target on vLLM 0.11.0 (the drafter gets its quant config)",
+           _target_quantized),
+    Defect("target-rotated", "target-rotated", "a target with SpinQuant's R1 rotation (transform_config)",
+           _target_rotated),
+    Defect("hybrid-target", "hybrid-target", "a Nemotron-H hybrid target on SGLang 0.5.23 (no EAGLE-3 capture)",
+           _hybrid_unsupported),
+    Defect("multimodal-target", "multimodal-target", "a Qwen2-VL target on SGLang 0.5.23 (no EAGLE-3 capture)",
+           _multimodal_unsupported),
+    Defect("too-little-data", "too-little-data", "a training directory of one record", _too_little_data),
 )
 
 
