@@ -22,10 +22,10 @@ RECIPES = (
     ("EAGLE-3 paper (SafeAILab/EAGLE, arXiv 2503.01840)", 532_000, "ShareGPT ~68k + UltraChat-200K ~464k entries"),
     ("SpecForge Llama 3.1 8B example (docs.sglang.io/SpecForge)", None, "ShareGPT + UltraChat, the same sources"),
 )
-RECIPE_RECORDS = 300_000  # the low end of the references' 300k-600k (failure catalogue row 4)
+RECIPE_RECORDS = 300_000  # the low end of the references' 300k-600k (docs/causes.md row 4)
 FEW_RECORDS = 50_000  # the top of the 5k-50k range the threads report at accept length 1.5-2
 DATA_SOURCE = ("SafeAILab/EAGLE (EAGLE-3 paper: ShareGPT ~68k + UltraChat-200K ~464k); sgl-project/SpecForge#128, "
-               "vllm-project/speculators#751 (failure catalogue row 4)")
+               "vllm-project/speculators#751 (docs/causes.md row 4)")
 
 
 def count_records(train: str) -> int:

@@ -18,7 +18,7 @@ from .registry import register
 from .targetkind import architecture, hybrid_layout
 
 HYBRID_SOURCE = ("vllm-project/tpu-inference#3178, ml-explore/mlx-lm#1456, vllm-project/vllm#57721, "
-                 "vllm-project/vllm#51771 (failure catalogue row 27)")
+                 "vllm-project/vllm#51771 (docs/causes.md row 27)")
 
 
 def support_line(arch: str | None) -> tuple[str, dict[str, str], str]:

@@ -21,7 +21,7 @@ from .drafterfacts import positive_int
 from .registry import register
 
 MTP_SOURCE = ("vllm-project/vllm#35548, sgl-project/sglang#35797, vllm-project/vllm#37667, "
-              "NVIDIA/Model-Optimizer#2427 (failure catalogue row 26)")
+              "NVIDIA/Model-Optimizer#2427 (docs/causes.md row 26)")
 MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_mtp_layers")
 MTP_ALGORITHMS = ("nextn", "mtp", "deepseek_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "mimo_mtp", "ernie_mtp",
                   "longcat_flash_mtp")

@@ -22,7 +22,7 @@ from .registry import register
 from .targetkind import architecture, multimodal_layout
 
 MM_SOURCE = ("sgl-project/SpecForge#310, vllm-project/vllm#36097, vllm-project/vllm#22872, sgl-project/sglang#8801 "
-             "(failure catalogue row 24)")
+             "(docs/causes.md row 24)")
 
 
 def records_with_tokens(art: Artifacts, ids: set[int]) -> tuple[int, int]:
@@ -94,7 +94,7 @@ def run(art: Artifacts) -> CheckResult:
         served = " Pass --served-prompts to see whether the served requests carry images."
     msg = (f"{head}. Text-only requests reach the drafter as in training (M-RoPE's three position streams "
            "coincide on text); requests with images feed it states over image tokens and multimodal positions a "
-           "text drafter never saw, so acceptance on them falls (failure catalogue row 24: vision embeddings not "
+           "text drafter never saw, so acceptance on them falls (docs/causes.md row 24: vision embeddings not "
            "passed to the draft, vllm-project/vllm#36097; Qwen-VL near accept length 1, sgl-project/SpecForge#310)."
            f"{trained}"
            f" {line}.")

@@ -24,9 +24,9 @@ from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 
-QUANT_SOURCE = "vllm-project/vllm#9534, vllm-project/vllm#24505, vllm-project/vllm#26590 (failure catalogue row 10)"
+QUANT_SOURCE = "vllm-project/vllm#9534, vllm-project/vllm#24505, vllm-project/vllm#26590 (docs/causes.md row 10)"
 ROTATION_SOURCE = ("vllm-project/vllm-ascend#5974, vllm-project/vllm-ascend#6445, vllm-project/vllm-ascend#6914, "
-                   "vllm-project/vllm#36223 (failure catalogue row 10)")
+                   "vllm-project/vllm#36223 (docs/causes.md row 10)")
 IGNORE_KEYS = ("ignore", "modules_to_not_convert", "exclude_modules", "ignored_layers", "ignore_layers")
 SIDE_FILES = ("hf_quant_config.json", "quant_model_description.json")  # ModelOpt's and ModelSlim's descriptions
 _ROTATION = re.compile(r"quarot|spinquant|rotat", re.I)
