@@ -35,7 +35,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _doctor(case, **extra):  # noqa: ANN001, ANN202
-    inputs = {**case.inputs, "train": str(RECORD), "capture": str(CAPTURE), **extra}
+    inputs = {"train": str(RECORD), **case.inputs, "capture": str(CAPTURE), **extra}  # a case's own --train DIR stays
     return diagnose(DoctorInputs(drafter=str(case.drafter), target=str(case.target), **inputs))
 
 
