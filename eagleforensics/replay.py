@@ -454,6 +454,9 @@ def _try_record(path: str | Path, allow_unsafe: bool) -> TrainingRecord | None:
     return rec if rec.format in ("specforge", "speculators", "modelopt", "eagle") else None
 
 
+MIN_TEMPERATURE = 0.01  # vLLM's floor for sampling (_MAX_TEMP in vllm/sampling_params.py, 0.33.0)
+
+
 def _check_options(steps: int, cost_ratio: float, device: str, temperature: float, top_p: float, topk: int,
                    draft_tokens: int | None, served_without: tuple[str, ...]) -> None:
     from .io.served import SERVED_FEATURES
@@ -468,6 +471,13 @@ def _check_options(steps: int, cost_ratio: float, device: str, temperature: floa
         raise ForensicsError("--device cuda asked for, but no CUDA device is visible")
     if not (temperature >= 0 and math.isfinite(temperature)) or temperature > 100:
         raise ForensicsError(f"--temperature must be a number in [0, 100], got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        # logits / 1e-45 overflow to inf and the sampled figures turn nan; and no engine samples there: vLLM
+        # 0.33.0 raises a temperature in (0, 0.01) to 0.01 (vllm/sampling_params.py, _MAX_TEMP), SGLang 0.5.23
+        # samples greedily below 1e-6 (sglang/srt/sampling/sampling_params.py, _SAMPLING_EPS)
+        raise ForensicsError(f"--temperature {temperature:g} is below {MIN_TEMPERATURE:g}, where engines do not sample "
+                             "at the temperature asked (vLLM raises it to 0.01, SGLang decodes greedily below 1e-6): "
+                             "pass 0 for greedy decoding or a temperature of at least 0.01")
     if not (0 < top_p <= 1):
         raise ForensicsError(f"--top-p must be in (0, 1], got {top_p}")
     if topk < 1 or topk > 16:
