@@ -454,6 +454,22 @@ def _try_record(path: str | Path, allow_unsafe: bool) -> TrainingRecord | None:
     return rec if rec.format in ("specforge", "speculators", "modelopt", "eagle") else None
 
 
+def _rope_findings(spec: Any) -> list[Finding]:
+    """``rope-scaling-incomplete``: a llama3 rope_scaling without original_max_position_embeddings is replayed with
+    the max_position_embeddings transformers 5 and SGLang take for it, and said so (older vLLM fail to load it)."""
+    sc = spec.rope_scaling or {}
+    if not sc.get("original_assumed"):
+        return []
+    n = int(sc["original_max_position_embeddings"])
+    return [Finding("rope-scaling-incomplete", "warning", (
+        f"the draft config's llama3 rope_scaling has no original_max_position_embeddings: replayed with its "
+        f"max_position_embeddings ({n}), as transformers 5.24 and SGLang 0.5.23 take it; vLLM 0.10.0 (transformers 4) "
+        "fails to load this config (KeyError in get_rope)"),
+        fix="Write original_max_position_embeddings (the value the drafter was trained with, usually the target's) "
+            "into the draft config's rope_scaling.", source="transformers 5.24 modeling_rope_utils.py; sglang 0.5.23 "
+            "srt/layers/rotary_embedding/factory.py; vllm 0.10.0 model_executor/layers/rotary_embedding.py")]
+
+
 MIN_TEMPERATURE = 0.01  # vLLM's floor for sampling (_MAX_TEMP in vllm/sampling_params.py, 0.33.0)
 
 
@@ -671,7 +687,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
             f"the loss mask of {printable(seq.mask_source)} marks none of the {rows} replayed rows as supervised (the "
             "capture holds only the prompt?): every row counts, which the trainers' acc_k never do")))
         seq.loss_mask, seq.mask_source = None, None
-    findings = seq.notes + inp.findings
+    findings = seq.notes + inp.findings + _rope_findings(spec)
     bad_targets = int((inp.y[:rows] < 0).sum())
     if bad_targets == rows:
         raise ForensicsError("the final state is NaN or Inf on every row: no target token can be computed",

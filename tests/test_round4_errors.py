@@ -210,3 +210,35 @@ def test_all_zero_final_states_cannot_tell_who_wrote_the_answers(tmp_path: Path)
     assert rows["zero"]["status"] == "not-run" and "zero or constant" in json.dumps(rows["zero"])
     assert "from-target" not in json.dumps(rows["zero"]) and "100" not in rows["zero"].get("note", "")
     assert rows["real"]["status"] in ("clean", "found")
+
+
+# ---------------------------------------------------------------------- llama3 rope_scaling without its keys
+
+def test_llama3_rope_without_original_max_positions_is_a_finding_not_silent(tmp_path: Path) -> None:
+    """Replayed silently with 8192 before; engines either fail to load it (vLLM 0.10 with transformers 4) or take
+    max_position_embeddings (transformers 5.24, SGLang 0.5.23): replay takes it the same way and says so."""
+    import json
+
+    from click.testing import CliRunner
+
+    from eagleforensics.cli import main
+    from eagleforensics.io.drafter import load_drafter
+
+    from .test_replay_hardening import DRAFTER, SWEEP, TARGET, drafter_copy
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    d = drafter_copy(tmp_path, config=lambda c: c.update(rope_scaling=scaling))
+    most = json.loads((d / "config.json").read_text())["max_position_embeddings"]
+    spec = load_drafter(d, target=TARGET).spec
+    assert spec.rope_scaling["original_max_position_embeddings"] == most
+    res = CliRunner().invoke(main, ["replay", str(d), str(SWEEP), "--target", str(TARGET), "--steps", "2", "--json"])
+    assert res.exit_code in (0, 1), res.output
+    found = [f for f in json.loads(res.stdout)["findings"] if f["code"] == "rope-scaling-incomplete"]
+    assert len(found) == 1 and f"({most})" in found[0]["message"] and found[0]["severity"] == "warning"
+    clean = CliRunner().invoke(main, ["replay", str(DRAFTER), str(SWEEP), "--target", str(TARGET), "--steps", "2",
+                                      "--json"])
+    assert "rope-scaling-incomplete" not in clean.stdout  # control: the sample drafter's config is complete
+    lacking = drafter_copy(tmp_path / "b", config=lambda c: c.update(rope_scaling={"rope_type": "llama3",
+                                                                                   "factor": 8.0}))
+    code, out, err, _ = run_process(["replay", lacking, SWEEP, "--target", TARGET], tmp_path, 120)
+    one_line(code, out, err, "config.json", "has no low_freq_factor, high_freq_factor", "KeyError")
