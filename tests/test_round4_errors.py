@@ -242,3 +242,89 @@ def test_llama3_rope_without_original_max_positions_is_a_finding_not_silent(tmp_
                                                                                    "factor": 8.0}))
     code, out, err, _ = run_process(["replay", lacking, SWEEP, "--target", TARGET], tmp_path, 120)
     one_line(code, out, err, "config.json", "has no low_freq_factor, high_freq_factor", "KeyError")
+
+
+# ---------------------------------------------------------------------- scan --reference reads content, not labels
+
+N8, AUX8 = 8, [2, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def speculators_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three speculators records (aux p2, p4, p5 and the RAW last layer, as vLLM's extraction keeps it) from a real
+    forward pass, an engine sweep 0..N (its last entry raw too) and a list of the three aux states (no positions)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from eagleforensics.testing import drift as D
+    from eagleforensics.testing.tinymodels import build_model, prompt_ids
+
+    root = tmp_path_factory.mktemp("speculators")
+    model = build_model("llama", num_layers=N8, hidden=64, seed=0)
+    ids = prompt_ids(40, seed=0)
+    s = D.forward_states(model, ids)
+    (root / "data").mkdir()
+    for i in range(3):
+        stack = torch.stack([s.raw[p].to(torch.bfloat16) for p in AUX8 + [N8]], 1).contiguous()
+        save_file({"token_ids": ids.clone(), "hidden_states": stack}, str(root / "data" / f"hs_{i}.safetensors"))
+    save_file({f"layer.{p}": s.raw[p].contiguous() for p in range(N8 + 1)} | {"input_ids": ids.clone()},
+              str(root / "sweep.safetensors"))
+    torch.save({"hidden_states": [s.raw[p][None] for p in AUX8], "input_ids": ids.clone()}, root / "list.pt")
+    return root
+
+
+def _scan_json(root: Path, reference: Path, out: Path) -> dict:
+    import json
+
+    code, stdout, err = run_cli("scan", str(root / "data"), "--reference", str(reference), "-o", str(out),
+                                "--workers", "1", "--json")
+    assert code in (0, 1), err
+    return json.loads(stdout)
+
+
+def test_scan_names_an_engine_sweeps_raw_last_entry_by_content(speculators_data: Path, tmp_path: Path) -> None:
+    """HF's convention reads a sweep's last entry as post-norm; it holds the massive row of a raw state, so the
+    speculators record's raw last slot is p8, never 'p8 post-norm'."""
+    res = _scan_json(speculators_data, speculators_data / "sweep.safetensors", tmp_path / "r.jsonl")
+    last = next(s for s in res["slots"] if s["slot"] == "hidden_states[3]")
+    assert last["resembles"].startswith("p8 (") and last["holds_on_prefix"].startswith("p8 (")
+    assert "post-norm" not in json_dumps(res["slots"])
+    aux = [s["holds_on_prefix"] for s in res["slots"][:3]]
+    assert [a.split()[0] for a in aux] == ["p2", "p4", "p5"]  # control: the aux slots stay placed
+
+
+def test_scan_names_no_position_where_labels_give_none(speculators_data: Path, tmp_path: Path) -> None:
+    """A list of three aux states has indices, not positions: no slot is placed, and no JSON field names p0, p1
+    or p2 as a 'best' position (each slot names the list entry its rows are nearest to)."""
+    import json
+
+    res = _scan_json(speculators_data, speculators_data / "list.pt", tmp_path / "r.jsonl")
+    assert all(s["resembles"] is None and s["holds_on_prefix"] is None for s in res["slots"]), res["slots"]
+    line = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[1])
+    for slot in line["slots"]:
+        assert slot["resembles"] is None and slot["prefix"]["position"] is None and not slot["prefix"]["confident"]
+        assert "position unknown" in slot["prefix"]["nearest_entry"]
+
+
+def test_align_json_names_no_best_candidate_for_an_unplaced_slot(speculators_data: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from eagleforensics.cli import main
+
+    rec = speculators_data / "data" / "hs_0.safetensors"
+    res = CliRunner().invoke(main, ["align", str(rec), str(speculators_data / "list.pt"), "--json"])
+    assert res.exit_code in (0, 1), res.output
+    mapping = json.loads(res.stdout)["mapping"]
+    unplaced = [m for m in mapping if m["identity"]["verdict"] == "position-unknown"]
+    assert unplaced, mapping
+    for m in unplaced:
+        assert m["position"] is None and m["best_candidate"] is None and m["runner_up"] is None
+        assert m["identity"]["other"] is None
+
+
+def json_dumps(x: object) -> str:
+    import json
+
+    return json.dumps(x)
