@@ -130,3 +130,24 @@ def test_lone_surrogate_in_a_served_prompt_is_one_line(tmp_path: Path) -> None:
     code, out, err, _ = run_process(["doctor", "--train", REC, "--target", _target(tmp_path / "t"),
                                      "--served-prompts", served], tmp_path, timeout=60)
     _one_line(code, out, err, "served.jsonl: line 1 holds a lone surrogate")
+
+
+def test_every_render_of_one_template_shares_one_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template just under the step limit costs most of a second a render: with 2000 served prompts that was
+    half an hour. All renders of one template share MAX_TOTAL_SECONDS (lowered here to keep the test short)."""
+    import time
+
+    from click.testing import CliRunner
+
+    from eagleforensics.cli import main
+
+    monkeypatch.setattr(chatrender, "MAX_TOTAL_SECONDS", 3.0)
+    slow = "{% for i in range(900) %}{% for j in range(1000) %}{% endfor %}{% endfor %}" + chat.TEMPLATES["chatml"]
+    served = tmp_path / "served.jsonl"
+    served.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
+                              for i in range(200)))
+    start = time.monotonic()
+    res = CliRunner().invoke(main, ["doctor", "--train", str(REC), "--target", str(_target(tmp_path / "t", slow)),
+                                    "--served-prompts", str(served)])
+    assert time.monotonic() - start < 60  # 200 renders of ~0.5 s each would take minutes
+    _one_line(res.exit_code, res.stdout, res.stderr, "over all the conversations rendered with it")

@@ -12,7 +12,8 @@ compiles every template (``compile_template``) in a ``BoundedSandbox`` that
   result would pass it;
 * counts loop iterations (every ``{% for %}`` is rewritten to iterate through a counter), calls,
   attribute reads and operator steps, at most ``MAX_STEPS`` per render, and checks a wall-clock
-  deadline (``MAX_SECONDS``) on each of them;
+  deadline on each of them: ``MAX_SECONDS`` per render, ``MAX_TOTAL_SECONDS`` for every render of one
+  template together (a template just under the step limit, rendered for 2000 served prompts);
 * stops the output once it passes ``MAX_OUTPUT_CHARS``, and counts every string it builds against
   ``MAX_ALLOCATED`` characters per render.
 
@@ -35,6 +36,7 @@ MAX_OUTPUT_CHARS = 1 << 20  # characters of one render's output
 MAX_ALLOCATED = 64 << 20  # characters of all strings built by one render
 MAX_STEPS = 1_000_000  # loop iterations + calls + operator steps of one render
 MAX_SECONDS = 10.0  # wall-clock time of one render
+MAX_TOTAL_SECONDS = 30.0  # wall-clock time of every render of one template together (probes + served prompts)
 MAX_INT_DIGITS = 4300  # Python's own limit for int <-> str conversions
 _WIDTH = re.compile(r"\d{7,}")  # a format width or precision of a million or more
 
@@ -49,12 +51,14 @@ def _size(x: Any) -> int | None:
 
 
 class _Budget:
-    """The steps, characters and deadline of one render."""
+    """The steps, characters and deadline of one render (``left``: seconds the template has left in all)."""
 
-    def __init__(self) -> None:
+    def __init__(self, left: float = MAX_SECONDS) -> None:
         self.steps = 0
         self.chars = 0
-        self.deadline = time.monotonic() + MAX_SECONDS
+        self.start = time.monotonic()
+        self.deadline = self.start + min(MAX_SECONDS, left)
+        self.total = left < MAX_SECONDS
 
     def step(self, n: int = 1) -> None:
         self.steps += n
@@ -62,6 +66,9 @@ class _Budget:
             raise TemplateRefused(f"chat template ran more than {MAX_STEPS:,} steps (loop iterations and calls) "
                                   "for one conversation")
         if time.monotonic() > self.deadline:
+            if self.total:
+                raise TemplateRefused(f"chat template ran longer than {MAX_TOTAL_SECONDS:g} s over all the "
+                                      "conversations rendered with it")
             raise TemplateRefused(f"chat template ran longer than {MAX_SECONDS:g} s for one conversation")
 
     def built(self, n: int) -> None:
@@ -270,7 +277,11 @@ def compile_template(source: str) -> Any:
 def render_bounded(template: Any, **context: Any) -> str:
     """``template`` (from ``compile_template``) rendered within the limits; every failure is ``TemplateRefused``."""
     env = template.environment
-    env.local.budget = budget = _Budget()
+    spent = getattr(env, "spent", 0.0)
+    env.local.budget = budget = _Budget(MAX_TOTAL_SECONDS - spent)
+    if spent >= MAX_TOTAL_SECONDS:
+        raise TemplateRefused(f"chat template ran longer than {MAX_TOTAL_SECONDS:g} s over all the conversations "
+                              "rendered with it")
     out: list[str] = []
     total = 0
     try:
@@ -291,4 +302,5 @@ def render_bounded(template: Any, **context: Any) -> str:
         raise TemplateRefused(f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}") from None
     finally:
         env.local.budget = None
+        env.spent = spent + (time.monotonic() - budget.start)
     return "".join(out)
