@@ -135,8 +135,8 @@ def test_command_inputs_are_every_path_a_command_was_given(tmp_path: Path) -> No
 
     @click.command()
     @click.argument("runs", nargs=-1)
-    @click.option("--target")
-    @click.option("-o", "--output")
+    @click.option("--target", type=click.Path())
+    @click.option("-o", "--output", type=click.Path())
     @click.option("--title")
     def cmd(runs, target, output, title):  # type: ignore[no-untyped-def]
         click.echo(repr(sorted(p for p, _ in command_inputs())))
@@ -144,7 +144,7 @@ def test_command_inputs_are_every_path_a_command_was_given(tmp_path: Path) -> No
     from click.testing import CliRunner
 
     res = CliRunner().invoke(cmd, [f"lab={log}", str(tmp_path), "--target", str(tmp_path), "-o", str(log),
-                                   "--title", "not a path"])
+                                   "--title", str(tmp_path / "a.log")])  # a title is text, even naming a file
     assert res.output.strip() == repr(sorted([str(log), str(tmp_path), str(tmp_path)]))
 
 

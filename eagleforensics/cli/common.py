@@ -53,8 +53,9 @@ OUTPUT_PARAMS = frozenset({"output", "report_path"})  # the parameters that name
 
 
 def command_inputs() -> list[tuple[str, str]]:
-    """Every existing path the running command was given, but its outputs, as ``(path, role)``: what no writer may
-    write over or into (``io.guards.check_not_input``). A ``LABEL=PATH`` value counts by its PATH."""
+    """Every existing path the running command was given (its arguments and its ``click.Path`` options, but its
+    outputs), as ``(path, role)``: what no writer may write over or into (``io.guards.check_not_input``). A
+    ``LABEL=PATH`` argument counts by its PATH."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return []
@@ -62,6 +63,8 @@ def command_inputs() -> list[tuple[str, str]]:
     for param in ctx.command.params:
         if param.name is None or param.name in OUTPUT_PARAMS:
             continue
+        if not (isinstance(param.type, click.Path) or isinstance(param, click.Argument)):
+            continue  # free text (--title, --engine) is never a path, even when a folder of that name exists
         value = ctx.params.get(param.name)
         role = (f"--{param.name.replace('_', '-')}" if isinstance(param, click.Option) else param.name.upper())
         for v in value if isinstance(value, (tuple, list)) else (value,):
