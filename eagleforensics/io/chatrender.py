@@ -6,10 +6,13 @@ gigabytes in one step and two nested ``range(100000)`` loops run 10^10 iteration
 compiles every template (``compile_template``) in a ``BoundedSandbox`` that
 
 * refuses, before computing it, a ``*`` / ``+`` / ``~`` / ``%`` / ``**`` whose result would hold more than
-  ``MAX_VALUE`` characters or items (or an integer of more than ``MAX_INT_DIGITS`` digits);
-* refuses calls and filters given an integer argument above ``MAX_VALUE`` (``center``, ``ljust``,
-  ``indent``, ``zfill``, ``wordwrap``...), a format width above it, or a ``join`` / ``replace`` whose
-  result would pass it;
+  ``MAX_VALUE`` characters or items (or an integer of more than ``MAX_INT_DIGITS`` digits), sizing
+  containers by what they print (``text_size``: a list of references to one long string prints it
+  once per reference), and any ``{{ value }}`` that would print more than ``MAX_OUTPUT_CHARS``;
+* refuses calls and filters given an integer above ``MAX_ARG_INT`` (``center``, ``indent``,
+  ``batch``...) or a format width above it, and any whose result could pass ``MAX_VALUE``
+  (``_upper_bound``, from the inputs alone: ``join``, ``replace``, ``expandtabs``, ``format``...);
+  ``lipsum`` is not offered and ``tojson``'s indent is at most ``MAX_JSON_INDENT``;
 * counts loop iterations (every ``{% for %}`` is rewritten to iterate through a counter), calls,
   attribute reads and operator steps, at most ``MAX_STEPS`` per render, and checks a wall-clock
   deadline on each of them: ``MAX_SECONDS`` per render, ``MAX_TOTAL_SECONDS`` for every render of one
@@ -20,7 +23,7 @@ compiles every template (``compile_template``) in a ``BoundedSandbox`` that
 ``render_bounded`` renders; any failure (a limit, ``1/0``, a recursive macro's ``RecursionError``,
 a ``TypeError``...) is a ``TemplateRefused`` with one line of text, which callers turn into a
 ``ForensicsError`` naming the template's file. The limits are far above what real chat templates
-need (the longest public ones render a conversation in a few hundred steps and a few KB).
+need (a real template renders a short conversation in a few hundred steps and a few KB).
 """
 from __future__ import annotations
 
@@ -31,14 +34,17 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
-MAX_VALUE = 1 << 20  # characters of one string (or items of one list) a template may build
-MAX_OUTPUT_CHARS = 1 << 20  # characters of one render's output
+MAX_VALUE = 8 << 20  # characters of one value a template may build (a served request line is at most 8 MiB)
+MAX_OUTPUT_CHARS = 16 << 20  # characters of one render's output
 MAX_ALLOCATED = 64 << 20  # characters of all strings built by one render
+MAX_ARG_INT = 1 << 16  # an integer given to a call or filter (a width, an indent, a count); range() has its own
+MAX_NODES = 1_000_000  # items walked to size one value
 MAX_STEPS = 1_000_000  # loop iterations + calls + operator steps of one render
 MAX_SECONDS = 10.0  # wall-clock time of one render
 MAX_TOTAL_SECONDS = 30.0  # wall-clock time of every render of one template together (probes + served prompts)
 MAX_INT_DIGITS = 4300  # Python's own limit for int <-> str conversions
-_WIDTH = re.compile(r"\d{7,}")  # a format width or precision of a million or more
+MAX_JSON_INDENT = 64  # tojson(indent=...): real templates use 2 or 4
+_DIGITS = re.compile(r"\d+")
 
 
 class TemplateRefused(Exception):
@@ -48,6 +54,48 @@ class TemplateRefused(Exception):
 def _size(x: Any) -> int | None:
     """Characters / items of a sequence a template can build, else None."""
     return len(x) if isinstance(x, (str, list, tuple, bytes)) else None
+
+
+def text_size(x: Any, limit: int = MAX_ALLOCATED) -> int:
+    """About how many characters ``str(x)`` has (strings by length, containers by their items, every reference
+    counted as often as it appears), walking at most ``MAX_NODES`` items; past ``limit`` it returns ``limit + 1``
+    at once. A list of a thousand references to one long string is a thousand times that string once printed."""
+    total, nodes, stack = 0, 0, [x]
+    while stack:
+        v = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            return limit + 1
+        if isinstance(v, (str, bytes)):
+            total += len(v)
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            total += 2 + 2 * len(v)
+            stack.extend(v)
+        elif isinstance(v, dict):
+            total += 2 + 4 * len(v)
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif type(v).__name__ == "Namespace":
+            stack.append(dict(getattr(v, "_Namespace__attrs", {})))
+        else:
+            total += 24  # a number, None, an Undefined
+        if total > limit:
+            return limit + 1
+    return total
+
+
+def _shape(x: Any) -> tuple[int, int]:
+    """(items, deepest nesting) of a JSON-like value, walking at most ``MAX_NODES`` items."""
+    items, depth, stack = 0, 0, [(x, 1)]
+    while stack and items <= MAX_NODES:
+        v, d = stack.pop()
+        items += 1
+        depth = max(depth, d)
+        if isinstance(v, dict):
+            stack.extend((c, d + 1) for c in v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((c, d + 1) for c in v)
+    return items, depth
 
 
 class _Budget:
@@ -72,41 +120,61 @@ class _Budget:
             raise TemplateRefused(f"chat template ran longer than {MAX_SECONDS:g} s for one conversation")
 
     def built(self, n: int) -> None:
-        if n > MAX_VALUE:
-            raise TemplateRefused(f"chat template builds a value of {n:,} characters or items (limit {MAX_VALUE:,})")
+        """A value of ``n`` characters or items is about to be built (refused past ``MAX_VALUE``), and counted."""
+        self.bound(n)
         self.chars += n
         if self.chars > MAX_ALLOCATED:
             raise TemplateRefused(f"chat template builds more than {MAX_ALLOCATED:,} characters for one conversation")
 
-
-def _check_int(value: Any, what: str) -> None:
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_VALUE:
-        raise TemplateRefused(f"chat template passes {what} an integer above {MAX_VALUE:,}")
-
-
-def _check_format(fmt: Any) -> None:
-    if isinstance(fmt, str) and _WIDTH.search(fmt):
-        raise TemplateRefused("chat template formats with a width or precision of a million or more")
+    @staticmethod
+    def bound(n: int) -> None:
+        """A value of at most ``n`` characters or items would be built: refused past ``MAX_VALUE``."""
+        if n > MAX_VALUE:
+            raise TemplateRefused(f"chat template builds a value of {n:,} characters or items (limit {MAX_VALUE:,})")
 
 
-def _estimate(name: str, receiver: Any, args: tuple, kwargs: dict) -> int:
-    """An upper bound on the size of a join / replace before it runs (0 when not one of those)."""
-    if name == "join" and isinstance(receiver, str) and args and isinstance(args[0], (list, tuple, str)):
-        items = args[0]
-        return sum(len(i) if isinstance(i, str) else 1 for i in items) + len(receiver) * len(items)
-    if name == "replace" and isinstance(receiver, str) and len(args) >= 2 and isinstance(args[1], str):
-        return len(receiver) + (len(receiver) + 1) * len(args[1])
-    return 0
+def _ints(values: Any) -> list[int]:
+    return [abs(v) for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _upper_bound(name: str, receiver: Any, args: tuple, kwargs: dict) -> int:
+    """An upper bound on the characters a call or filter named ``name`` can return, from its inputs alone.
+
+    The inputs' own size, plus, for every place the receiving text can grow (a line for ``indent``, a field for
+    ``format`` / ``%``, a tab for ``expandtabs``, each character for ``replace`` / ``join`` / ``translate``), the
+    widest thing it can grow by: the largest integer argument or format width, or the longest argument."""
+    others = (*args, *kwargs.values())
+    base = text_size(receiver) + sum(text_size(v) for v in others)
+    widths = _ints(others)
+    if isinstance(receiver, str):
+        if name in ("format", "format_map", "%"):
+            widths += [int(d) if len(d) < 12 else 10 ** 12 for d in _DIGITS.findall(receiver)]
+        longest = max([text_size(v) for v in others] + [0])
+        if name in ("replace", "join", "translate"):
+            return base + (len(receiver) + 1) * max(longest, 1) + (text_size(args[0]) * len(receiver) if name == "join"
+                                                                    and args else 0)
+        places = max(1, receiver.count("\n") + 1, receiver.count("{"), receiver.count("%"), receiver.count("\t"))
+        return base + places * max([longest, *widths, 0])
+    if name == "join" and isinstance(receiver, (list, tuple)):
+        sep = args[0] if args else kwargs.get("d", "")
+        return base + len(receiver) * text_size(sep)
+    return base + max(widths + [0])
 
 
 def _guard_args(budget: "Callable[[], _Budget]", name: str, receiver: Any, args: tuple, kwargs: dict) -> None:
+    """Before a call or filter runs: one step, integer arguments within ``MAX_ARG_INT`` (``range`` excepted: the
+    sandbox bounds it), and the most it can return within ``MAX_VALUE``."""
     b = budget()
     b.step()
-    for v in (*args, *kwargs.values()):
-        _check_int(v, name or "a call")
-    if name in ("format", "format_map"):
-        _check_format(receiver)
-    b.built(_estimate(name, receiver, args, kwargs))
+    if name not in ("safe_range", "range"):
+        for v in _ints((*args, *kwargs.values())):
+            if v > MAX_ARG_INT:
+                raise TemplateRefused(f"chat template passes {name or 'a call'} an integer above {MAX_ARG_INT:,}")
+    if name in ("format", "format_map", "%") and isinstance(receiver, str):
+        for d in _DIGITS.findall(receiver):
+            if len(d) > 6 or int(d) > MAX_ARG_INT:
+                raise TemplateRefused(f"chat template formats with a width or precision above {MAX_ARG_INT:,}")
+    b.bound(_upper_bound(name, receiver, args, kwargs))
 
 
 def _guard_filter(name: str, func: Callable[..., Any], budget: "Callable[[], _Budget]") -> Callable[..., Any]:
@@ -118,16 +186,6 @@ def _guard_filter(name: str, func: Callable[..., Any], budget: "Callable[[], _Bu
         values = [a for a in args if not _is_context(a)]
         receiver = values[0] if values else None
         _guard_args(budget, name, receiver, tuple(values[1:]), kwargs)
-        if name == "format":
-            _check_format(receiver)
-        if name in ("join", "replace") and isinstance(receiver, (list, tuple, str)):
-            sep = values[1] if len(values) > 1 else kwargs.get("d", "")
-            if name == "join":
-                budget().built(sum(len(str(i)) if isinstance(i, str) else 8 for i in receiver)
-                               + len(str(sep)) * len(receiver))
-            else:
-                new = values[2] if len(values) > 2 else kwargs.get("new", "")
-                budget().built(len(receiver) + (len(receiver) + 1) * len(str(new)))
         out = func(*args, **kwargs)
         if (n := _size(out)) is not None:
             budget().built(n)
@@ -137,9 +195,9 @@ def _guard_filter(name: str, func: Callable[..., Any], budget: "Callable[[], _Bu
 
 
 def _is_context(x: Any) -> bool:
-    from jinja2.runtime import Context
-    from jinja2.nodes import EvalContext
     from jinja2 import Environment
+    from jinja2.nodes import EvalContext
+    from jinja2.runtime import Context
 
     return isinstance(x, (Context, EvalContext, Environment))
 
@@ -179,16 +237,12 @@ def _make_env() -> Any:
             b.step()
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
-                    if _size(seq) is not None and isinstance(n, int):
-                        b.built(_size(seq) * max(n, 0))  # type: ignore[operator]
+                    if _size(seq) is not None and isinstance(n, int) and not isinstance(n, bool):
+                        b.built(text_size(seq) * max(n, 0))
             elif operator == "+" and _size(left) is not None and _size(right) is not None:
-                b.built(_size(left) + _size(right))  # type: ignore[operator]
+                b.built(text_size(left) + text_size(right))
             elif operator == "%" and isinstance(left, str):
-                _check_format(left)
-                for v in (right if isinstance(right, (tuple, list)) else (right,)):
-                    _check_int(v, "a % format")
-                b.built(len(left) + sum(len(str(v)) if isinstance(v, str) else 32 for v in
-                                        (right if isinstance(right, (tuple, list)) else (right,))))
+                _guard_args(self._b, "%", left, right if isinstance(right, tuple) else (right,), {})
             elif operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)):
                 import math
 
@@ -232,18 +286,34 @@ def _make_env() -> Any:
             """``a ~ b``: the joined size checked before joining."""
             b = self._b()
             b.step()
-            strs = [p if isinstance(p, str) else str(p) for p in parts]
-            b.built(sum(map(len, strs)))
-            return "".join(strs)
+            b.built(sum(text_size(p) for p in parts))  # before str(): a list of references prints each one
+            return "".join(p if isinstance(p, str) else str(p) for p in parts)
+
+        def ef_output(self, value: Any) -> Any:
+            """``finalize``: every ``{{ value }}`` is sized before it is turned into text."""
+            if text_size(value, MAX_OUTPUT_CHARS) > MAX_OUTPUT_CHARS:
+                raise TemplateRefused(f"chat template prints a value of more than {MAX_OUTPUT_CHARS:,} characters")
+            return value
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
                sort_keys: bool = False) -> str:
+        if isinstance(indent, int) and not isinstance(indent, bool) and indent > MAX_JSON_INDENT:
+            raise TemplateRefused(f"chat template indents JSON by {indent} (at most {MAX_JSON_INDENT})")
+        if isinstance(indent, str) and len(indent) > MAX_JSON_INDENT:
+            raise TemplateRefused(f"chat template indents JSON by {len(indent)} characters (at most "
+                                  f"{MAX_JSON_INDENT})")
+        if indent:  # every item on its own line, indented by its depth
+            width = indent if isinstance(indent, int) else len(indent)
+            items, depth = _shape(x)
+            _Budget.bound(text_size(x) + items * (width * depth + 1))
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols])
+    env.finalize = env.ef_output
+    env.globals.pop("lipsum", None)  # random paragraphs: no chat template needs them, and lipsum(n) is n paragraphs
     env.filters["tojson"] = tojson
     env.filters = {name: _guard_filter(name, f, env._b) for name, f in env.filters.items()}
     env.globals["raise_exception"] = raise_exception
