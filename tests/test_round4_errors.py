@@ -201,14 +201,19 @@ def test_all_zero_final_states_cannot_tell_who_wrote_the_answers(tmp_path: Path)
             "input_ids": torch.randint(0, 256, rec["input_ids"].shape, generator=torch.Generator().manual_seed(0))}
     (tmp_path / "zero").mkdir()
     torch.save(zero, tmp_path / "zero" / "data_0.ckpt")
+    one = torch.randn(rec["hidden_state"].shape[-1], generator=torch.Generator().manual_seed(1))
+    same = {**zero, "hidden_state": one.expand_as(rec["hidden_state"]).to(rec["hidden_state"].dtype).clone()}
+    (tmp_path / "same").mkdir()
+    torch.save(same, tmp_path / "same" / "data_0.ckpt")
     rows = {}
-    for name, train in (("zero", tmp_path / "zero"), ("real", SAMPLES / "data_0.ckpt")):
+    for name, train in (("zero", tmp_path / "zero"), ("same", tmp_path / "same"), ("real", SAMPLES / "data_0.ckpt")):
         res = CliRunner().invoke(main, ["doctor", "--train", str(train), "--target", str(SAMPLES / "target"),
                                         "--json"])
         assert res.exit_code in (0, 1), res.output
         rows[name] = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "data-origin")
     assert rows["zero"]["status"] == "not-run" and "zero or constant" in json.dumps(rows["zero"])
     assert "from-target" not in json.dumps(rows["zero"]) and "100" not in rows["zero"].get("note", "")
+    assert rows["same"]["status"] == "not-run" and "the same vector" in json.dumps(rows["same"])
     assert rows["real"]["status"] in ("clean", "found")
 
 

@@ -147,6 +147,9 @@ def _agreement_rows(record: Any, audit: TargetAudit, real: int, runs: list[tpl.R
     if not pos.size and degenerate:
         return (f"the final hidden states at all {degenerate} scored supervised positions are zero or constant: no "
                 "evidence of who wrote the answers (was the final state filled when the records were dumped?)")
+    if pos.size >= 2 and bool((rows == rows[:1]).all()):  # one state repeated: the same distribution everywhere
+        return (f"the final hidden state is the same vector at all {pos.size} scored supervised positions: no "
+                "evidence of who wrote the answers (a state broadcast or copied when the records were dumped?)")
     x = rows if post else audit.scorer.normalize(rows)
     ids = np.asarray(as_array(record.input_ids)).reshape(-1)
     return x, ids[pos + 1], "post-norm" if post else "raw"
