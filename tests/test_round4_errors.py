@@ -167,7 +167,7 @@ def test_a_hanging_notebook_cell_is_stopped_with_a_clear_error(tmp_path: Path, m
     start = time.monotonic()
     with pytest.raises(pipeline.NotebookFailed, match="a cell ran longer than 3 s"):
         pipeline.execute(src, tmp_path / "out.ipynb", {}, cwd=tmp_path)
-    assert time.monotonic() - start < 90  # stopped, not waited out (the cell sleeps 600 s)
+    assert time.monotonic() - start < 300  # stopped, not waited out (the cell sleeps 600 s)
     monkeypatch.setenv(pipeline.CELL_TIMEOUT_ENV, "soon")
     with pytest.raises(Exception, match="not a number of seconds"):
         pipeline.cell_timeout()
