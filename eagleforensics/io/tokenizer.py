@@ -8,7 +8,7 @@ jinja2 ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_block
 controls, ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII characters,
 the special-token strings as variables, and ``{% generation %}`` blocks rendered as their body.
 Templates come from the model's files and are untrusted code, hence the sandbox (jinja2 >=
-3.1.6, as transformers requires). Text is encoded without adding special tokens, as
+3.1.6, as transformers requires), bounded in time, size and steps (``io.chatrender``). Text is encoded without adding special tokens, as
 ``apply_chat_template(tokenize=True)`` does: the template writes them itself.
 """
 from __future__ import annotations
