@@ -396,10 +396,27 @@ def _facts(label: str, path: str, sub: pd.DataFrame, args: ServerArgs | None,
                                           {"topk", "num_draft_tokens"} <= set(args.inferred) else "")
     elif per_pos:
         config, config_from = RoundConfig(len(per_pos)), "vLLM's per-position acceptance list (a chain)"
+    if config is not None:
+        _check_physical(label, path, config, config_from, tot["accept_length"])
     return RunFacts(label=label, path=path, engine=engine, lines=int(len(sub)), accept_length=tot["accept_length"],
                     accept_length_se=tot["accept_length_se"], tok_s=tot["tok_s"], tok_s_se=tot["tok_s_se"],
                     batch=tot["batch"], per_position=per_pos, server_args=args, config=config,
                     config_from=config_from, speculative=speculative)
+
+
+def _check_physical(label: str, path: str, config: RoundConfig, config_from: str, accept_length: float) -> None:
+    """A step count past the cap, or an accept length more than a round of that many steps can accept, is bad
+    input (``io.physical``): named by where the step count came from, never planned."""
+    from .io import physical
+
+    where = f"--launch {label}=..." if config_from == "--launch" else f"run {label!r} ({config_from})"
+    why = physical.steps_problem(config.steps)
+    if why:
+        raise ForensicsError(f"{where}: {why}", path=None if config_from == "--launch" else path)
+    why = physical.accept_problem(accept_length, config.steps)
+    if why:
+        raise ForensicsError(f"run {label!r}: the log's {why}; the step count ({config_from}) or the log is wrong",
+                             path=path)
 
 
 def read_runs(inputs: PlanInputs) -> list[RunFacts]:

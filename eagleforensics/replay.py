@@ -454,6 +454,25 @@ def _try_record(path: str | Path, allow_unsafe: bool) -> TrainingRecord | None:
     return rec if rec.format in ("specforge", "speculators", "modelopt", "eagle") else None
 
 
+def _rope_findings(spec: Any) -> list[Finding]:
+    """``rope-scaling-incomplete``: a llama3 rope_scaling without original_max_position_embeddings is replayed with
+    the max_position_embeddings transformers 5 and SGLang take for it, and said so (older vLLM fail to load it)."""
+    sc = spec.rope_scaling or {}
+    if not sc.get("original_assumed"):
+        return []
+    n = int(sc["original_max_position_embeddings"])
+    return [Finding("rope-scaling-incomplete", "warning", (
+        f"the draft config's llama3 rope_scaling has no original_max_position_embeddings: replayed with its "
+        f"max_position_embeddings ({n}), as transformers 5.24 and SGLang 0.5.23 take it; vLLM 0.10.0 (transformers 4) "
+        "fails to load this config (KeyError in get_rope)"),
+        fix="Write original_max_position_embeddings (the value the drafter was trained with, usually the target's) "
+            "into the draft config's rope_scaling.", source="transformers 5.24 modeling_rope_utils.py; sglang 0.5.23 "
+            "srt/layers/rotary_embedding/factory.py; vllm 0.10.0 model_executor/layers/rotary_embedding.py")]
+
+
+MIN_TEMPERATURE = 0.01  # vLLM's floor for sampling (_MAX_TEMP in vllm/sampling_params.py, 0.33.0)
+
+
 def _check_options(steps: int, cost_ratio: float, device: str, temperature: float, top_p: float, topk: int,
                    draft_tokens: int | None, served_without: tuple[str, ...]) -> None:
     from .io.served import SERVED_FEATURES
@@ -468,6 +487,13 @@ def _check_options(steps: int, cost_ratio: float, device: str, temperature: floa
         raise ForensicsError("--device cuda asked for, but no CUDA device is visible")
     if not (temperature >= 0 and math.isfinite(temperature)) or temperature > 100:
         raise ForensicsError(f"--temperature must be a number in [0, 100], got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        # logits / 1e-45 overflow to inf and the sampled figures turn nan; and no engine samples there: vLLM
+        # 0.33.0 raises a temperature in (0, 0.01) to 0.01 (vllm/sampling_params.py, _MAX_TEMP), SGLang 0.5.23
+        # samples greedily below 1e-6 (sglang/srt/sampling/sampling_params.py, _SAMPLING_EPS)
+        raise ForensicsError(f"--temperature {temperature:g} is below {MIN_TEMPERATURE:g}, where engines do not sample "
+                             "at the temperature asked (vLLM raises it to 0.01, SGLang decodes greedily below 1e-6): "
+                             "pass 0 for greedy decoding or a temperature of at least 0.01")
     if not (0 < top_p <= 1):
         raise ForensicsError(f"--top-p must be in (0, 1], got {top_p}")
     if topk < 1 or topk > 16:
@@ -661,7 +687,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
             f"the loss mask of {printable(seq.mask_source)} marks none of the {rows} replayed rows as supervised (the "
             "capture holds only the prompt?): every row counts, which the trainers' acc_k never do")))
         seq.loss_mask, seq.mask_source = None, None
-    findings = seq.notes + inp.findings
+    findings = seq.notes + inp.findings + _rope_findings(spec)
     bad_targets = int((inp.y[:rows] < 0).sum())
     if bad_targets == rows:
         raise ForensicsError("the final state is NaN or Inf on every row: no target token can be computed",

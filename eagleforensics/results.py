@@ -137,6 +137,9 @@ class SlotMatch:
         corrupted; different: norms, or empty), ``differing_tokens`` and ``text`` (the finding in words).
         """
         pos = self.position
+        # where labels give no position (a list index, a p0 that is not the embedding) there is no candidate
+        # position to name either: a script reading best_candidate would take it for an answer
+        unplaced = self.identity_verdict == "position-unknown"
         return {
             "key": self.key, "index": self.index, "name": self.name, "role": self.role, "dtype": self.dtype,
             "position": None if pos is None else pos.p,
@@ -144,15 +147,18 @@ class SlotMatch:
             "holds": None if pos is None else pos.describe(num_layers),
             "score": _num(self.score), "margin": _num(self.margin), "confident": self.confident,
             "reason": self.reason or None,
-            "best_candidate": None if self.best is None else {"position": self.best.p, "post_norm": self.best.normed},
-            "runner_up": None if self.runner_up is None else {"position": self.runner_up.p, "post_norm": self.runner_up.normed},
+            "best_candidate": None if self.best is None or unplaced else {"position": self.best.p,
+                                                                          "post_norm": self.best.normed},
+            "runner_up": None if self.runner_up is None or unplaced else {"position": self.runner_up.p,
+                                                                          "post_norm": self.runner_up.normed},
             "rel_diff": _num(self.rel_diff), "max_abs_err": _num(self.max_abs_err), "norm_ratio": _num(self.norm_ratio),
             "tokens": self.tokens, "norm_cv": _num(self.norm_cv), "looks_post_norm": self.looks_post_norm,
             "nonfinite_rows": self.nonfinite_rows,
             "fitted": self.fitted,
             "identity": {
                 "verdict": self.identity_verdict,
-                "other": None if self.other is None else {"position": self.other.p, "post_norm": self.other.normed},
+                "other": None if self.other is None or unplaced else {"position": self.other.p,
+                                                                      "post_norm": self.other.normed},
                 "robust_score": _num(self.robust_score), "vote_share": _num(self.vote_share),
                 "paired_mean": _num(self.paired_mean), "paired_bound": _num(self.paired_bound),
                 "neighbour_step": _num(self.neighbour_step), "neighbour": self.neighbour,

@@ -26,6 +26,7 @@ from eagleforensics.io.capture import CONVENTIONS as CAPTURE_CONVENTIONS
 from eagleforensics.cli.report import report as report_cmd
 from eagleforensics.errors import ForensicsError
 
+from .conftest import NOTEBOOK_CELL_TIMEOUT
 from .reportrun import ReportRun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -407,7 +408,8 @@ class TestNoNetwork:
         from . import browser
 
         subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", str(layout_run.notebook),
-                        "--output-dir", str(tmp_path), "--output", "stock"], check=True, capture_output=True)
+                        "--output-dir", str(tmp_path), "--output", "stock"], check=True, capture_output=True,
+                       timeout=120)
         urls = browser.page_requests(tmp_path / "stock.html")
         assert any("require" in u for u in urls) and any("mathjax" in u.lower() for u in urls)
 
@@ -423,7 +425,8 @@ class TestNoNetwork:
 
         done = subprocess.run([sys.executable, "-m", "nbconvert", "--to",
                                "eagleforensics.report.exporter.OfflineHTMLExporter", str(layout_run.notebook),
-                               "--output-dir", str(tmp_path), "--output", "ours"], capture_output=True, text=True)
+                               "--output-dir", str(tmp_path), "--output", "ours"], capture_output=True, text=True,
+                              timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         page = tmp_path / "ours.html"
         assert "validate_params" in page.read_text(encoding="utf-8")  # the code is there, as nbconvert keeps it
@@ -504,7 +507,7 @@ class TestStrict:
     def test_papermill_exits_non_zero_with_the_verdict_line(self, tmp_path: Path) -> None:
         args = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "align.ipynb"), str(tmp_path / "o.ipynb"),
                 "-p", "shard", str(SAMPLES / "record_wrong_fix.pt"), "-p", "capture", str(SAMPLES / "capture.pt"),
-                "-k", "python3", "--no-progress-bar"]
+                "-k", "python3", "--no-progress-bar", "--execution-timeout", str(NOTEBOOK_CELL_TIMEOUT)]
         loose = subprocess.run(args, capture_output=True, text=True, timeout=300)
         assert loose.returncode == 0, loose.stderr[-2000:]  # strict off: the notebook runs through
         strict = subprocess.run(args + ["-p", "strict", "True"], capture_output=True, text=True, timeout=300)

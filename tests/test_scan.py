@@ -287,10 +287,12 @@ def test_notebook_records_the_scan_it_rendered(dataset, full, tmp_path):
     from eagleforensics.report.plots_scan import SUMMARY_SCHEMA
     from eagleforensics.report.pipeline import read_summary
 
+    from .conftest import NOTEBOOK_CELL_TIMEOUT
+
     out = tmp_path / "scan.ipynb"
     papermill.execute_notebook(
         str(ROOT / "notebooks" / "scan.ipynb"), str(out), kernel_name="python3", progress_bar=False,
-        parameters={"dataset": str(dataset.root), "reference": str(dataset.reference), "workers": 1,
+        execution_timeout=NOTEBOOK_CELL_TIMEOUT, parameters={"dataset": str(dataset.root), "reference": str(dataset.reference), "workers": 1,
                     "title": "<b>scan</b> & test"})
     nb = nbformat.read(out, as_version=4)
     summary = read_summary(nb, SUMMARY_SCHEMA)

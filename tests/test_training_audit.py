@@ -486,10 +486,12 @@ def test_scan_notebook_shows_the_training_data_section(audit_data, tmp_path: Pat
     from eagleforensics.report.pipeline import read_summary
     from eagleforensics.report.plots_scan import SUMMARY_SCHEMA
 
+    from .conftest import NOTEBOOK_CELL_TIMEOUT
+
     data, target, planted = audit_data
     out = tmp_path / "scan.ipynb"
     papermill.execute_notebook(str(Path(__file__).resolve().parents[1] / "notebooks" / "scan.ipynb"), str(out),
-                               kernel_name="python3", progress_bar=False,
+                               kernel_name="python3", progress_bar=False, execution_timeout=NOTEBOOK_CELL_TIMEOUT,
                                parameters={"dataset": str(data), "target": str(target), "workers": 1})
     nb = nbformat.read(out, as_version=4)
     summary = read_summary(nb, SUMMARY_SCHEMA)

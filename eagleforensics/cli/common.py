@@ -26,8 +26,10 @@ def run_guarded(fn: Callable[[], T]) -> T:
 
     While ``fn`` runs SIGTERM raises ``interrupts.Terminated``, so it unwinds as Ctrl-C does.
     """
+    from ..io.guards import declared_inputs
+
     try:
-        with signals_unwind():
+        with signals_unwind(), declared_inputs(command_inputs()):
             return fn()
     except ForensicsError as exc:  # one line even when a file name holds a newline
         click.echo(f"eagleforensics: error: {printable(exc)}", err=True)
@@ -45,6 +47,35 @@ def run_guarded(fn: Callable[[], T]) -> T:
         sys.exit(bad.exit_code)
     except Exception as exc:  # last resort: a bug must not dump a traceback on the user
         _internal(exc)
+
+
+OUTPUT_PARAMS = frozenset({"output", "report_path"})  # the parameters that name what a command writes
+
+
+def command_inputs() -> list[tuple[str, str]]:
+    """Every existing path the running command was given (its arguments and its ``click.Path`` options, but its
+    outputs), as ``(path, role)``: what no writer may write over or into (``io.guards.check_not_input``). A
+    ``LABEL=PATH`` argument counts by its PATH."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return []
+    out: list[tuple[str, str]] = []
+    for param in ctx.command.params:
+        if param.name is None or param.name in OUTPUT_PARAMS:
+            continue
+        if not (isinstance(param.type, click.Path) or isinstance(param, click.Argument)):
+            continue  # free text (--title, --engine) is never a path, even when a folder of that name exists
+        value = ctx.params.get(param.name)
+        role = (f"--{param.name.replace('_', '-')}" if isinstance(param, click.Option) else param.name.upper())
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if not isinstance(v, (str, os.PathLike)) or isinstance(v, bool):
+                continue
+            text = os.fspath(v)
+            for candidate in (text, text.partition("=")[2]):
+                if candidate and len(candidate) < 4096 and "\0" not in candidate and os.path.lexists(candidate):
+                    out.append((candidate, f"the input {role}"))
+                    break
+    return out
 
 
 def _internal(exc: BaseException) -> None:

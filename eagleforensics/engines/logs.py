@@ -53,6 +53,7 @@ from typing import IO, Iterable, Iterator, Mapping
 import pandas as pd
 
 from ..errors import ForensicsError
+from ..io import physical
 from ..io.guards import check_expansion, open_regular
 from .launchrules import stats_interval
 from .serverargs import ServerArgs, ServerArgsScanner, summary_of
@@ -114,8 +115,12 @@ def _num(text: str | None) -> float:
 
 
 def _count(text: str | None) -> int | None:
-    """An integer field such as ``1 reqs``; None when absent or not a finite number."""
+    """An integer field such as ``1 reqs``; None when absent or not a finite number; a ValueError (the line is
+    damaged) past ``physical.MAX_RUNNING_REQ`` or not whole."""
     value = _num(text)
+    why = physical.running_problem(value)
+    if why:
+        raise ValueError(why)
     return int(value) if math.isfinite(value) else None
 
 
@@ -185,7 +190,24 @@ def _vllm_row(line: str) -> dict | None:
     return None
 
 
-_PARSERS = {"sglang": _sglang_row, "vllm": _vllm_row}
+def _physical(row: dict | None) -> dict | None:
+    """``row`` unchanged, or a ValueError (the line is damaged) when a number is past a physical bound."""
+    if row is None:
+        return None
+    gen, running = row.get("gen_throughput", math.nan), row.get("running_req")
+    why = physical.tok_s_problem(gen) if gen is not None else None
+    why = why or (physical.running_problem(running) if running is not None else None)
+    length = row.get("accept_length", math.nan)
+    why = why or physical.accept_problem(length if length is not None else math.nan, physical.MAX_ENGINE_STEPS)
+    per_pos = row.get("per_position_acceptance")
+    if not why and per_pos is not None and len(per_pos) > physical.MAX_ENGINE_STEPS:
+        why = physical.steps_problem(len(per_pos))
+    if why:
+        raise ValueError(why)
+    return row
+
+
+_PARSERS = {"sglang": lambda line: _physical(_sglang_row(line)), "vllm": lambda line: _physical(_vllm_row(line))}
 
 
 class _BoundedLines:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from ..errors import ForensicsError
-from .guards import check_output_target
+from .guards import check_not_input, check_output_target
 
 # errno -> what the user can do about it
 _FIXABLE = {
@@ -47,6 +47,7 @@ def atomic_path(path: str | Path, hint: str = "") -> Iterator[Path]:
     """
     target = Path(path)
     check_output_target(target)  # never renamed onto a device or pipe
+    check_not_input(target, ())  # nor onto, or into, anything the running command reads
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name[:80]}.", suffix=".part", dir=target.parent)

@@ -203,15 +203,32 @@ def _rope(cfg: dict[str, Any], path: Path) -> tuple[float, dict[str, Any] | None
         if out["factor"] is None:
             raise ForensicsError("rope_scaling linear needs a factor", path=path)
     elif kind == "llama3":
-        out["factor"] = _rope_number(scaling, "factor", path, 1.0)
-        low = _rope_number(scaling, "low_freq_factor", path, 1.0)
-        high = _rope_number(scaling, "high_freq_factor", path, 4.0)
+        # transformers 5.24 (modeling_rope_utils.py _validate_llama3_rope_parameters) and vLLM 0.33.0
+        # (model_executor/layers/rotary_embedding/__init__.py get_rope) fail to load a llama3 scaling without
+        # these three (KeyError); only SGLang 0.5.23 defaults them, with a warning
+        out["factor"] = _rope_number(scaling, "factor", path, None)
+        low = _rope_number(scaling, "low_freq_factor", path, None)
+        high = _rope_number(scaling, "high_freq_factor", path, None)
+        missing = [k for k, v in (("factor", out["factor"]), ("low_freq_factor", low), ("high_freq_factor", high))
+                   if v is None]
+        if missing:
+            raise ForensicsError(f"rope_scaling llama3 has no {', '.join(missing)}: transformers and vLLM fail to "
+                                 "load it (KeyError); write the values the drafter was trained with", path=path)
         if not high > low:  # type: ignore[operator]
             raise ForensicsError(f"rope_scaling llama3 needs high_freq_factor > low_freq_factor, got {high:g} and "
                                  f"{low:g}", path=path)
-        out.update(low_freq_factor=low, high_freq_factor=high,
-                   original_max_position_embeddings=_rope_number(scaling, "original_max_position_embeddings", path,
-                                                                 8192.0))
+        original = _rope_number(scaling, "original_max_position_embeddings", path, None)
+        if original is None:
+            # transformers 5.24 (standardize_rope_params) and SGLang 0.5.23 (rotary_embedding/factory.py) take the
+            # config's max_position_embeddings; vLLM 0.10.0 with transformers 4 fails (KeyError in get_rope)
+            most = cfg.get("max_position_embeddings")
+            if isinstance(most, bool) or not isinstance(most, int) or most <= 0:
+                raise ForensicsError("rope_scaling llama3 has no original_max_position_embeddings and the config no "
+                                     "max_position_embeddings to take it from (as transformers and SGLang do)",
+                                     path=path)
+            original = float(most)
+            out["original_assumed"] = True
+        out.update(low_freq_factor=low, high_freq_factor=high, original_max_position_embeddings=original)
     else:  # yarn, as transformers' _compute_yarn_parameters reads it
         original = _rope_number(scaling, "original_max_position_embeddings", path, None)
         if original is None:

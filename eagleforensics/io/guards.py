@@ -15,12 +15,14 @@ One place for each guard, so every reader and writer applies the same rule:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import stat
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 
@@ -154,14 +156,30 @@ def _identity(p: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+_DECLARED: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("inputs", default=())
+
+
+@contextlib.contextmanager
+def declared_inputs(items: Iterable[tuple[str, str]]) -> Iterator[None]:
+    """While the block runs, every ``check_not_input`` (hence every writer) also refuses these ``(path, role)``:
+    the CLI declares every path a command was given (``cli.common.run_guarded``), so no writer can forget one."""
+    token = _DECLARED.set(tuple(items))
+    try:
+        yield
+    finally:
+        _DECLARED.reset(token)
+
+
 def check_not_input(output: str | Path, inputs: Iterable[Any], what: str = "output") -> None:
-    """Refuse ``output`` when it is one of ``inputs`` or lies inside an input directory.
+    """Refuse ``output`` when it is one of ``inputs`` (or of the running command's declared inputs) or lies inside
+    an input directory.
 
     Each input is a path or ``(path, role)``, the role naming it in the message ("the
     dataset"). Files are compared by (device, inode), so a hard link or a symlink to an input
     is caught as well as the same name. For an existing output with more than one link, the
     files of input directories are compared too (a hard link from outside into a capture directory).
     """
+    inputs = [*inputs, *_DECLARED.get()]
     out = Path(output).expanduser()
     real = Path(os.path.realpath(out))
     out_id = _identity(out)

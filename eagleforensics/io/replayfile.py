@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ForensicsError, printable
+from . import physical
 from .guards import parse_json, read_regular
 
 SCHEMA = "eagleforensics-replay-v1"
@@ -108,6 +109,14 @@ def _int(value: Any, path: Path, where: str, lo: int) -> int:
     return value
 
 
+def _steps(value: Any, path: Path, where: str) -> int:
+    n = _int(value, path, where, 1)
+    why = physical.steps_problem(n)
+    if why:
+        raise _bad(path, f"{where}: {why}")
+    return n
+
+
 def _reach(value: Any, path: Path, where: str) -> tuple[float | None, ...]:
     if not isinstance(value, list) or len(value) > 64:
         raise _bad(path, f"{where} is not a list of at most 64 numbers")
@@ -123,7 +132,7 @@ def _wiring(item: Any, path: Path, i: int, steps: int) -> ReplayWiring:
         raise _bad(path, f"{where}: label and source must be strings")
     reach = _reach(item.get("reach"), path, f"{where}.reach")
     length = _number(item.get("accept_length"), path, f"{where}.accept_length", 1.0, 65.0)
-    w_steps = _int(item.get("steps", steps), path, f"{where}.steps", 1)
+    w_steps = _steps(item.get("steps", steps), path, f"{where}.steps")
     starts = _int(item.get("starts", 0), path, f"{where}.starts", 0)
     served = item.get("served_without") or []
     if not isinstance(served, list) or not all(isinstance(s, str) for s in served):
@@ -134,12 +143,19 @@ def _wiring(item: Any, path: Path, i: int, steps: int) -> ReplayWiring:
             raise _bad(path, f"{where}.tree is not an object")
         tree = {"topk": _int(tree.get("topk"), path, f"{where}.tree.topk", 1),
                 "draft_tokens": _int(tree.get("draft_tokens"), path, f"{where}.tree.draft_tokens", 2),
-                "steps": _int(tree.get("steps", w_steps), path, f"{where}.tree.steps", 1),
+                "steps": _steps(tree.get("steps", w_steps), path, f"{where}.tree.steps"),
                 "accept_length": _number(tree.get("accept_length"), path, f"{where}.tree.accept_length", 1.0, 65.0),
                 "chain_accept_length": _number(tree.get("chain_accept_length"), path,
                                                f"{where}.tree.chain_accept_length", 1.0, 65.0),
                 "teacher_forced_chain": _number(tree.get("teacher_forced_chain"), path,
                                                 f"{where}.tree.teacher_forced_chain", 1.0, 65.0)}
+    for name, value, n in (("accept_length", length, w_steps),
+                           *((f"tree.{k}", tree[k], tree["steps"] if k == "accept_length" else w_steps)
+                             for k in ("accept_length", "chain_accept_length", "teacher_forced_chain")
+                             if tree is not None)):
+        why = physical.accept_problem(value if value is not None else math.nan, n)
+        if why:
+            raise _bad(path, f"{where}.{name}: {why}")
     sampled, temperature = None, None
     sampling = item.get("sampling")
     if isinstance(sampling, dict) and isinstance(sampling.get("sampled_drafts"), dict):
@@ -161,7 +177,7 @@ def read_replay(path: str | Path) -> ReplayFile:
         raise _bad(p, "the top level is not an object")
     if doc.get("schema") != SCHEMA:
         raise _bad(p, f"schema is {printable(repr(doc.get('schema')))[:60]}")
-    steps = _int(doc.get("steps"), p, "steps", 1)
+    steps = _steps(doc.get("steps"), p, "steps")
     trained = doc.get("trained")
     if trained is not None and not isinstance(trained, str):
         raise _bad(p, "trained is not a label or null")

@@ -35,6 +35,7 @@ ID_KEYS = ("prompt_token_ids", "input_ids", "token_ids")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                  "presence_penalty", "ignore_eos", "min_tokens", "max_tokens", "max_new_tokens",
                  "max_completion_tokens")
+RESERVED_KWARGS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})  # what render() passes
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,32 @@ class ServedPrompt:
     text: str | None = None
     ids: list[int] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # SAMPLING_KEYS the request set
+    source: Path | None = None  # the served prompts file, named by errors found when the prompt is used
 
     @property
     def kind(self) -> str:
         return "chat" if self.messages is not None else "text" if self.text is not None else "ids"
 
     def token_ids(self, tok: Any) -> list[int]:
-        """The ids the server feeds the model (``tok``: ``io.tokenizer.ChatTokenizer``)."""
+        """The ids the server feeds the model (``tok``: ``io.tokenizer.ChatTokenizer``); an id outside the
+        tokenizer's vocabulary, or a conversation the template cannot render, is bad input naming this file."""
         if self.ids is not None:
+            vocab = tok.vocab_size
+            bad = next((v for v in self.ids if v >= vocab), None)
+            if bad is not None:
+                raise ForensicsError(f"line {self.line}: token id {bad} is outside the target tokenizer's vocabulary "
+                                     f"of {vocab} ids (ids from another model?)", path=self.source)
             return list(self.ids)
         if self.text is not None:
             return tok.encode(self.text)
-        return tok.encode(tok.render(self.messages or [], add_generation_prompt=True, **self.kwargs))
+        try:
+            text = tok.render(self.messages or [], add_generation_prompt=True, **self.kwargs)
+        except ForensicsError as exc:
+            where = tok.template_file or tok.path
+            raise ForensicsError(f"line {self.line}: the chat template ({where.name}) cannot render this request: "
+                                 f"{exc.detail.removeprefix('chat template failed on a probe conversation: ')}",
+                                 path=self.source) from None
+        return tok.encode(text)
 
 
 def _sampling(obj: dict[str, Any], n: int, path: Path) -> dict[str, Any]:
@@ -93,14 +108,23 @@ def _parse(obj: Any, n: int, path: Path) -> ServedPrompt:
         kw = obj.get("chat_template_kwargs") or {}
         if not isinstance(kw, dict):
             raise ForensicsError(f"line {n}: 'chat_template_kwargs' must be an object", path=path)
-        return ServedPrompt(n, messages=msgs, kwargs={str(k): v for k, v in kw.items()}, sampling=sampling)
+        reserved = sorted(set(kw) & RESERVED_KWARGS)
+        if reserved:
+            raise ForensicsError(f"line {n}: 'chat_template_kwargs' sets {', '.join(map(repr, reserved))}, which the "
+                                 "request itself sets (the messages and the generation prompt)", path=path)
+        return ServedPrompt(n, messages=msgs, kwargs={str(k): v for k, v in kw.items()}, sampling=sampling,
+                            source=path)
     for key in ("prompt", "text", *ID_KEYS):
         value = obj.get(key)
         if isinstance(value, str) and key in ("prompt", "text"):
-            return ServedPrompt(n, text=value, sampling=sampling)
+            return ServedPrompt(n, text=value, sampling=sampling, source=path)
         if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                      for v in value):
-            return ServedPrompt(n, ids=[int(v) for v in value], sampling=sampling)
+            return ServedPrompt(n, ids=[int(v) for v in value], sampling=sampling, source=path)
+        if isinstance(value, list) and value and key != "text":
+            bad = next(v for v in value if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0))
+            raise ForensicsError(f"line {n}: '{key}' holds {json.dumps(bad)[:40]}, not a token id (a whole number "
+                                 "from 0)", path=path)
     raise ForensicsError(f"line {n} has no 'messages', 'prompt' (text or ids), 'text' or token ids "
                          f"({', '.join(ID_KEYS)})", path=path)
 
@@ -124,6 +148,11 @@ def load_served_prompts(path: str | Path, limit: int = MAX_PROMPTS) -> list[Serv
                 obj = parse_json(raw, p, f"line {n}")
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise ForensicsError(f"line {n} is not JSON (one request object per line expected)", path=p) from None
+            try:
+                json.dumps(obj, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise ForensicsError(f"line {n} holds a lone surrogate (an escape such as \\ud800 that is not a "
+                                     "character): not text a server can tokenize", path=p) from None
             out.append(_parse(obj, n, p))
             if len(out) >= limit:
                 break

@@ -8,7 +8,7 @@ jinja2 ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_block
 controls, ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII characters,
 the special-token strings as variables, and ``{% generation %}`` blocks rendered as their body.
 Templates come from the model's files and are untrusted code, hence the sandbox (jinja2 >=
-3.1.6, as transformers requires). Text is encoded without adding special tokens, as
+3.1.6, as transformers requires), bounded in time, size and steps (``io.chatrender``). Text is encoded without adding special tokens, as
 ``apply_chat_template(tokenize=True)`` does: the template writes them itself.
 
 Each tokenizer file present is judged by ``os.stat`` before it is opened: a FIFO, a device or a dangling link
@@ -24,7 +24,6 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
@@ -36,7 +35,6 @@ from .sizecheck import human_bytes
 MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # Gemma 3's tokenizer.json is 33 MB, Qwen3's 11 MB
 MAX_CONFIG_BYTES = 8 * 1024 * 1024  # tokenizer_config.json embeds the template and every added token
 MAX_TEMPLATE_BYTES = 1024 * 1024  # the longest real chat templates are about 20 KB
-MAX_RENDER_CHARS = 1 << 20  # a probe conversation renders to a few hundred characters
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json")
 INSTALL_HINT = "pip install 'eagleforensics[audit]' (tokenizers and jinja2)"
@@ -144,48 +142,25 @@ def _template_from(value: Any, path: Path) -> str | None:
 
 
 def _compile(template: str, path: Path) -> Any:
-    """The template compiled in a sandbox configured as transformers configures it."""
+    """The template compiled in the bounded sandbox (``chatrender``), configured as transformers configures jinja2."""
     try:
         import jinja2
-        from jinja2.ext import Extension, loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         raise ForensicsError(f"reading a chat template needs jinja2: {INSTALL_HINT}") from None
     from packaging.version import Version
 
+    from .chatrender import compile_template
+
     if Version(jinja2.__version__) < Version("3.1.6"):
         raise ForensicsError(f"jinja2 {jinja2.__version__} has known sandbox escapes and chat templates are untrusted "
                              "code: pip install -U 'jinja2>=3.1.6'")
-
-    class GenerationBlock(Extension):  # type: ignore[misc]
-        """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask marker) renders its body."""
-
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller: Any) -> str:
-            return str(caller())
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template)
+        return compile_template(template)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise ForensicsError(f"chat template does not parse: {' '.join(str(exc).split())[:160]} (line {exc.lineno})",
                              path=path) from None
+    except RecursionError:
+        raise ForensicsError("chat template nests too deeply to parse", path=path) from None
 
 
 @dataclass
@@ -231,20 +206,15 @@ class ChatTokenizer:
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False, **kwargs: Any) -> str:
         """The text the chat template makes of ``messages`` (kwargs such as ``enable_thinking`` are passed on)."""
-        import jinja2
+        from .chatrender import TemplateRefused, render_bounded
 
         context = {**self.specials, **kwargs}
         try:
-            text = self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=None, documents=None, **context)
-        except (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError, AttributeError,
-                IndexError) as exc:
-            raise ForensicsError(f"chat template failed on a probe conversation: {type(exc).__name__}: "
-                                 f"{' '.join(str(exc).split())[:160]}", path=self.template_file or self.path) from None
-        if len(text) > MAX_RENDER_CHARS:
-            raise ForensicsError(f"chat template rendered more than {MAX_RENDER_CHARS} characters for a short probe "
-                                 "conversation", path=self.template_file or self.path)
-        return text
+            return render_bounded(self._compiled, messages=messages, add_generation_prompt=add_generation_prompt,
+                                  tools=None, documents=None, **context)
+        except TemplateRefused as exc:
+            raise ForensicsError(f"chat template failed on a probe conversation: {exc}",
+                                 path=self.template_file or self.path) from None
 
 
 def has_tokenizer(directory: str | Path) -> bool:

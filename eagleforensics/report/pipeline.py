@@ -14,6 +14,7 @@ its schema, and ``read_summary`` finds the one of the schema asked for. The alig
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from ..engines.crosscheck import check_request
 from ..engines.rules import ENGINES as SERVING_ENGINES
 from ..errors import ForensicsError
-from ..io.atomic import write_bytes_atomic
+from ..io.atomic import is_fixable, write_bytes_atomic, write_error
 from ..io.guards import check_not_input, check_output_target
 from .kernel import INSTALL_HINT, WorkFolder, kernel_manager_class, work_folder
 
@@ -43,6 +44,11 @@ ENGINES = tuple(SERVING_ENGINES)  # the engines align() can check serving for (a
 STRICT_ERROR = "VerdictNotOK"  # what a strict notebook's last cell raises (nbview.strict_check)
 # cells never shown in a page: parameters, the strict check, papermill's own error banners
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes in tracebacks
+# One notebook cell may run this long before the report stops it (a hang must end, issue 31): half an hour,
+# generous for a cell on large inputs; EAGLEFORENSICS_CELL_TIMEOUT sets another limit.
+CELL_TIMEOUT_ENV = "EAGLEFORENSICS_CELL_TIMEOUT"
+DEFAULT_CELL_TIMEOUT = 1800.0
+START_TIMEOUT = 120  # seconds for the kernel to start and answer
 HIDDEN_TAGS = {"parameters", "injected-parameters", "ef-strict", "papermill-error-cell-tag"}
 
 
@@ -248,6 +254,18 @@ def default_output(params: ReportParams, cwd: Path | None = None) -> Path:
     return (cwd or Path.cwd()) / "reports" / f"align-{safe_stem(Path(params.shard).stem, 'record')}.html"
 
 
+def cell_timeout() -> float:
+    """Seconds one notebook cell may run: ``EAGLEFORENSICS_CELL_TIMEOUT``, else ``DEFAULT_CELL_TIMEOUT``."""
+    raw = os.environ.get(CELL_TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw.strip() else DEFAULT_CELL_TIMEOUT
+    except ValueError:
+        raise ForensicsError(f"{CELL_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ForensicsError(f"{CELL_TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
+    return value
+
+
 def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path, *,
             folder: WorkFolder | None = None) -> Any:
     """Run ``notebook`` with papermill (report mode) into ``out``; errors in it become ForensicsError/NotebookFailed.
@@ -261,11 +279,18 @@ def execute(notebook: Path, out: Path, parameters: dict[str, Any], cwd: Path, *,
         from papermill.exceptions import PapermillExecutionError
     except ImportError:
         raise ForensicsError(f"the report needs papermill; {INSTALL_HINT}") from None
+    from nbclient.exceptions import CellTimeoutError
+
+    limit = cell_timeout()
     try:
         return papermill.execute_notebook(
             str(notebook), str(out), parameters=parameters, kernel_name=KERNEL_NAME, report_mode=True,
             progress_bar=False, cwd=str(cwd), kernel_manager_class=kernel_manager_class(folder),
+            execution_timeout=limit, start_timeout=START_TIMEOUT,
         )
+    except CellTimeoutError:
+        raise NotebookFailed(f"{notebook.name}: a cell ran longer than {limit:g} s and was stopped (a hang, or a "
+                             f"larger input than the limit allows: set {CELL_TIMEOUT_ENV} to more seconds)") from None
     except DeadKernelError:
         why = folder.kernel_log_tail() if folder is not None else ""
         raise NotebookFailed(f"{notebook.name}: the kernel died (out of memory or killed)"
@@ -351,22 +376,30 @@ def render(notebook: Path, parameters: dict[str, Any], html_path: Path, *, schem
     for p in (html_path, executed_path, failed_path):  # by device+inode, and never inside an input directory
         check_not_input(p, inputs, "report")
         check_output_target(p, "report")  # never a device or pipe: checked before the kernel starts
-    with work_folder() as folder:  # removed on every way out, with the kernel's connection file and sockets
-        work = folder.path / f"{notebook.stem}.executed.ipynb"
-        try:
-            nb = execute(notebook, work, parameters, cwd=folder.path, folder=folder)
-        except NotebookFailed as exc:
-            if not work.exists():
-                raise
-            write_bytes_atomic(failed_path, _notebook_bytes(work, mapping, redact_paths, failed_path))
-            raise NotebookFailed(f"{exc.detail} (executed notebook kept at {failed_path})") from None
-        summary = read_summary(nb, schema)
-        nb.metadata["title"] = heading
-        page = prov.redact_text(to_html(nb, with_input), mapping)
-        page = insert_provenance(page, record, prov.redact_obj(summary, mapping)).encode("utf-8")
-        if keep_notebook:
-            write_bytes_atomic(executed_path, _notebook_bytes(work, mapping, redact_paths, executed_path))
-        write_bytes_atomic(html_path, page)  # a failed write leaves the previous report as it was
+    try:
+        with work_folder() as folder:  # removed on every way out, with the kernel's connection file and sockets
+            work = folder.path / f"{notebook.stem}.executed.ipynb"
+            try:
+                nb = execute(notebook, work, parameters, cwd=folder.path, folder=folder)
+            except NotebookFailed as exc:
+                if not work.exists():
+                    raise
+                write_bytes_atomic(failed_path, _notebook_bytes(work, mapping, redact_paths, failed_path))
+                raise NotebookFailed(f"{exc.detail} (executed notebook kept at {failed_path})") from None
+            summary = read_summary(nb, schema)
+            nb.metadata["title"] = heading
+            page = prov.redact_text(to_html(nb, with_input), mapping)
+            page = insert_provenance(page, record, prov.redact_obj(summary, mapping)).encode("utf-8")
+            if keep_notebook:
+                write_bytes_atomic(executed_path, _notebook_bytes(work, mapping, redact_paths, executed_path))
+            write_bytes_atomic(html_path, page)  # a failed write leaves the previous report as it was
+    except OSError as exc:  # the work folder lives in the temporary directory: full, or not writable
+        if not is_fixable(exc):
+            raise
+        import tempfile
+
+        raise write_error(exc, tempfile.gettempdir(), "the report runs its notebook in a work folder in the "
+                          "temporary directory: free space there or point TMPDIR at another folder") from None
     return ReportOutcome(html_path, executed_path if keep_notebook else None, summary)
 
 

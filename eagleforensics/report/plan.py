@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import ForensicsError
+from ..io import physical
 from .pipeline import ReportOutcome, find_notebook, input_path, render, safe_stem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,6 +41,9 @@ def parse_launch(text: str) -> RoundConfig:
     tokens = int(parts[2]) if len(parts) > 2 else None
     if topk > 1 and tokens is None:
         raise ForensicsError(f"launch {text!r}: a tree (topk > 1) needs its draft tokens: STEPS,TOPK,DRAFT_TOKENS")
+    why = physical.steps_problem(steps)
+    if why:
+        raise ForensicsError(f"launch {text!r}: {why}")
     return RoundConfig(steps, topk, tokens)
 
 

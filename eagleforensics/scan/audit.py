@@ -137,7 +137,19 @@ def _agreement_rows(record: Any, audit: TargetAudit, real: int, runs: list[tpl.R
     post, why = audit.scorer.state_kind(live[ok])
     rows = f32(data[pos], copy=True)
     keep = np.isfinite(rows).all(-1)
+    # a row that is all zeros (or constant: nothing but a bias) makes the lm_head's logits flat or the same for
+    # every position: every token ties for first and is "as likely as the target's own", so it would read as
+    # 100% agreement. Such rows are no evidence of who wrote the answer: left out, and said so when all are.
+    with np.errstate(invalid="ignore", over="ignore"):
+        keep &= np.ptp(np.where(np.isfinite(rows), rows, 0.0), axis=-1) > 0
+    degenerate = int(np.isfinite(rows).all(-1).sum() - keep.sum())
     rows, pos = rows[keep], pos[keep]
+    if not pos.size and degenerate:
+        return (f"the final hidden states at all {degenerate} scored supervised positions are zero or constant: no "
+                "evidence of who wrote the answers (was the final state filled when the records were dumped?)")
+    if pos.size >= 2 and bool((rows == rows[:1]).all()):  # one state repeated: the same distribution everywhere
+        return (f"the final hidden state is the same vector at all {pos.size} scored supervised positions: no "
+                "evidence of who wrote the answers (a state broadcast or copied when the records were dumped?)")
     x = rows if post else audit.scorer.normalize(rows)
     ids = np.asarray(as_array(record.input_ids)).reshape(-1)
     return x, ids[pos + 1], "post-norm" if post else "raw"

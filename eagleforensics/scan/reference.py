@@ -59,10 +59,13 @@ class Reference:
     signatures: dict[str, dict[str, Any]]
     input_ids: np.ndarray | None  # int64, the first PREFIX_ROWS
     prefix: dict[str, np.ndarray] = field(default_factory=dict)  # label -> [K, H] bfloat16
+    unplaced: list[str] = field(default_factory=list)  # entries whose position neither labels nor content give
+    notes: list[str] = field(default_factory=list)  # what content said against the labels
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "hidden_size": self.hidden_size, "num_layers": self.num_layers,
-                "positions": self.labels, "signatures": self.signatures,
+                "positions": [x for x in self.labels if x not in self.unplaced], "unplaced": list(self.unplaced),
+                "label_notes": list(self.notes), "signatures": self.signatures,
                 "prefix_tokens": 0 if self.input_ids is None else min(int(self.input_ids.shape[0]), PREFIX_ROWS)}
 
     def nearest(self, sig: dict[str, Any]) -> tuple[str | None, float | None]:
@@ -77,6 +80,8 @@ class Reference:
                 d = signature_distance(v, w)
                 if d < best[1]:
                     best = (label, d)
+        if best[0] in self.unplaced:  # nearest to an entry of unknown position: no position to name
+            return None, None
         return best[0], (None if best[0] is None else round(best[1], 4))
 
     def shared_prefix(self, input_ids: Any, usable: int) -> int:
@@ -117,6 +122,9 @@ class Reference:
         if not math.isfinite(score):
             return {"position": None, "score": None, "margin": None, "confident": False, "tokens": int(ok.sum())}
         confident = score >= MIN_SCORE and margin >= MIN_MARGIN
+        if labels[best] in self.unplaced:  # a copy of an entry whose position is unknown: no position, no "best"
+            return {"position": None, "score": round(score, 6), "margin": round(margin, 6), "confident": False,
+                    "tokens": int(ok.sum()), "nearest_entry": labels[best]}
         return {"position": labels[best], "score": round(score, 6), "margin": round(margin, 6),
                 "confident": bool(confident), "tokens": int(ok.sum())}
 
@@ -143,19 +151,42 @@ def _label(pos: Position) -> str:
 
 
 def reference_from_capture(cap: Any) -> Reference:
-    """Build the scan reference from a loaded ``capture.Capture`` (reads each position once)."""
+    """Build the scan reference from a loaded ``capture.Capture`` (reads each position once).
+
+    Each entry is named by what its content says, not by its label alone (``evidence.labels.check_labels``, as
+    ``align`` does): an entry read as post-norm by the convention that holds a massive-activation row is the raw
+    state (an engine sweep's last entry), and an entry whose position content cannot give (a short list's index,
+    a p0 that is not the embedding) is named ``entry K (position unknown)``: a slot matching it is not placed."""
+    from ..evidence.labels import check_labels
+    from ..evidence.norms import token_norms
+
+    arrays: dict[Position, np.ndarray] = {}
+    norms: dict[Position, np.ndarray] = {}
+    for pos in cap.positions:
+        x = as_array(cap.read(pos))
+        arrays[pos] = x
+        norms[pos] = token_norms(x)
+    ids_all = None if cap.input_ids is None else as_array(cap.input_ids)
+    layers = cap.num_layers if cap.num_layers is not None else max((p.p for p in cap.positions), default=0)
+    check = check_labels(list(cap.positions), norms, getattr(cap, "label_kind", "sweep"), cap.convention,
+                         int(layers), lambda pos: arrays[pos], ids_all, [])
     labels: list[str] = []
     sigs: dict[str, dict[str, Any]] = {}
     prefix: dict[str, np.ndarray] = {}
+    unplaced: list[str] = []
     for pos in cap.positions:
-        x = as_array(cap.read(pos))
-        label = _label(pos)
+        x = arrays.pop(pos)
+        named = check.relabel.get(pos, pos)
+        label = f"entry {pos.p} (position unknown)" if named in check.unknown else _label(named)
+        if named in check.unknown:
+            unplaced.append(label)
         labels.append(label)
         real = np.isfinite(x).all(-1) & (x != 0).any(-1)
         sigs[label] = slot_signature(x, real)
         prefix[label] = x[:PREFIX_ROWS].astype(BF16)  # a copy: the reference outlives the capture's memory
-    ids = None if cap.input_ids is None else as_array(cap.input_ids)[:PREFIX_ROWS].astype(np.int64)
-    return Reference(cap.path, cap.hidden_size, cap.num_layers, labels, sigs, ids, prefix)
+    ids = None if ids_all is None else ids_all[:PREFIX_ROWS].astype(np.int64)
+    return Reference(cap.path, cap.hidden_size, cap.num_layers, labels, sigs, ids, prefix, unplaced=unplaced,
+                     notes=[msg for _, msg in check.notes])
 
 
 def load_reference(path: str | Path, *, convention: str = "hf", num_layers: int | None = None,

@@ -83,9 +83,45 @@ def read_results(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, 
             obj = parse_json(line, p, f"line {n}")
         except json.JSONDecodeError:
             raise ForensicsError(f"line {n} is not JSON: not a scan results file, or damaged", path=p) from None
-        if isinstance(obj, dict) and isinstance(obj.get("path"), str):
-            records[obj["path"]] = compact(obj)
+        records[obj["path"] if isinstance(obj, dict) else ""] = _checked_line(obj, n, p)
     return header, records, len(rest) - good
+
+
+def _checked_line(obj: Any, n: int, path: Path) -> dict[str, Any]:
+    """A record line compacted, its fields of the types the scanner writes; anything else is one line naming the
+    file and the line (a hand-edited or foreign file must not reach the judgement as a traceback)."""
+    def bad(what: str) -> ForensicsError:
+        return ForensicsError(f"line {n} is not a scan record ({what}): not a scan results file, or damaged",
+                              path=path)
+
+    def number(x: Any) -> bool:
+        return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+    def text(x: Any) -> bool:
+        return x is None or isinstance(x, str)
+
+    if not isinstance(obj, dict):
+        raise bad(f"a JSON {type(obj).__name__}, not an object")
+    if not isinstance(obj.get("path"), str) or not obj["path"]:
+        raise bad("no 'path'")
+    if not isinstance(obj.get("slots") or [], list) or not all(isinstance(x, dict) for x in obj.get("slots") or []):
+        raise bad("'slots' is not a list of objects")
+    try:
+        line = compact(obj)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+        raise bad(f"{type(exc).__name__}: {' '.join(str(exc).split())[:80]}") from None
+    for key in ("tokens", "padding", "hidden_size", "prefix_tokens"):
+        v = line.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise bad(f"'{key}' is {str(v)[:40]!r}, not a count")
+    if not all(text(line.get(k)) for k in ("error", "format")) or not all(isinstance(i, str) for i in line["issues"]):
+        raise bad("'error', 'format' or 'issues' is not text")
+    for s in line["slots"]:
+        if not (isinstance(s.name, str) and text(s.role) and text(s.dtype) and text(s.resembles)
+                and text(s.prefix_position) and all(number(x) for x in (s.log_norm, s.norm_cv, s.first_excess))
+                and (s.post_norm is None or isinstance(s.post_norm, bool))):
+            raise bad(f"slot {str(s.name)[:40]!r} has a field of the wrong type")
+    return line
 
 
 def repair_tail(path: Path, half: int) -> None:
