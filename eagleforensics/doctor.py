@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .checks.base import CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs
 from .checks.registry import all_checks
 from .errors import ForensicsError, printable
+from .io.modeldir import MissingShard, ModelDir
 from .results import IMPACTS, Finding
 from .verdict import ACTION, EXIT_CODES, OK, PROBLEM, SEVERITY_ORDER
 
@@ -180,7 +181,11 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     missing = art.missing(check.needs)
     if missing:
         return _not_run(check.name, check.title, missing)
-    result = check.run(art)
+    try:
+        result = check.run(art)
+    except MissingShard as exc:  # a partial download: this check needs a shard the user has not fetched
+        return CheckOutcome(check.name, check.title, NOT_RUN,
+                            reason=f"needs {exc.shard} in the target directory (it holds {exc.tensor}; not downloaded)")
     if result.skipped:
         return CheckOutcome(check.name, check.title, NOT_RUN, reason=result.skipped, data=dict(result.data))
     stray = [f.code for f in result.findings if f.code not in check.codes]
@@ -208,6 +213,8 @@ def check_inputs(inputs: DoctorInputs) -> None:
             raise ForensicsError(f"--{name.replace('_', '-')} expects a directory (config.json + safetensors)", path=p)
         if want_dir is False and p.is_dir():
             raise ForensicsError(f"--{name.replace('_', '-')} expects a file, got a directory", path=p)
+    if inputs.target is not None:  # its shard index is read now: a refused index fails before any check runs
+        _ = ModelDir(inputs.target, "target directory").index
     if inputs.served_len is not None and inputs.served_len <= 0:
         raise ForensicsError(f"--served-len must be a positive number of tokens, got {inputs.served_len}")
 

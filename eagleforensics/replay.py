@@ -622,7 +622,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     from .engines.crosscheck import check_request
     from .evidence.replay import DraftForward, TargetSide, replay_wiring
     from .io.capture import load_capture
-    from .io.drafter import load_drafter, load_target
+    from .io.drafter import load_drafter, load_target, probe_target
 
     drop = tuple(dict.fromkeys(served_without))
     _check_options(steps, cost_ratio, device, temperature, top_p, topk, draft_tokens, drop)
@@ -630,6 +630,8 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     if engine is not None and draft_config is None:
         draft_config = Path(drafter_dir) / "config.json"  # the drafter's own config is what a server reads
     check_request(draft_config, engine, engine_version, model_type)
+    if target is not None:  # a refused target (its index, a missing shard) is said before the drafter is loaded
+        probe_target(target)
     drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop)
     spec = drafter.spec
     head = None if target is None else load_target(  # shapes checked from the headers before anything is read

@@ -31,7 +31,7 @@ import torch
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
-from .modeldir import ModelDir, read_config
+from .modeldir import ModelDir, TensorInfo, read_config
 from .safeload import open_safetensors, read_tensor
 from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
 
@@ -458,6 +458,9 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
     files = {n: t.file for n, t in md.tensors.items()}
     names = _drafter_names(files, spec, d)
     missing = [names[c] for c in required(spec) if names[c] not in files]
+    for name in missing:
+        if md.has(name):  # listed by the index in a shard that is not there: name the file
+            md.info(name)
     if missing:
         raise ForensicsError(f"drafter lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}", path=d)
     biases = sorted(k for k in files if k.endswith(".bias") and not k.startswith(("verifier", "model.verifier")))
@@ -496,6 +499,42 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
     return Drafter(spec, weights, sources, embed_from_target=need_embed)
 
 
+def target_tensors(md: ModelDir, wanted: list[str], text_cfg: dict[str, Any],
+                   expect: dict[str, tuple[int, ...]] | None = None) -> dict[str, tuple[str, TensorInfo]]:
+    """role -> (stored name, header info) of the target tensors ``wanted`` (embed / lm_head / norm), each checked
+    from its shard's header (rank, float dtype, ``expect``ed shape) and no data read: only those shards are
+    opened, so a partial download with the index and the head's shards is enough (``MissingShard`` otherwise)."""
+    d = md.path
+    out: dict[str, tuple[str, TensorInfo]] = {}
+    for what in wanted:
+        name = md.find(what)
+        if name is None and what == "lm_head" and text_cfg.get("tie_word_embeddings"):
+            name = md.find("embed")
+        if name is None:
+            raise ForensicsError(f"target has no {what} tensor (looked for {what} names in the safetensors index)", path=d)
+        info = md.info(name)
+        dtype, shape = info.dtype, info.shape
+        if len(shape) != (1 if what == "norm" else 2) or dtype not in FLOAT_DTYPES or 0 in shape:
+            raise ForensicsError(f"target tensor {name} has shape {list(shape)} {dtype}; not a {what}", path=info.file)
+        if expect is not None and what in expect and shape != expect[what]:
+            raise ForensicsError(f"target tensor {name} has shape {list(shape)}; the drafter needs "
+                                 f"{list(expect[what])}: not this drafter's target", path=info.file)
+        out[what] = (name, info)
+    return out
+
+
+def probe_target(directory: str | Path, *, embed: bool = False, lm_head: bool = True, norm: bool = True) -> None:
+    """Fail fast on a target directory: its config, index and the headers of the tensors asked for, no data read
+    (replay calls this before it spends time and memory loading the drafter)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ForensicsError("expected the target model's directory (config.json + safetensors shards)", path=d)
+    cfg = read_config(d / "config.json", "target config.json")
+    text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    wanted = [k for k, on in (("embed", embed), ("lm_head", lm_head), ("norm", norm)) if on]
+    target_tensors(ModelDir(d, "target directory"), wanted, text_cfg)
+
+
 def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = True, norm: bool = True,
                 expect: dict[str, tuple[int, ...]] | None = None) -> TargetHead:
     """Read only the target's embedding / lm_head / final norm (as asked) from its safetensors shards.
@@ -511,24 +550,14 @@ def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = Tr
     text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     eps = _float(text_cfg, "rms_norm_eps", d / "config.json", 1e-6)
     md = ModelDir(d, "target directory")
-    files = {n: t.file for n, t in md.tensors.items()}
-    reader = _Reader(files)
     layers = text_cfg.get("num_hidden_layers")
     out = TargetHead(str(d), None, None, None, eps,
                      num_layers=layers if isinstance(layers, int) and not isinstance(layers, bool) else None)
     wanted = [k for k, on in (("embed", embed), ("lm_head", lm_head), ("norm", norm)) if on]
-    for what in wanted:
-        name = md.find(what)
-        if name is None and what == "lm_head" and text_cfg.get("tie_word_embeddings"):
-            name = md.find("embed")
-        if name is None:
-            raise ForensicsError(f"target has no {what} tensor (looked for {what} names in the safetensors index)", path=d)
-        dtype, shape = md.info(name).dtype, md.info(name).shape
-        if len(shape) != (1 if what == "norm" else 2) or dtype not in FLOAT_DTYPES or 0 in shape:
-            raise ForensicsError(f"target tensor {name} has shape {list(shape)} {dtype}; not a {what}", path=files[name])
-        if expect is not None and what in expect and shape != expect[what]:
-            raise ForensicsError(f"target tensor {name} has shape {list(shape)}; the drafter needs "
-                                 f"{list(expect[what])}: not this drafter's target", path=files[name])
+    found = target_tensors(md, wanted, text_cfg, expect)  # every header checked before any data is read
+    files = {name: info.file for name, info in found.values()}
+    reader = _Reader(files)
+    for what, (name, _info) in found.items():
         t = reader.get(name)
         if not bool(torch.isfinite(t).all()):
             raise ForensicsError(f"target tensor {name} holds NaN or Inf", path=files[name])
