@@ -195,6 +195,30 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     return CheckOutcome(check.name, check.title, status, tuple(result.findings), result.note, data=dict(result.data))
 
 
+def row_names(checks: list[Check], pipelines: tuple[Pipeline, ...]) -> list[str]:
+    """The names ``--skip`` / ``--only`` accept: every check's and every pipeline row's (wiring, replay)."""
+    return [c.name for c in checks] + [n for n in (getattr(p, "row_name", None) for p in pipelines) if n]
+
+
+def selected(name: str, inputs: DoctorInputs) -> str:
+    """Why row ``name`` is left out ("" when it runs): named by --skip, or not named by --only."""
+    if name in inputs.skip:
+        return f"skipped (--skip {name})"
+    if inputs.only and name not in inputs.only:
+        return "skipped (not named by --only)"
+    return ""
+
+
+def check_selection(inputs: DoctorInputs, known: list[str]) -> None:
+    """Every name in --skip / --only is a row of the doctor; an unknown one is one line listing the known."""
+    for option, names in (("--skip", inputs.skip), ("--only", inputs.only)):
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise ForensicsError(f"{option}: no doctor check named {printable(bad[0])!r}; known: {', '.join(known)}")
+    if inputs.device not in ("cpu", "cuda") and not str(inputs.device).startswith("cuda:"):
+        raise ForensicsError(f"--device must be cpu or cuda, got {printable(inputs.device)!r}")
+
+
 def check_inputs(inputs: DoctorInputs) -> None:
     """Bad inputs are one line before any check runs (and before a report's kernel starts)."""
     if not any(v is not None for v in (inputs.drafter, inputs.target, inputs.train, inputs.capture,
@@ -278,7 +302,7 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                          engine=art.engine if art.engine != "trtllm" else None,
                          draft_config=i.draft_config, engine_version=art.engine_version,
                          model_type=i.model_type, convention=i.capture_convention, allow_unsafe=i.allow_unsafe,
-                         served_without=tuple(dropped))
+                         served_without=tuple(dropped), device=i.device)
     except ForensicsError as exc:
         return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
             None, OK
@@ -298,6 +322,9 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                         data={"served_without": dropped}), summary, OK
 
 
+wiring_row.row_name = "wiring"  # type: ignore[attr-defined]  # the name --skip / --only know it by
+replay_row.row_name = "replay"  # type: ignore[attr-defined]
+PIPELINE_TITLES = {"wiring": WIRING_TITLE, "replay": REPLAY_TITLE}
 DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row, replay_row)
 
 
@@ -310,14 +337,22 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
     ``aligned``: align's result on the same record and capture, already computed (the align notebook's),
     which the wiring row then reuses instead of aligning again.
     """
+    checks = all_checks() if checks is None else checks
+    check_selection(inputs, row_names(checks, pipelines))
     check_inputs(inputs)
     art = Artifacts(inputs)
     if aligned is not None:
         art.memo("aligned", lambda: aligned)
-    outcomes = [run_check(c, art) for c in (all_checks() if checks is None else checks)]
+    outcomes = [CheckOutcome(c.name, c.title, NOT_RUN, reason=selected(c.name, inputs)) if selected(c.name, inputs)
+                else run_check(c, art) for c in checks]
     summaries: dict[str, dict[str, Any] | None] = {}
     extra = OK
     for pipe in pipelines:
+        name = getattr(pipe, "row_name", None)
+        if name and selected(name, inputs):
+            outcomes.append(CheckOutcome(name, PIPELINE_TITLES[name], NOT_RUN, reason=selected(name, inputs)))
+            summaries[name] = None
+            continue
         outcome, summary, level = pipe(art)
         outcomes.append(outcome)
         summaries[outcome.name] = summary
