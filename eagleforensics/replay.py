@@ -295,11 +295,9 @@ def _final_reader(cap: Capture, head: TargetHead) -> tuple[Callable[[int, int], 
 
 
 def _greedy_tokens(final: Callable[[int, int], torch.Tensor], rows: int, head: TargetHead, device: str) -> torch.Tensor:
-    from .evidence.replay import ROW_CHUNK, target_tokens
+    from .evidence.replay import greedy_rows
 
-    step = max(1, min(ROW_CHUNK, (1 << 24) // max(1, head.lm_head.shape[0])))  # type: ignore[union-attr]
-    return torch.cat([target_tokens(final(a, min(a + step, rows)), head.lm_head, device, step)  # type: ignore[arg-type]
-                      for a in range(0, rows, step)])
+    return greedy_rows(final, rows, head.lm_head, device)  # type: ignore[arg-type]
 
 
 def target_next_tokens(cap: Capture, rows: int, target: Any | None, device: str, ids: torch.Tensor | None = None,
