@@ -1,0 +1,59 @@
+"""Each check computes only what it needs: the coverage sample is taken before any lm_head product, the lm_head
+is streamed a block at a time, and the answers equal the whole computation's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from eagleforensics.arrays import to_torch
+from eagleforensics.checks import nexttokens
+from eagleforensics.checks.base import Artifacts, DoctorInputs
+from eagleforensics.evidence.replay import greedy_rows, head_logits
+from eagleforensics.io.modeldir import ModelDir
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data_samples"
+INPUTS = DoctorInputs(drafter=str(SAMPLES / "drafter"), target=str(SAMPLES / "target"),
+                      train=str(SAMPLES / "record_layer_outputs.pt"), capture=str(SAMPLES / "capture.pt"))
+
+
+def test_coverage_samples_rows_before_the_lm_head_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    full_art = Artifacts(INPUTS)
+    full = nexttokens.record_tokens(full_art), nexttokens.capture_tokens(full_art)
+    seen: list[int] = []
+    real = nexttokens.greedy
+
+    def counting(final: np.ndarray, head: object) -> np.ndarray:
+        seen.append(final.shape[0])
+        return real(final, head)
+    monkeypatch.setattr(nexttokens, "greedy", counting)
+    monkeypatch.setattr(nexttokens, "MAX_TOKENS", 10)
+    art = Artifacts(INPUTS)
+    rec, cap = nexttokens.record_tokens(art), nexttokens.capture_tokens(art)
+    assert seen == [20]  # one pass over the lm_head for both sources, 10 sampled rows each (the record has 24)
+    assert full[0].tokens.size == 24 and full[1].tokens.size == 40
+    np.testing.assert_array_equal(rec.tokens, full[0].tokens[:10])  # the same tokens the whole computation kept
+    np.testing.assert_array_equal(cap.tokens, full[1].tokens[:10])
+    assert (rec.how, cap.how) == (full[0].how, full[1].how)
+
+
+def test_streamed_greedy_equals_one_product() -> None:
+    """Block by block (stored dtype, widened per block) against one float32 product of the whole head."""
+    md = ModelDir(SAMPLES / "target")
+    head = to_torch(md.read("lm_head.weight")).to(torch.bfloat16)  # kept as a bf16 checkpoint stores it
+    x = torch.randn(37, head.shape[1], generator=torch.Generator().manual_seed(0))
+    x[5, 3] = float("nan")
+    whole = (x @ head.float().T).argmax(-1)
+    for block in (7, 64, 100000):
+        got = greedy_rows(lambda a, b: x[a:b], 37, head, block=block, row_block=16)
+        assert got[5] == -1
+        keep = torch.arange(37) != 5
+        assert torch.equal(got[keep], whole[keep])
+        torch.testing.assert_close(head_logits(x, head, block=block), x @ head.float().T, rtol=1e-5, atol=1e-5,
+                                   equal_nan=True)
+    stored = to_torch(md.read("lm_head.weight"))  # float32 in the sample: streamed from its shard as stored
+    streamed = nexttokens.greedy(x.numpy(), nexttokens.TargetHead(md, "lm_head.weight", tuple(stored.shape), None,
+                                                                  1e-6))
+    np.testing.assert_array_equal(streamed[keep.numpy()], (x @ stored.T).argmax(-1)[keep].numpy())
