@@ -57,3 +57,24 @@ def test_streamed_greedy_equals_one_product() -> None:
     streamed = nexttokens.greedy(x.numpy(), nexttokens.TargetHead(md, "lm_head.weight", tuple(stored.shape), None,
                                                                   1e-6))
     np.testing.assert_array_equal(streamed[keep.numpy()], (x @ stored.T).argmax(-1)[keep].numpy())
+
+
+def test_temperature_scan_on_threads_gives_the_plain_loops_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's 16 temperatures run on threads for large blocks: every figure equal to the one-thread loop."""
+    from eagleforensics.evidence import agreement as ag
+
+    md = ModelDir(SAMPLES / "target")
+    head = ag.TargetHead(ag.head_spec(md), md)
+    gen = np.random.default_rng(0)
+    x = head.normalize(gen.standard_normal((300, head.spec.hidden)).astype(np.float32))
+    nxt = gen.integers(0, head.spec.vocab, 300)
+    monkeypatch.setattr(ag, "PARALLEL_MIN", 1 << 60)
+    plain = head.score(x, nxt)
+    monkeypatch.setattr(ag, "PARALLEL_MIN", 0)
+    pooled = head.score(x, nxt)  # the real pool where this machine has 2+ cores
+    monkeypatch.setattr(ag, "_each", lambda fn, count, size: list(
+        __import__("concurrent.futures").futures.ThreadPoolExecutor(4).map(fn, reversed(range(count)))))
+    threaded = head.score(x, nxt)
+    for name in ("agree", "logp", "rank", "entropy", "var", "loglik_t", "top1_t", "pit_t"):
+        np.testing.assert_array_equal(getattr(threaded, name), getattr(plain, name), err_msg=name)
+        np.testing.assert_array_equal(getattr(pooled, name), getattr(plain, name), err_msg=name)
