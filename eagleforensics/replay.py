@@ -630,11 +630,12 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     check_request(draft_config, engine, engine_version, model_type)
     if target is not None:  # a refused target (its index, a missing shard) is said before the drafter is loaded
         probe_target(target)
-    drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop)
+    # lazy: the embeddings and the target's lm_head stay in their files (io.diskrows), read as they are used
+    drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop, lazy=True)
     spec = drafter.spec
     head = None if target is None else load_target(  # shapes checked from the headers before anything is read
         target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
-                                     "norm": (spec.target_hidden_size,)})
+                                     "norm": (spec.target_hidden_size,)}, lazy=True)
     if temperature > 0 and (head is None or head.lm_head is None):
         raise ForensicsError("--temperature needs --target: the target's lm_head gives the distribution p")
     record = None
@@ -671,7 +672,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
                                 f"{rows} rows: those rows have no target token and are not counted"))
     side = None if inp.final is None or head is None or head.lm_head is None else \
         TargetSide(inp.final, rows, head.lm_head, device)
-    fwd = DraftForward.of(drafter, device)
+    fwd = DraftForward.of(drafter, device, consume=True)
     start = time.perf_counter()
     kwargs: dict[str, Any] = dict(loss_mask=seq.loss_mask, target=side, temperature=temperature, top_p=top_p,
                                   topk=topk, draft_tokens=draft_tokens)

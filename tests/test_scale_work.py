@@ -25,9 +25,9 @@ def test_coverage_samples_rows_before_the_lm_head_product(monkeypatch: pytest.Mo
     seen: list[int] = []
     real = nexttokens.greedy
 
-    def counting(final: np.ndarray, head: object) -> np.ndarray:
+    def counting(final: np.ndarray, head: object, device: str = "cpu") -> np.ndarray:
         seen.append(final.shape[0])
-        return real(final, head)
+        return real(final, head, device)
     monkeypatch.setattr(nexttokens, "greedy", counting)
     monkeypatch.setattr(nexttokens, "MAX_TOKENS", 10)
     art = Artifacts(INPUTS)
@@ -78,3 +78,29 @@ def test_temperature_scan_on_threads_gives_the_plain_loops_sums(monkeypatch: pyt
     for name in ("agree", "logp", "rank", "entropy", "var", "loglik_t", "top1_t", "pit_t"):
         np.testing.assert_array_equal(getattr(threaded, name), getattr(plain, name), err_msg=name)
         np.testing.assert_array_equal(getattr(pooled, name), getattr(plain, name), err_msg=name)
+
+
+def test_disk_rows_gather_the_rows_a_tensor_would(tmp_path: Path) -> None:
+    """The lazy embedding / lm_head: gathers, blocks and a NaN found as the head streams, as the whole tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from eagleforensics.errors import ForensicsError
+    from eagleforensics.io.diskrows import disk_rows
+
+    md = ModelDir(SAMPLES / "target")
+    whole = to_torch(md.read("model.embed_tokens.weight"))
+    rows = disk_rows(md, "model.embed_tokens.weight")
+    ids = torch.tensor([[5, 6, 7, 5], [0, 511, 8, 6]])
+    assert torch.equal(rows[ids], whole[ids]) and rows.to("cpu") is rows and rows.shape == whole.shape
+    assert torch.equal(rows.block(100, 140), whole[100:140])
+    t = tmp_path / "t"
+    shutil.copytree(SAMPLES / "target", t)
+    shard = t / "model-00002-of-00002.safetensors"
+    tensors = load_file(str(shard))
+    tensors["lm_head.weight"][300, 2] = float("inf")
+    save_file(tensors, str(shard))
+    head = disk_rows(ModelDir(t), "lm_head.weight")
+    with pytest.raises(ForensicsError, match="lm_head.weight holds NaN or Inf"):
+        greedy_rows(lambda a, b: torch.ones(b - a, head.shape[1]), 3, head, block=64)

@@ -76,9 +76,12 @@ def target_head(art: Artifacts) -> TargetHead | None:
     return art.memo("target-head", make)
 
 
-def greedy(final: np.ndarray, head: TargetHead | np.ndarray) -> np.ndarray:
+def greedy(final: np.ndarray, head: TargetHead | np.ndarray, device: str = "cpu") -> np.ndarray:
     """argmax over the vocabulary of ``final @ head.T``, a block of ``VOCAB_BLOCK`` vocabulary rows at a time: each
-    block read (from the shard, for a ``TargetHead``) and widened to float32 once for all rows of ``final``."""
+    block read (from the shard, for a ``TargetHead``) and widened to float32 once for all rows of ``final``;
+    on ``device`` (cuda) through torch, each block copied there once."""
+    if device != "cpu":
+        return _greedy_torch(final, head, device)
     x = f32(final)
     best = np.full(x.shape[0], -np.inf, np.float32)
     arg = np.zeros(x.shape[0], np.int64)
@@ -96,6 +99,32 @@ def greedy(final: np.ndarray, head: TargetHead | np.ndarray) -> np.ndarray:
         better = v > best
         best[better], arg[better] = v[better], i[better] + a
     return arg
+
+
+def _greedy_torch(final: np.ndarray, head: TargetHead | np.ndarray, device: str) -> np.ndarray:
+    """``greedy`` on a torch device: the same blocks and the same first-maximum rule, float32 products there."""
+    import torch
+
+    from ..arrays import to_torch
+
+    x = to_torch(f32(final)).to(device)
+    best = torch.full((x.shape[0],), -torch.inf, device=device)
+    arg = torch.zeros(x.shape[0], dtype=torch.long, device=device)
+    vocab = head.shape[0]
+    buf: np.ndarray | None = None
+    for a in range(0, vocab, VOCAB_BLOCK):
+        if isinstance(head, TargetHead):
+            w = head.model.row_block(head.name, a, min(vocab, a + VOCAB_BLOCK), out=buf)
+            buf = w if buf is None else buf
+        else:
+            w = head[a:a + VOCAB_BLOCK]
+        logits = x @ to_torch(w).to(device).to(torch.float32).T  # the stored dtype crosses the bus
+        i = logits.argmax(-1)
+        v = logits.gather(1, i[:, None])[:, 0]
+        better = v > best
+        best = torch.where(better, v, best)
+        arg = torch.where(better, i + a, arg)
+    return arg.cpu().numpy()
 
 
 def _as_post_norm(state: np.ndarray, head: TargetHead) -> tuple[np.ndarray, str] | None:
@@ -162,7 +191,7 @@ def _greedy_sources(art: Artifacts) -> dict[str, Any]:
                  out["capture"][0] if out.get("capture") is not None else None]
         sizes = [0 if p is None else p.shape[0] for p in parts]
         if head is not None and sum(sizes):
-            tokens = greedy(np.concatenate([f32(p) for p in parts if p is not None]), head)
+            tokens = greedy(np.concatenate([f32(p) for p in parts if p is not None]), head, art.inputs.device)
             out["greedy"] = (tokens[: sizes[0]], tokens[sizes[0]:])
         return out
     return art.memo("next-token-greedy", make)

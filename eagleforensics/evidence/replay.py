@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
+from ..io.diskrows import DiskRows, head_block
 from ..io.drafter import Drafter, DrafterSpec
 from ..io.served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES
 from ..positions import Position
@@ -172,7 +173,7 @@ class DraftForward:
     """
 
     def __init__(self, spec: DrafterSpec, weights: dict[str, torch.Tensor], device: str = "cpu",
-                 drop: frozenset[str] | set[str] = frozenset()) -> None:
+                 drop: frozenset[str] | set[str] = frozenset(), consume: bool = False) -> None:
         unknown = sorted(set(drop) - set(SERVED_FEATURES))
         if unknown:
             raise ForensicsError(f"unknown served-without feature {', '.join(unknown)} (known: "
@@ -181,8 +182,15 @@ class DraftForward:
         self.device = torch.device(device)
         # the embeddings stay in their stored dtype (a Kimi-size one is 2.35 GB bf16, 4.7 GB widened): a step
         # gathers its rows and widens those (``embed``); every other weight is float32 for the products
-        self.w = {k: (v.to(self.device, torch.float32) if v.is_floating_point() and k not in _GATHERED
-                      else v.to(self.device)) for k, v in weights.items()}
+        def ready(k: str, v: torch.Tensor) -> torch.Tensor:
+            return v.to(self.device, torch.float32) if v.is_floating_point() and k not in _GATHERED \
+                else v.to(self.device)
+        if consume:  # ``weights`` converted in place: each stored tensor is freed as its float32 copy is made
+            for k in list(weights):
+                weights[k] = ready(k, weights[k])
+            self.w = dict(weights)
+        else:
+            self.w = {k: ready(k, v) for k, v in weights.items()}
         self.inv, self.rope_scale = rope_tables(spec, self.device)
         d2t = self.w.get("d2t")
         self.draft_ids = torch.arange(spec.draft_vocab_size, device=self.device)
@@ -217,8 +225,11 @@ class DraftForward:
         return other
 
     @classmethod
-    def of(cls, drafter: Drafter, device: str = "cpu", drop: frozenset[str] | set[str] = frozenset()) -> DraftForward:
-        return cls(drafter.spec, drafter.weights, device, drop)
+    def of(cls, drafter: Drafter, device: str = "cpu", drop: frozenset[str] | set[str] = frozenset(),
+           consume: bool = False) -> DraftForward:
+        """The forward of ``drafter``; ``consume``: its weights dict is converted in place (the stored copies are not
+        held beside the float32 ones: a Kimi-size drafter's peak is its float32 size, not 1.5x it)."""
+        return cls(drafter.spec, drafter.weights, device, drop, consume)
 
     def to_target(self, draft: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target-vocabulary ids."""
@@ -417,7 +428,8 @@ _HEAD_ON_DEVICE: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> 
 
 
 def head_on(lm_head: torch.Tensor, device: str | torch.device) -> torch.Tensor:
-    """``lm_head`` on ``device`` in its stored dtype, copied there once per head (not per chunk of rows)."""
+    """``lm_head`` on ``device`` in its stored dtype, copied there once per head (not per chunk of rows); a
+    ``DiskRows`` head stays in its file on the CPU (read a block at a time) and is copied block by block elsewhere."""
     dev = torch.device(device)
     if lm_head.device == dev:
         return lm_head
@@ -425,7 +437,15 @@ def head_on(lm_head: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     held = _HEAD_ON_DEVICE.get(key)
     if held is None or held[0] is not lm_head:
         _HEAD_ON_DEVICE.pop(key, None)  # one head per device: the previous one is freed first
-        _HEAD_ON_DEVICE[key] = (lm_head, lm_head.to(dev))
+        if isinstance(lm_head, DiskRows):  # block by block from the file, each checked on the device
+            moved = torch.empty(tuple(lm_head.shape), dtype=lm_head.dtype, device=dev)
+            for a, w in lm_head.blocks():
+                moved[a:a + w.shape[0]] = w.to(dev, non_blocking=False)
+                if not bool(torch.isfinite(moved[a:a + w.shape[0]]).all()):
+                    raise ForensicsError(f"target tensor {lm_head.name} holds NaN or Inf", path=lm_head.path)
+        else:
+            moved = lm_head.to(dev)
+        _HEAD_ON_DEVICE[key] = (lm_head, moved)
     return _HEAD_ON_DEVICE[key][1]
 
 
@@ -434,7 +454,7 @@ def head_logits(x: torch.Tensor, head: torch.Tensor, out: torch.Tensor | None = 
     """``x @ head.T`` in float32 ([n, V]) with the head widened a block of ``block`` vocabulary rows at a time."""
     out = torch.empty(x.shape[0], head.shape[0], device=x.device) if out is None else out
     for v0 in range(0, head.shape[0], block):
-        w = head[v0:v0 + block].to(torch.float32)
+        w = head_block(head, v0, v0 + block).to(torch.float32)
         torch.matmul(x, w.T, out=out[:, v0:v0 + w.shape[0]])
     return out
 
@@ -454,7 +474,10 @@ def greedy_rows(final: Callable[[int, int], torch.Tensor], rows: int, lm_head: t
         best = torch.full((n,), -torch.inf, device=x.device)
         arg = torch.zeros(n, dtype=torch.long, device=x.device)
         for v0 in range(0, head.shape[0], block):
-            logits = x @ head[v0:v0 + block].to(torch.float32).T
+            w = head_block(head, v0, v0 + block)
+            if isinstance(head, DiskRows) and not bool(torch.isfinite(w).all()):  # read whole, it was checked there
+                raise ForensicsError(f"target tensor {head.name} holds NaN or Inf", path=head.path)
+            logits = x @ w.to(torch.float32).T
             i = logits.argmax(-1)
             v = logits.gather(1, i[:, None])[:, 0]
             better = v > best  # strict: the first maximum wins, as one argmax over the whole row

@@ -31,6 +31,7 @@ import torch
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
+from .diskrows import DiskRows, disk_rows
 from .modeldir import ModelDir, TensorInfo, read_config
 from .safeload import open_safetensors, read_tensor
 from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
@@ -431,7 +432,9 @@ def _check_values(spec: DrafterSpec, w: dict[str, torch.Tensor], path: Path) -> 
     for name, t in w.items():
         if name in want and tuple(t.shape) != want[name]:
             raise ForensicsError(f"tensor {name} has shape {list(t.shape)}, config implies {list(want[name])}", path=path)
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if isinstance(t, DiskRows):
+            t.check_finite(f"tensor {name}", path)
+        elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ForensicsError(f"tensor {name} holds NaN or Inf", path=path)
     if "d2t" in w:
         if w["d2t"].is_floating_point() or w["d2t"].dtype == torch.bool:
@@ -444,11 +447,13 @@ def _check_values(spec: DrafterSpec, w: dict[str, torch.Tensor], path: Path) -> 
                              f"({spec.vocab_size}) but the drafter has no d2t map", path=path)
 
 
-def load_drafter(directory: str | Path, *, target: str | Path | None = None, target_embed: bool = False) -> Drafter:
+def load_drafter(directory: str | Path, *, target: str | Path | None = None, target_embed: bool = False,
+                 lazy: bool = False) -> Drafter:
     """Load a drafter's config and the tensors replay uses; the embedding from ``target`` when the drafter lacks it.
 
     ``target_embed`` also reads the target's embedding into ``weights["target_embed"]`` (to replay the drafter as
-    an engine serves it when it ignores the drafter's own ``embed_tokens``).
+    an engine serves it when it ignores the drafter's own ``embed_tokens``). ``lazy``: the embeddings are
+    ``io.diskrows.DiskRows`` (rows read as looked up, never held whole; checked finite in one streamed pass).
     """
     d = Path(directory)
     if not d.is_dir():
@@ -473,7 +478,8 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
     weights: dict[str, torch.Tensor] = {}
     sources: dict[str, str] = {}
     for canon, stored in names.items():
-        weights[canon] = reader.get(stored)
+        # lazy: a vocabulary-sized embedding stays in its file, its rows read as looked up (io.diskrows)
+        weights[canon] = disk_rows(md, stored) if lazy and canon == "embed" else reader.get(stored)
         sources[canon] = str(files[stored])
     need_embed = "embed" not in weights
     if need_embed or target_embed:
@@ -483,7 +489,7 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
             raise ForensicsError(f"{why}: pass --target with the target model's directory (its embedding is read "
                                  "from the safetensors shards)", path=d)
         head = load_target(target, embed=True, lm_head=False, norm=False,
-                           expect={"embed": (spec.vocab_size, spec.hidden_size)})
+                           expect={"embed": (spec.vocab_size, spec.hidden_size)}, lazy=lazy)
         if head.embed is None:
             raise ForensicsError("target has no embed_tokens weight", path=target)
         if tuple(head.embed.shape) != (spec.vocab_size, spec.hidden_size):
@@ -536,7 +542,7 @@ def probe_target(directory: str | Path, *, embed: bool = False, lm_head: bool = 
 
 
 def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = True, norm: bool = True,
-                expect: dict[str, tuple[int, ...]] | None = None) -> TargetHead:
+                expect: dict[str, tuple[int, ...]] | None = None, lazy: bool = False) -> TargetHead:
     """Read only the target's embedding / lm_head / final norm (as asked) from its safetensors shards.
 
     Each tensor's rank and dtype (and, with ``expect``, its shape: what the drafter needs) are checked from the
@@ -558,9 +564,14 @@ def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = Tr
     files = {name: info.file for name, info in found.values()}
     reader = _Reader(files)
     for what, (name, _info) in found.items():
-        t = reader.get(name)
-        if not bool(torch.isfinite(t).all()):
-            raise ForensicsError(f"target tensor {name} holds NaN or Inf", path=files[name])
+        if lazy and what != "norm":  # left in the file (io.diskrows): the lm_head is checked as it is streamed
+            t = disk_rows(md, name)
+            if what == "embed":
+                t.check_finite(f"target tensor {name}", files[name])
+        else:
+            t = reader.get(name)
+            if not bool(torch.isfinite(t).all()):
+                raise ForensicsError(f"target tensor {name} holds NaN or Inf", path=files[name])
         setattr(out, what, t)
         out.sources[what] = str(files[name])
     return out
