@@ -60,17 +60,17 @@ def shard_name(i: int) -> str:
 
 
 def fp8_weight_map() -> dict[str, str]:
-    """Every tensor name of a Kimi-K2 FP8 checkpoint's index (weights and their block scales), 139,583 in all."""
-    wmap = {"model.embed_tokens.weight": shard_name(1)}
-    for layer in range(LAYERS + 1):  # the 62nd is the MTP layer DeepSeek-V3 / Kimi ship
-        shard = shard_name(2 + layer * (SHARDS - 3) // (LAYERS + 1))
+    """Tensor names as a Kimi-K2 FP8 checkpoint's index lists them (weights and their block scales; 61 layers, the
+    first dense, 384 experts), trimmed or padded to the real count (139,583); embedding first, head last."""
+    body: dict[str, str] = {}
+    for layer in range(LAYERS):
+        shard = shard_name(2 + layer * (SHARDS - 3) // LAYERS)
         pre = f"model.layers.{layer}."
         names = [pre + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
                                    "self_attn.q_a_layernorm.weight", "self_attn.kv_a_layernorm.weight")]
         for part in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"):
             names += [f"{pre}self_attn.{part}.weight", f"{pre}self_attn.{part}.weight_scale_inv"]
-        experts = 0 if layer == 0 else 384
-        for e in range(experts):
+        for e in range(0 if layer == 0 else 384):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 names += [f"{pre}mlp.experts.{e}.{proj}.weight", f"{pre}mlp.experts.{e}.{proj}.weight_scale_inv"]
         for proj in ("gate_proj", "up_proj", "down_proj"):
@@ -78,15 +78,14 @@ def fp8_weight_map() -> dict[str, str]:
             names += [f"{pre}{kind}.{proj}.weight", f"{pre}{kind}.{proj}.weight_scale_inv"]
         if layer:
             names += [f"{pre}mlp.gate.weight", f"{pre}mlp.gate.e_score_correction_bias"]
-        for n in names:
-            wmap[n] = shard
-    wmap["model.norm.weight"] = shard_name(SHARDS)
-    wmap["lm_head.weight"] = shard_name(SHARDS)
-    names = list(wmap)
-    while len(wmap) < FP8_ENTRIES:  # the MTP layer's own extras, to the real count
-        wmap[f"model.layers.{LAYERS}.extra.{len(wmap)}.weight"] = shard_name(SHARDS - 1)
-    assert len(names) <= FP8_ENTRIES
-    return dict(list(wmap.items())[:FP8_ENTRIES])
+        body.update(dict.fromkeys(names, shard))
+    room = FP8_ENTRIES - 3
+    items = list(body.items())[:room]
+    items += [(f"model.layers.{LAYERS - 1}.extra.{i}.weight", shard_name(SHARDS - 1)) for i in range(room - len(items))]
+    wmap = {"model.embed_tokens.weight": shard_name(1), **dict(items),
+            "model.norm.weight": shard_name(SHARDS), "lm_head.weight": shard_name(SHARDS)}
+    assert len(wmap) == FP8_ENTRIES
+    return wmap
 
 
 Tensor = tuple[str, str, tuple[int, ...], Callable[[], Iterator[torch.Tensor]]]
@@ -112,12 +111,16 @@ def write_safetensors(path: Path, tensors: list[Tensor]) -> None:
                 fh.write(b.contiguous().view(torch.uint8).numpy().tobytes())
 
 
+GEN_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU draws the 5 GB of weights in seconds
+
+
 def random_rows(rows: int, cols: int, seed: int, scale: float) -> Callable[[], Iterator[torch.Tensor]]:
-    """bf16 normal(0, scale) rows, the same for the same seed, a block at a time."""
+    """bf16 normal(0, scale) rows, the same for the same seed (and generating device), a block at a time."""
     def blocks() -> Iterator[torch.Tensor]:
         for a in range(0, rows, BLOCK):
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + a)
-            yield (torch.randn(min(BLOCK, rows - a), cols, generator=gen) * scale).to(torch.bfloat16)
+            gen = torch.Generator(GEN_DEVICE).manual_seed(seed * 1_000_003 + a)
+            x = torch.randn(min(BLOCK, rows - a), cols, generator=gen, device=GEN_DEVICE) * scale
+            yield x.to(torch.bfloat16).cpu()
     return blocks
 
 

@@ -104,3 +104,22 @@ def test_disk_rows_gather_the_rows_a_tensor_would(tmp_path: Path) -> None:
     head = disk_rows(ModelDir(t), "lm_head.weight")
     with pytest.raises(ForensicsError, match="lm_head.weight holds NaN or Inf"):
         greedy_rows(lambda a, b: torch.ones(b - a, head.shape[1]), 3, head, block=64)
+
+
+def test_agreement_on_a_torch_device_matches_the_numpy_pass() -> None:
+    """--device cuda's audit pass (run here on the CPU through torch): every figure within 1e-5 of numpy's."""
+    from eagleforensics.evidence import agreement as ag
+    from eagleforensics.evidence.agreement_torch import score_block
+
+    md = ModelDir(SAMPLES / "target")
+    head = ag.TargetHead(ag.head_spec(md), md)
+    gen = np.random.default_rng(1)
+    x = head.normalize(gen.standard_normal((200, head.spec.hidden)).astype(np.float32))
+    nxt = gen.integers(0, head.spec.vocab, 200)
+    want = head.score(x, nxt)
+    got = ag.TokenScores.empty(200)
+    score_block(head, x, nxt, head._true_logits(x, nxt), got, "cpu")
+    np.testing.assert_array_equal(got.rank, want.rank)
+    for name in ("logp", "entropy", "var", "loglik_t", "top1_t", "pit_t"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6, err_msg=name)
+    assert ag.Agreement.of(got).verdict == ag.Agreement.of(want).verdict

@@ -227,7 +227,10 @@ class Artifacts:
 
         if self.inputs.target is None:
             raise ForensicsError("no --target given")
-        return TargetAudit.load(self.inputs.target)
+        audit = TargetAudit.load(self.inputs.target)
+        if audit.head is not None and self.inputs.device != "cpu":  # its lm_head products on the GPU
+            audit.scorer.device = self.inputs.device
+        return audit
 
     @cached_property
     def audit_lines(self) -> list[dict[str, Any]]:

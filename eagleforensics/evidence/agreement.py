@@ -124,8 +124,9 @@ class TokenScores:
 class TargetHead:
     """The target's final norm and lm_head as a scorer of [T, H] final states against next ids."""
 
-    def __init__(self, spec: HeadSpec, model: ModelDir | None = None) -> None:
+    def __init__(self, spec: HeadSpec, model: ModelDir | None = None, device: str = "cpu") -> None:
         self.spec = spec
+        self.device = device  # "cpu": numpy; else the lm_head products run there (evidence.agreement_torch)
         self.model = model if model is not None else ModelDir(spec.path, "target directory")
         gain = None
         if spec.norm is not None:
@@ -187,9 +188,14 @@ class TargetHead:
         out = TokenScores.empty(t)
         if not t:
             return out
+        ztrue = self._true_logits(x, nxt)
+        if self.device != "cpu":  # the same pass on a torch device (evidence.agreement_torch), all tokens at once
+            from .agreement_torch import score_block
+
+            score_block(self, x, nxt, ztrue, out, self.device)
+            return out
         chunk = max(1, min(self.spec.vocab, HEAD_CHUNK_BYTES // (4 * h)))
         block = max(1, min(t, LOGIT_BLOCK // chunk))
-        ztrue = self._true_logits(x, nxt)
         for a in range(0, t, block):
             b = min(t, a + block)
             self._score_block(x[a:b], nxt[a:b], ztrue[a:b], chunk, out.take(a, b))
