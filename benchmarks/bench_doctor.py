@@ -35,6 +35,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
 
 import kimicase  # noqa: E402
 
@@ -104,11 +105,13 @@ class GpuPeak:
         self._thread.join()
 
 
-def run(label: str, args: list[str], gpu: bool, timeout: int) -> dict:
-    """``python -m eagleforensics ARGS --json`` under peakrss.py: wall, peak RSS, GPU peak, exit code, JSON."""
+def run(label: str, args: list[str], gpu: bool, timeout: int, profile: Path | None = None) -> dict:
+    """``python -m eagleforensics ARGS --json`` under peakrss.py: wall, peak RSS, GPU peak, exit code, JSON
+    (``profile``: under cProfile too, its statistics written there)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, str(HERE / "peakrss.py"), sys.executable, "-m", "eagleforensics", *args, "--json"]
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
+    cmd = [sys.executable, str(HERE / "peakrss.py"), sys.executable, *prof, "-m", "eagleforensics", *args, "--json"]
     probe = GpuPeak() if gpu else None
     t0 = time.perf_counter()
     if probe:
@@ -137,7 +140,7 @@ def doctor_work(case: dict, tokens: int, records: int, doc: dict | None) -> dict
     cov_rows = min(4096, records * sup) + min(tokens, 4096)
     audit_rows = records * min(256, sup)
     rep = (doc or {}).get("replay") or {}
-    wirings = len(rep.get("results") or []) or 2
+    wirings = len(rep.get("wirings") or []) or 2
     steps = rep.get("steps") or 3
     q = kimicase.HEADS * kimicase.HEAD_DIM
     layer = 3 * q * 2 * H + H * q + 3 * kimicase.MLP * H
@@ -154,7 +157,7 @@ def doctor_work(case: dict, tokens: int, records: int, doc: dict | None) -> dict
 def replay_summary(doc: dict | None) -> dict[str, tuple[float, list[float]]]:
     if not doc:
         return {}
-    return {r["label"]: (r["accept_length"], r["acc"]) for r in doc.get("results", [])}
+    return {r["label"]: (r["accept_length"], r["acc"]) for r in doc.get("wirings", [])}
 
 
 def main() -> None:
@@ -166,6 +169,8 @@ def main() -> None:
     ap.add_argument("--replay-devices", nargs="*", default=["cpu"], choices=("cpu", "cuda"))
     ap.add_argument("--runs", nargs="+", default=["doctor", "replay", "align"], choices=("doctor", "replay", "align"))
     ap.add_argument("--timeout", type=int, default=3000)
+    ap.add_argument("--profile", type=Path, default=None, help="also profile the doctor run (cProfile) into this file "
+                    "and print its 30 costliest calls (cumulative)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -185,11 +190,13 @@ def main() -> None:
           f"{rates['cpu_flops'] / 1e12:.2f} TFLOP/s CPU" + (f", {rates['gpu_flops'] / 1e12:.1f} TFLOP/s GPU" if gpu else ""))
     common = ["--target", str(case["target"])]
     results = []
+    if "align" in args.runs:  # first: a fresh install compiles align's kernels here (numba's cache), as a user's first
+        results.append(run("align (first)", ["align", str(case["record"]), str(case["capture"])], gpu, args.timeout))
     if "doctor" in args.runs:
         results.append(run(f"doctor --device {args.device}", ["doctor", "--drafter", str(case["drafter"]), *common,
                                                                 "--train", str(case["train"]), "--capture",
                                                                 str(case["capture"]), "--device", args.device],
-                           gpu, args.timeout))
+                           gpu, args.timeout, args.profile))
     if "replay" in args.runs:
         for dev in args.replay_devices:
             results.append(run(f"replay --device {dev}", ["replay", str(case["drafter"]), str(case["capture"]),
@@ -214,9 +221,12 @@ def main() -> None:
             r["roofline_s"], r["ratio"] = round(roof, 2), round(roof / r["wall_s"], 3)
             r["work"] = work
             note += f"; roofline {roof:.1f} s, ratio {roof / r['wall_s']:.2f}"
+            if doc.get("replay"):
+                note += f"; replay's own {doc['replay'].get('seconds')} s"
         elif r["label"].startswith("replay") and doc:
-            note = "; ".join(f"{k}: L={v[0]:.3f}" for k, v in replay_summary(doc).items())
-        elif r["label"] == "align" and doc:
+            note = f"replay's own {doc.get('seconds')} s; " + "; ".join(
+                f"{k}: L={v[0]:.3f}" for k, v in replay_summary(doc).items())
+        elif r["label"].startswith("align") and doc:
             note = f"{doc.get('level')}: {str(doc.get('verdict', ''))[:60]}"
         if r["stderr"] and r["exit"] not in (0, 1):
             note += " | " + " / ".join(r["stderr"])
@@ -230,6 +240,10 @@ def main() -> None:
         speed = reps["replay --device cpu"]["wall_s"] / reps["replay --device cuda"]["wall_s"]
         print(f"# replay cuda vs cpu: {speed:.1f}x faster (wall, {cores} cores); accept length differs by at most "
               f"{worst:.4f}, acc@k by at most {worst_acc:.4f} (tolerance 0.02 / 0.01: float order differs)")
+    if args.profile and args.profile.exists():
+        import pstats
+
+        pstats.Stats(str(args.profile), stream=sys.stdout).sort_stats("cumulative").print_stats(30)
     out = {"tokens": args.tokens, "records": args.records, "cores": cores, "rates": rates,
            "runs": [{k: v for k, v in r.items() if k not in ("json",)} for r in results]}
     print("JSON " + json.dumps(out, default=str))

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
-from ..io.diskrows import DiskRows, head_block
+from ..io.diskrows import DiskRows, all_finite, head_block
 from ..io.drafter import Drafter, DrafterSpec
 from ..io.served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES
 from ..positions import Position
@@ -183,8 +183,11 @@ class DraftForward:
         # the embeddings stay in their stored dtype (a Kimi-size one is 2.35 GB bf16, 4.7 GB widened): a step
         # gathers its rows and widens those (``embed``); every other weight is float32 for the products
         def ready(k: str, v: torch.Tensor) -> torch.Tensor:
-            return v.to(self.device, torch.float32) if v.is_floating_point() and k not in _GATHERED \
-                else v.to(self.device)
+            if not v.is_floating_point() or k in _GATHERED:
+                return v.to(self.device)
+            if self.device.type != "cpu":  # the stored dtype crosses the bus, widened on the device
+                return v.to(self.device).to(torch.float32)
+            return v.to(torch.float32)
         if consume:  # ``weights`` converted in place: each stored tensor is freed as its float32 copy is made
             for k in list(weights):
                 weights[k] = ready(k, weights[k])
@@ -475,7 +478,7 @@ def greedy_rows(final: Callable[[int, int], torch.Tensor], rows: int, lm_head: t
         arg = torch.zeros(n, dtype=torch.long, device=x.device)
         for v0 in range(0, head.shape[0], block):
             w = head_block(head, v0, v0 + block)
-            if isinstance(head, DiskRows) and not bool(torch.isfinite(w).all()):  # read whole, it was checked there
+            if isinstance(head, DiskRows) and not all_finite(w):  # read whole, it was checked there
                 raise ForensicsError(f"target tensor {head.name} holds NaN or Inf", path=head.path)
             logits = x @ w.to(torch.float32).T
             i = logits.argmax(-1)

@@ -31,7 +31,7 @@ import torch
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
-from .diskrows import DiskRows, disk_rows
+from .diskrows import DiskRows, all_finite, disk_rows
 from .modeldir import ModelDir, TensorInfo, read_config
 from .safeload import open_safetensors, read_tensor
 from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
@@ -434,7 +434,7 @@ def _check_values(spec: DrafterSpec, w: dict[str, torch.Tensor], path: Path) -> 
             raise ForensicsError(f"tensor {name} has shape {list(t.shape)}, config implies {list(want[name])}", path=path)
         if isinstance(t, DiskRows):
             t.check_finite(f"tensor {name}", path)
-        elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        elif t.is_floating_point() and not all_finite(t):
             raise ForensicsError(f"tensor {name} holds NaN or Inf", path=path)
     if "d2t" in w:
         if w["d2t"].is_floating_point() or w["d2t"].dtype == torch.bool:
@@ -570,7 +570,7 @@ def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = Tr
                 t.check_finite(f"target tensor {name}", files[name])
         else:
             t = reader.get(name)
-            if not bool(torch.isfinite(t).all()):
+            if not all_finite(t):
                 raise ForensicsError(f"target tensor {name} holds NaN or Inf", path=files[name])
         setattr(out, what, t)
         out.sources[what] = str(files[name])
