@@ -620,7 +620,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     from .engines.crosscheck import check_request
     from .evidence.replay import DraftForward, TargetSide, replay_wiring
     from .io.capture import load_capture
-    from .io.drafter import load_drafter, load_target, probe_target
+    from .io.drafter import check_finite, load_drafter, load_target, probe_target
 
     drop = tuple(dict.fromkeys(served_without))
     _check_options(steps, cost_ratio, device, temperature, top_p, topk, draft_tokens, drop)
@@ -631,7 +631,9 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     if target is not None:  # a refused target (its index, a missing shard) is said before the drafter is loaded
         probe_target(target)
     # lazy: the embeddings and the target's lm_head stay in their files (io.diskrows), read as they are used
-    drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop, lazy=True)
+    on_host = torch.device(device).type == "cpu"  # elsewhere NaN/Inf is looked for once the weights are there
+    drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop, lazy=True,
+                           check_finite=on_host)
     spec = drafter.spec
     head = None if target is None else load_target(  # shapes checked from the headers before anything is read
         target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
@@ -673,6 +675,8 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     side = None if inp.final is None or head is None or head.lm_head is None else \
         TargetSide(inp.final, rows, head.lm_head, device)
     fwd = DraftForward.of(drafter, device, consume=True)
+    if not on_host:
+        check_finite(fwd.w, drafter_dir)
     start = time.perf_counter()
     kwargs: dict[str, Any] = dict(loss_mask=seq.loss_mask, target=side, temperature=temperature, top_p=top_p,
                                   topk=topk, draft_tokens=draft_tokens)

@@ -123,3 +123,17 @@ def test_agreement_on_a_torch_device_matches_the_numpy_pass() -> None:
     for name in ("logp", "entropy", "var", "loglik_t", "top1_t", "pit_t"):
         np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6, err_msg=name)
     assert ag.Agreement.of(got).verdict == ag.Agreement.of(want).verdict
+
+
+def test_deferred_finite_check_says_what_load_drafter_says() -> None:
+    """--device cuda looks for NaN/Inf once the weights are on the device: the same one line as on the host."""
+    from eagleforensics.errors import ForensicsError
+    from eagleforensics.io.drafter import check_finite, load_drafter
+
+    drafter = load_drafter(SAMPLES / "drafter", target=SAMPLES / "target", lazy=True, check_finite=False)
+    check_finite(drafter.weights, SAMPLES / "drafter")  # the sample is finite
+    w = dict(drafter.weights)
+    w["fc.weight"] = w["fc.weight"].clone().to(torch.bfloat16)
+    w["fc.weight"][0, 0] = float("nan")
+    with pytest.raises(ForensicsError, match="tensor fc.weight holds NaN or Inf"):
+        check_finite(w, SAMPLES / "drafter")
