@@ -21,6 +21,7 @@ from .causes import Cause
 from .causes import build as build_causes
 from .checks.registry import all_checks
 from .errors import ForensicsError, printable
+from .io.modeldir import MissingShard, ModelDir
 from .results import IMPACTS, Finding
 from .verdict import ACTION, EXIT_CODES, LEVEL_OF_SEVERITY, OK, PROBLEM, SEVERITY_OF_LEVEL, SEVERITY_ORDER
 
@@ -207,7 +208,11 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     missing = art.missing(check.needs)
     if missing:
         return _not_run(check.name, check.title, missing)
-    result = check.run(art)
+    try:
+        result = check.run(art)
+    except MissingShard as exc:  # a partial download: this check needs a shard the user has not fetched
+        return CheckOutcome(check.name, check.title, NOT_RUN,
+                            reason=f"needs {exc.shard} in the target directory (it holds {exc.tensor}; not downloaded)")
     if result.skipped:
         return CheckOutcome(check.name, check.title, NOT_RUN, reason=result.skipped, data=dict(result.data))
     stray = [f.code for f in result.findings if f.code not in check.codes]
@@ -215,6 +220,30 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
         raise RuntimeError(f"doctor check {check.name!r} emitted codes outside its contract: {stray}")
     status = FOUND if any(f.severity in FLAGGED for f in result.findings) else CLEAN
     return CheckOutcome(check.name, check.title, status, tuple(result.findings), result.note, data=dict(result.data))
+
+
+def row_names(checks: list[Check], pipelines: tuple[Pipeline, ...]) -> list[str]:
+    """The names ``--skip`` / ``--only`` accept: every check's and every pipeline row's (wiring, replay)."""
+    return [c.name for c in checks] + [n for n in (getattr(p, "row_name", None) for p in pipelines) if n]
+
+
+def selected(name: str, inputs: DoctorInputs) -> str:
+    """Why row ``name`` is left out ("" when it runs): named by --skip, or not named by --only."""
+    if name in inputs.skip:
+        return f"skipped (--skip {name})"
+    if inputs.only and name not in inputs.only:
+        return "skipped (not named by --only)"
+    return ""
+
+
+def check_selection(inputs: DoctorInputs, known: list[str]) -> None:
+    """Every name in --skip / --only is a row of the doctor; an unknown one is one line listing the known."""
+    for option, names in (("--skip", inputs.skip), ("--only", inputs.only)):
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise ForensicsError(f"{option}: no doctor check named {printable(bad[0])!r}; known: {', '.join(known)}")
+    if inputs.device not in ("cpu", "cuda") and not str(inputs.device).startswith("cuda:"):
+        raise ForensicsError(f"--device must be cpu or cuda, got {printable(inputs.device)!r}")
 
 
 def check_inputs(inputs: DoctorInputs) -> None:
@@ -235,6 +264,8 @@ def check_inputs(inputs: DoctorInputs) -> None:
             raise ForensicsError(f"--{name.replace('_', '-')} expects a directory (config.json + safetensors)", path=p)
         if want_dir is False and p.is_dir():
             raise ForensicsError(f"--{name.replace('_', '-')} expects a file, got a directory", path=p)
+    if inputs.target is not None:  # its shard index is read now: a refused index fails before any check runs
+        _ = ModelDir(inputs.target, "target directory").index
     if inputs.served_len is not None and inputs.served_len <= 0:
         raise ForensicsError(f"--served-len must be a positive number of tokens, got {inputs.served_len}")
 
@@ -299,7 +330,7 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                          engine=art.engine if art.engine != "trtllm" else None,
                          draft_config=i.draft_config, engine_version=art.engine_version,
                          model_type=i.model_type, convention=i.capture_convention, allow_unsafe=i.allow_unsafe,
-                         served_without=tuple(dropped))
+                         served_without=tuple(dropped), device=i.device)
     except ForensicsError as exc:
         return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
             None, OK
@@ -337,6 +368,9 @@ def add_paired_se(summary: dict[str, Any], rep: Any) -> None:
             w["se_vs_trained"] = paired_se(base, mine)
 
 
+wiring_row.row_name = "wiring"  # type: ignore[attr-defined]  # the name --skip / --only know it by
+replay_row.row_name = "replay"  # type: ignore[attr-defined]
+PIPELINE_TITLES = {"wiring": WIRING_TITLE, "replay": REPLAY_TITLE}
 DEFAULT_PIPELINES: tuple[Pipeline, ...] = (wiring_row, replay_row)
 
 
@@ -349,14 +383,22 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
     ``aligned``: align's result on the same record and capture, already computed (the align notebook's),
     which the wiring row then reuses instead of aligning again.
     """
+    checks = all_checks() if checks is None else checks
+    check_selection(inputs, row_names(checks, pipelines))
     check_inputs(inputs)
     art = Artifacts(inputs)
     if aligned is not None:
         art.memo("aligned", lambda: aligned)
-    outcomes = [run_check(c, art) for c in (all_checks() if checks is None else checks)]
+    outcomes = [CheckOutcome(c.name, c.title, NOT_RUN, reason=selected(c.name, inputs)) if selected(c.name, inputs)
+                else run_check(c, art) for c in checks]
     summaries: dict[str, dict[str, Any] | None] = {}
     extra = OK
     for pipe in pipelines:
+        name = getattr(pipe, "row_name", None)
+        if name and selected(name, inputs):
+            outcomes.append(CheckOutcome(name, PIPELINE_TITLES[name], NOT_RUN, reason=selected(name, inputs)))
+            summaries[name] = None
+            continue
         outcome, summary, level = pipe(art)
         outcomes.append(outcome)
         summaries[outcome.name] = summary

@@ -295,11 +295,9 @@ def _final_reader(cap: Capture, head: TargetHead) -> tuple[Callable[[int, int], 
 
 
 def _greedy_tokens(final: Callable[[int, int], torch.Tensor], rows: int, head: TargetHead, device: str) -> torch.Tensor:
-    from .evidence.replay import ROW_CHUNK, target_tokens
+    from .evidence.replay import greedy_rows
 
-    step = max(1, min(ROW_CHUNK, (1 << 24) // max(1, head.lm_head.shape[0])))  # type: ignore[union-attr]
-    return torch.cat([target_tokens(final(a, min(a + step, rows)), head.lm_head, device, step)  # type: ignore[arg-type]
-                      for a in range(0, rows, step)])
+    return greedy_rows(final, rows, head.lm_head, device)  # type: ignore[arg-type]
 
 
 def target_next_tokens(cap: Capture, rows: int, target: Any | None, device: str, ids: torch.Tensor | None = None,
@@ -648,7 +646,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     from .engines.crosscheck import check_request
     from .evidence.replay import DraftForward, TargetSide, replay_wiring
     from .io.capture import load_capture
-    from .io.drafter import load_drafter, load_target
+    from .io.drafter import check_finite, load_drafter, load_target, probe_target
 
     drop = tuple(dict.fromkeys(served_without))
     _check_options(steps, cost_ratio, device, temperature, top_p, topk, draft_tokens, drop)
@@ -656,11 +654,16 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     if engine is not None and draft_config is None:
         draft_config = Path(drafter_dir) / "config.json"  # the drafter's own config is what a server reads
     check_request(draft_config, engine, engine_version, model_type)
-    drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop)
+    if target is not None:  # a refused target (its index, a missing shard) is said before the drafter is loaded
+        probe_target(target)
+    # lazy: the embeddings and the target's lm_head stay in their files (io.diskrows), read as they are used
+    on_host = torch.device(device).type == "cpu"  # elsewhere NaN/Inf is looked for once the weights are there
+    drafter = load_drafter(drafter_dir, target=target, target_embed=OWN_EMBEDDING in drop, lazy=True,
+                           check_finite=on_host)
     spec = drafter.spec
     head = None if target is None else load_target(  # shapes checked from the headers before anything is read
         target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
-                                     "norm": (spec.target_hidden_size,)})
+                                     "norm": (spec.target_hidden_size,)}, lazy=True)
     if temperature > 0 and (head is None or head.lm_head is None):
         raise ForensicsError("--temperature needs --target: the target's lm_head gives the distribution p")
     record = None
@@ -697,7 +700,9 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
                                 f"{rows} rows: those rows have no target token and are not counted"))
     side = None if inp.final is None or head is None or head.lm_head is None else \
         TargetSide(inp.final, rows, head.lm_head, device)
-    fwd = DraftForward.of(drafter, device)
+    fwd = DraftForward.of(drafter, device, consume=True)
+    if not on_host:
+        check_finite(fwd.w, drafter_dir)
     start = time.perf_counter()
     kwargs: dict[str, Any] = dict(loss_mask=seq.loss_mask, target=side, temperature=temperature, top_p=top_p,
                                   topk=topk, draft_tokens=draft_tokens)

@@ -60,11 +60,15 @@ class DoctorInputs:
     capture_convention: str = "hf"
     max_records: int = DEFAULT_MAX_RECORDS
     allow_unsafe: bool = False
+    skip: tuple[str, ...] = ()  # check names left out (--skip); their rows say "skipped"
+    only: tuple[str, ...] = ()  # when given, the only checks run (--only)
+    device: str = "cpu"  # where replay and the lm_head products run (--device cuda)
 
     def given(self) -> dict[str, Any]:
-        """The inputs that were given, for the JSON."""
-        return {k: v for k, v in self.__dict__.items() if v is not None and k not in (
-            "capture_convention", "max_records", "allow_unsafe")}
+        """The inputs that were given, for the JSON (skip / only / device only when set)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()
+                if v is not None and v != () and not (k == "device" and v == "cpu") and k not in (
+                    "capture_convention", "max_records", "allow_unsafe")}
 
 
 @dataclass(frozen=True)
@@ -225,7 +229,10 @@ class Artifacts:
 
         if self.inputs.target is None:
             raise ForensicsError("no --target given")
-        return TargetAudit.load(self.inputs.target)
+        audit = TargetAudit.load(self.inputs.target)
+        if audit.head is not None and self.inputs.device != "cpu":  # its lm_head products on the GPU
+            audit.scorer.device = self.inputs.device
+        return audit
 
     @cached_property
     def audit_lines(self) -> list[dict[str, Any]]:

@@ -10,11 +10,13 @@ greedy output. Checks say which kind they used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..arrays import f32
 from ..errors import ForensicsError
+from ..io.modeldir import ModelDir
 from ..evidence.norms import looks_post_norm, row_summary, unit_rms
 from ..positions import Position
 from .base import Artifacts
@@ -35,15 +37,23 @@ class NextTokens:
 
 @dataclass(frozen=True)
 class TargetHead:
-    """The target's lm_head [V, H] (as stored), final norm gain and eps, for greedy tokens."""
+    """The target's lm_head (where it is stored: ``name`` in ``model``, [V, H]), final norm gain and eps.
 
-    lm_head: np.ndarray
+    The head is never held whole: ``greedy`` streams it a block of vocabulary rows at a time from its shard."""
+
+    model: ModelDir
+    name: str
+    shape: tuple[int, ...]
     norm: np.ndarray | None
     eps: float
 
+    @property
+    def hidden(self) -> int:
+        return int(self.shape[1])
+
 
 def target_head(art: Artifacts) -> TargetHead | None:
-    """The target's lm_head (tied: the embedding) and final norm, read once; None without ``--target``."""
+    """The target's lm_head (tied: the embedding) and final norm, found once; None without ``--target``."""
     if not art.available("target"):
         return None
 
@@ -55,6 +65,10 @@ def target_head(art: Artifacts) -> TargetHead | None:
         if name is None:
             raise ForensicsError("target has no lm_head tensor (looked for lm_head.weight in the safetensors index)",
                                  path=t.path)
+        info = t.info(name)  # its shard's header only (MissingShard when not downloaded)
+        if len(info.shape) != 2:
+            raise ForensicsError(f"target tensor {name} has shape {list(info.shape)}; expected [vocab, hidden]",
+                                 path=info.file)
         norm_name = t.find("norm")
         head_shape = t.info(name).shape
         if len(head_shape) != 2:
@@ -66,23 +80,60 @@ def target_head(art: Artifacts) -> TargetHead | None:
                                  f"norm of a target whose {name} reads {head_shape[1]} features is "
                                  f"[{head_shape[1]}]", path=t.info(norm_name).file)
         eps = t.text.get("rms_norm_eps", 1e-6)
-        return TargetHead(t.read(name), f32(t.read(norm_name)) if norm_name else None,
+        return TargetHead(t, name, info.shape, f32(t.read(norm_name)) if norm_name else None,
                           float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else 1e-6)
     return art.memo("target-head", make)
 
 
-def greedy(final: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """argmax over the vocabulary of ``final @ head.T``, a block of vocabulary rows at a time."""
+def greedy(final: np.ndarray, head: TargetHead | np.ndarray, device: str = "cpu") -> np.ndarray:
+    """argmax over the vocabulary of ``final @ head.T``, a block of ``VOCAB_BLOCK`` vocabulary rows at a time: each
+    block read (from the shard, for a ``TargetHead``) and widened to float32 once for all rows of ``final``;
+    on ``device`` (cuda) through torch, each block copied there once."""
+    if device != "cpu":
+        return _greedy_torch(final, head, device)
     x = f32(final)
     best = np.full(x.shape[0], -np.inf, np.float32)
     arg = np.zeros(x.shape[0], np.int64)
-    for a in range(0, head.shape[0], VOCAB_BLOCK):
-        logits = x @ f32(head[a:a + VOCAB_BLOCK]).T
+    vocab = head.shape[0]
+    buf: np.ndarray | None = None
+    for a in range(0, vocab, VOCAB_BLOCK):
+        if isinstance(head, TargetHead):
+            w = head.model.row_block(head.name, a, min(vocab, a + VOCAB_BLOCK), out=buf)
+            buf = w if buf is None else buf
+        else:
+            w = head[a:a + VOCAB_BLOCK]
+        logits = x @ f32(w).T
         i = logits.argmax(-1)
         v = logits[np.arange(x.shape[0]), i]
         better = v > best
         best[better], arg[better] = v[better], i[better] + a
     return arg
+
+
+def _greedy_torch(final: np.ndarray, head: TargetHead | np.ndarray, device: str) -> np.ndarray:
+    """``greedy`` on a torch device: the same blocks and the same first-maximum rule, float32 products there."""
+    import torch
+
+    from ..arrays import to_torch
+
+    x = to_torch(f32(final)).to(device)
+    best = torch.full((x.shape[0],), -torch.inf, device=device)
+    arg = torch.zeros(x.shape[0], dtype=torch.long, device=device)
+    vocab = head.shape[0]
+    buf: np.ndarray | None = None
+    for a in range(0, vocab, VOCAB_BLOCK):
+        if isinstance(head, TargetHead):
+            w = head.model.row_block(head.name, a, min(vocab, a + VOCAB_BLOCK), out=buf)
+            buf = w if buf is None else buf
+        else:
+            w = head[a:a + VOCAB_BLOCK]
+        logits = x @ to_torch(w).to(device).to(torch.float32).T  # the stored dtype crosses the bus
+        i = logits.argmax(-1)
+        v = logits.gather(1, i[:, None])[:, 0]
+        better = v > best
+        best = torch.where(better, v, best)
+        arg = torch.where(better, i + a, arg)
+    return arg.cpu().numpy()
 
 
 def _as_post_norm(state: np.ndarray, head: TargetHead) -> tuple[np.ndarray, str] | None:
@@ -94,12 +145,13 @@ def _as_post_norm(state: np.ndarray, head: TargetHead) -> tuple[np.ndarray, str]
     return unit_rms(state) * head.norm, "raw, through the target's final norm"
 
 
-def record_tokens(art: Artifacts) -> NextTokens | None:
-    """The records' next tokens at supervised positions: the target's greedy choice when it can be computed."""
-    head = target_head(art)
-    exact: list[np.ndarray] = []
+def _record_states(art: Artifacts, head: TargetHead | None) -> tuple[list[np.ndarray], list[np.ndarray], set[str]]:
+    """The records' supervised next ids, and the final states (post-norm) of the first ``MAX_TOKENS`` supervised
+    positions whose greedy token can be computed: rows past the sample are never multiplied with the lm_head."""
+    states: list[np.ndarray] = []
     ids_only: list[np.ndarray] = []
     kinds: set[str] = set()
+    kept = 0
     for rec in art.records:
         ids = rec.input_ids
         if ids is None or ids.size < 2:
@@ -109,14 +161,57 @@ def record_tokens(art: Artifacts) -> NextTokens | None:
         sup = np.flatnonzero(mask[1:n] != 0)  # position t predicts t+1, supervised when t+1 is
         ids_only.append(ids[1:n][sup])
         final = next((e for e in rec.entries if e.role == "final"), None)
-        if head is not None and final is not None and final.data.shape[1] == head.lm_head.shape[1] \
+        if head is not None and final is not None and final.data.shape[1] == head.hidden \
                 and final.data.shape[0] >= n:
+            # post-norm or raw is decided on all the record's supervised rows (as before), the product on the sample
             state = _as_post_norm(final.data[: n - 1][sup], head) if sup.size else None
             if state is not None:
-                exact.append(greedy(state[0], head.lm_head))
+                take = state[0][: max(0, MAX_TOKENS - kept)]
+                states.append(take)
+                kept += take.shape[0]
                 kinds.add(state[1])
-    if exact:
-        tokens = np.concatenate(exact)[:MAX_TOKENS]
+    return states, ids_only, kinds
+
+
+def _capture_state(art: Artifacts, head: TargetHead | None) -> tuple[np.ndarray, str] | None:
+    """The capture's first ``MAX_TOKENS`` final states (post-norm; raw ones through the target's norm), or None."""
+    cap = art.capture
+    rows = min(cap.num_tokens, MAX_TOKENS)
+    n = cap.num_layers
+    if head is not None and n is not None and cap.hidden_size == head.hidden:
+        post, raw = Position(n, True), Position(n)
+        if post in cap.readers:
+            return cap.read_rows(post, 0, rows), "post-norm"
+        if raw in cap.readers and head.norm is not None:
+            return unit_rms(cap.read_rows(raw, 0, rows)) * head.norm, "raw, through the target's final norm"
+    return None
+
+
+def _greedy_sources(art: Artifacts) -> dict[str, Any]:
+    """The records' and the capture's sampled states and their greedy tokens, from one pass over the lm_head."""
+    def make() -> dict[str, Any]:
+        head = target_head(art)
+        out: dict[str, Any] = {}
+        if art.available("train"):
+            out["records"] = _record_states(art, head)
+        if art.available("capture"):
+            out["capture"] = _capture_state(art, head)
+        parts = [np.concatenate(out["records"][0]) if out.get("records") and out["records"][0] else None,
+                 out["capture"][0] if out.get("capture") is not None else None]
+        sizes = [0 if p is None else p.shape[0] for p in parts]
+        if head is not None and sum(sizes):
+            tokens = greedy(np.concatenate([f32(p) for p in parts if p is not None]), head, art.inputs.device)
+            out["greedy"] = (tokens[: sizes[0]], tokens[sizes[0]:])
+        return out
+    return art.memo("next-token-greedy", make)
+
+
+def record_tokens(art: Artifacts) -> NextTokens | None:
+    """The records' next tokens at supervised positions: the target's greedy choice when it can be computed."""
+    got = _greedy_sources(art)
+    states, ids_only, kinds = got["records"]
+    if states:
+        tokens = got["greedy"][0][:MAX_TOKENS]
         return NextTokens("records", tokens, "the target's greedy token (its lm_head on the records' final state, "
                           f"{'/'.join(sorted(kinds))}) at supervised positions", True)
     if ids_only:
@@ -127,21 +222,13 @@ def record_tokens(art: Artifacts) -> NextTokens | None:
 def capture_tokens(art: Artifacts) -> NextTokens | None:
     """The capture's next tokens: the target's greedy choice from its final state, else its own next ids."""
     cap = art.capture
-    head = target_head(art)
     rows = min(cap.num_tokens, MAX_TOKENS)
-    n = cap.num_layers
-    if head is not None and n is not None and cap.hidden_size == head.lm_head.shape[1]:
-        post, raw = Position(n, True), Position(n)
-        state = None
-        if post in cap.readers:
-            state, kind = cap.read_rows(post, 0, rows), "post-norm"
-        elif raw in cap.readers and head.norm is not None:
-            state, kind = unit_rms(cap.read_rows(raw, 0, rows)) * head.norm, "raw, through the target's final norm"
-        if state is not None:
-            return NextTokens("capture", greedy(state, head.lm_head),
-                              f"the target's greedy token (its lm_head on the capture's final state, {kind})", True)
+    got = _greedy_sources(art)
+    state = got["capture"]
+    if state is not None:
+        return NextTokens("capture", got["greedy"][1],
+                          f"the target's greedy token (its lm_head on the capture's final state, {state[1]})", True)
     if cap.input_ids is not None and cap.input_ids.size > 1:
         return NextTokens("capture", np.asarray(cap.input_ids[1:rows + 1], np.int64), "the capture's own next ids",
                           False)
     return None
-

@@ -32,6 +32,13 @@ ENGINES = ("sglang", "vllm", "trtllm")
               show_default=True, help="What the integers in the capture mean.")
 @click.option("--max-records", type=click.IntRange(min=1), default=64, show_default=True,
               help="With --train DIR: read at most this many records.")
+@click.option("--skip", "skip", multiple=True, metavar="CHECK",
+              help="Leave this check out (repeat, or comma-separated; names as in the checks table: sizes, "
+                   "vocab-coverage, data-origin, wiring, replay, ...); its row says skipped.")
+@click.option("--only", "only", multiple=True, metavar="CHECK",
+              help="Run only these checks (repeat, or comma-separated); the others' rows say skipped.")
+@click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True,
+              help="Where replay and the target's lm_head products run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
               help="Also write an offline HTML report (notebooks/doctor.ipynb, one row per check) to this file.")
@@ -41,8 +48,8 @@ ENGINES = ("sglang", "vllm", "trtllm")
 def doctor(drafter: str | None, target: str | None, train: str | None, capture: str | None,
            draft_config: str | None, engine: str | None, engine_version: str | None, vllm_runner: str | None,
            model_type: str | None, log: str | None, served_len: int | None, served_prompts: str | None,
-           capture_convention: str, max_records: int, as_json: bool, report_path: str | None, title: str | None,
-           allow_unsafe_pickle: bool) -> None:
+           capture_convention: str, max_records: int, skip: tuple[str, ...], only: tuple[str, ...], device: str,
+           as_json: bool, report_path: str | None, title: str | None, allow_unsafe_pickle: bool) -> None:
     """Why is acceptance low? Run every check the given artifacts allow, most costly finding first.
 
     Each check looks for one common cause (vocabulary map, embedding, sizes, flags an engine ignores,
@@ -52,6 +59,9 @@ def doctor(drafter: str | None, target: str | None, train: str | None, capture: 
 
     With --report OUT.html the same checks run in notebooks/doctor.ipynb (papermill -> nbconvert,
     one offline page); the verdict, what to do and the page's path are printed (--json: the object).
+
+    --skip CHECK / --only CHECK leave checks out by the names of the checks table (an unknown name is
+    bad input); --device cuda runs replay and the target's lm_head products on the GPU.
 
     Exit 0: nothing found (OK). 1: something to change (ACTION) or broken (PROBLEM). 2: bad input.
     3: the report notebook crashed.
@@ -63,7 +73,7 @@ def doctor(drafter: str | None, target: str | None, train: str | None, capture: 
                           engine=engine, engine_version=engine_version, vllm_runner=vllm_runner,
                           model_type=model_type, log=log, served_len=served_len, served_prompts=served_prompts,
                           capture_convention=capture_convention, max_records=max_records,
-                          allow_unsafe=allow_unsafe_pickle)
+                          allow_unsafe=allow_unsafe_pickle, skip=_names(skip), only=_names(only), device=device)
     if report_path is not None:
         import json
         from pathlib import Path
@@ -84,3 +94,8 @@ def doctor(drafter: str | None, target: str | None, train: str | None, capture: 
     report = run_guarded(lambda: diagnose(inputs))
     echo_text(report.to_json() if as_json else report.to_text())
     sys.exit(report.exit_code)
+
+
+def _names(values: tuple[str, ...]) -> tuple[str, ...]:
+    """--skip a --skip b and --skip a,b alike: the names, in order, once each."""
+    return tuple(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))

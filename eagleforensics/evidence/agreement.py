@@ -21,6 +21,7 @@ logits block. Sums (``Agreement``) merge across records and scan workers.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,8 +124,9 @@ class TokenScores:
 class TargetHead:
     """The target's final norm and lm_head as a scorer of [T, H] final states against next ids."""
 
-    def __init__(self, spec: HeadSpec, model: ModelDir | None = None) -> None:
+    def __init__(self, spec: HeadSpec, model: ModelDir | None = None, device: str = "cpu") -> None:
         self.spec = spec
+        self.device = device  # "cpu": numpy; else the lm_head products run there (evidence.agreement_torch)
         self.model = model if model is not None else ModelDir(spec.path, "target directory")
         gain = None
         if spec.norm is not None:
@@ -186,9 +188,14 @@ class TargetHead:
         out = TokenScores.empty(t)
         if not t:
             return out
+        ztrue = self._true_logits(x, nxt)
+        if self.device != "cpu":  # the same pass on a torch device (evidence.agreement_torch), all tokens at once
+            from .agreement_torch import score_block
+
+            score_block(self, x, nxt, ztrue, out, self.device)
+            return out
         chunk = max(1, min(self.spec.vocab, HEAD_CHUNK_BYTES // (4 * h)))
         block = max(1, min(t, LOGIT_BLOCK // chunk))
-        ztrue = self._true_logits(x, nxt)
         for a in range(0, t, block):
             b = min(t, a + block)
             self._score_block(x[a:b], nxt[a:b], ztrue[a:b], chunk, out.take(a, b))
@@ -227,13 +234,15 @@ class TargetHead:
                 centre = new.copy()
             scale = np.exp(m - new)
             shift = (z - new[:, None].astype(np.float32))  # <= 0
-            for g, k in enumerate(inv_t):
+            def at(g: int, k: float = 0.0) -> None:  # one temperature's sums: columns g of st and sa only
+                k = float(inv_t[g])
                 rescale = np.exp((m - new) * k)
                 e_t = np.exp(shift * np.float32(k))
                 st[:, g] = st[:, g] * rescale + e_t.sum(1, dtype=np.float64)
                 e_t *= gt
                 sa[:, g] = sa[:, g] * rescale + e_t.sum(1, dtype=np.float64)
-            del shift, e_t
+            _each(at, inv_t.size, shift.size)
+            del shift
             z -= centre[:, None].astype(np.float32)  # d = z - centre, in place
             e = np.exp(z - (new - centre)[:, None].astype(np.float32))
             s0 = s0 * scale + e.sum(1, dtype=np.float64)
@@ -255,6 +264,25 @@ class TargetHead:
         # U from the token's own logit, not a generator: the same token gets the same PIT in any batch
         u = np.modf(np.abs(ztrue) * 7919.0 + nxt * 0.6180339887)[0][:, None]
         out.pit_t[:] = np.clip(sa / st + u * np.exp(out.loglik_t), 0.0, 1.0 - 1e-12)
+
+
+_POOL: list[Any] = []  # the threads of the temperature scan, started on first use
+PARALLEL_MIN = 1 << 16  # logits in a block below which the temperatures run in this thread
+
+
+def _each(fn: Any, count: int, size: int) -> None:
+    """``fn(g)`` for g < count, on threads when the block is large: numpy's exp and sums release the GIL, and each
+    g writes only its own columns, so the sums are exactly those of the plain loop, in a fraction of the time."""
+    workers = min(count, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if size < PARALLEL_MIN or workers < 2:
+        for g in range(count):
+            fn(g)
+        return
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eagleforensics-temperature"))
+    list(_POOL[0].map(fn, range(count)))
 
 
 def supervised_positions(loss_mask: Any, real: int, limit: int | None = None, *, input_ids: Any = None,

@@ -45,11 +45,15 @@ import torch.nn.functional as F
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
+from ..io.diskrows import DiskRows, all_finite, head_block
 from ..io.drafter import Drafter, DrafterSpec
 from ..io.served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES
 from ..positions import Position
 
 ROW_CHUNK = 256
+HEAD_BLOCK = 8192  # lm_head rows widened to float32 at once (a 7168-wide block: 235 MB)
+GREEDY_ROWS = 4096  # final states multiplied with each widened block at once (7168 wide: 117 MB, logits 134 MB)
+_GATHERED = ("embed", "target_embed")  # weights kept as stored: only the rows a step looks up are widened
 ATTN_BUDGET = 1 << 24  # floats in one attention score block (64 MiB); the softmax copies it about twice
 
 AuxRows = Callable[[int, int], torch.Tensor]
@@ -170,15 +174,27 @@ class DraftForward:
     """
 
     def __init__(self, spec: DrafterSpec, weights: dict[str, torch.Tensor], device: str = "cpu",
-                 drop: frozenset[str] | set[str] = frozenset()) -> None:
+                 drop: frozenset[str] | set[str] = frozenset(), consume: bool = False) -> None:
         unknown = sorted(set(drop) - set(SERVED_FEATURES))
         if unknown:
             raise ForensicsError(f"unknown served-without feature {', '.join(unknown)} (known: "
                                  f"{', '.join(SERVED_FEATURES)})")
         self.spec = spec
         self.device = torch.device(device)
-        self.w = {k: (v.to(self.device, torch.float32) if v.is_floating_point() else v.to(self.device))
-                  for k, v in weights.items()}
+        # the embeddings stay in their stored dtype (a Kimi-size one is 2.35 GB bf16, 4.7 GB widened): a step
+        # gathers its rows and widens those (``embed``); every other weight is float32 for the products
+        def ready(k: str, v: torch.Tensor) -> torch.Tensor:
+            if not v.is_floating_point() or k in _GATHERED:
+                return v.to(self.device)
+            if self.device.type != "cpu":  # the stored dtype crosses the bus, widened on the device
+                return v.to(self.device).to(torch.float32)
+            return v.to(torch.float32)
+        if consume:  # ``weights`` converted in place: each stored tensor is freed as its float32 copy is made
+            for k in list(weights):
+                weights[k] = ready(k, weights[k])
+            self.w = dict(weights)
+        else:
+            self.w = {k: ready(k, v) for k, v in weights.items()}
         self.inv, self.rope_scale = rope_tables(spec, self.device)
         d2t = self.w.get("d2t")
         self.draft_ids = torch.arange(spec.draft_vocab_size, device=self.device)
@@ -213,8 +229,11 @@ class DraftForward:
         return other
 
     @classmethod
-    def of(cls, drafter: Drafter, device: str = "cpu", drop: frozenset[str] | set[str] = frozenset()) -> DraftForward:
-        return cls(drafter.spec, drafter.weights, device, drop)
+    def of(cls, drafter: Drafter, device: str = "cpu", drop: frozenset[str] | set[str] = frozenset(),
+           consume: bool = False) -> DraftForward:
+        """The forward of ``drafter``; ``consume``: its weights dict is converted in place (the stored copies are not
+        held beside the float32 ones: a Kimi-size drafter's peak is its float32 size, not 1.5x it)."""
+        return cls(drafter.spec, drafter.weights, device, drop, consume)
 
     def to_target(self, draft: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target-vocabulary ids."""
@@ -297,7 +316,8 @@ class DraftForward:
         return (normed if self.feed_back_normed else h), logits
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_weight[ids.to(self.device)]
+        """Rows ``ids`` of the embedding, widened to float32 (the matrix itself stays as stored)."""
+        return self.embed_weight[ids.to(self.device)].to(torch.float32)
 
     def _attend(self, layer: int, q: torch.Tensor, pre: Prefix, b: int, rows: torch.Tensor,
                 own: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -408,16 +428,73 @@ def _rows_of(aux: torch.Tensor | AuxRows) -> AuxRows:
     return aux
 
 
+_HEAD_ON_DEVICE: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> (host lm_head, its device copy)
+
+
+def head_on(lm_head: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """``lm_head`` on ``device`` in its stored dtype, copied there once per head (not per chunk of rows); a
+    ``DiskRows`` head stays in its file on the CPU (read a block at a time) and is copied block by block elsewhere."""
+    dev = torch.device(device)
+    if lm_head.device == dev:
+        return lm_head
+    key = str(dev)
+    held = _HEAD_ON_DEVICE.get(key)
+    if held is None or held[0] is not lm_head:
+        _HEAD_ON_DEVICE.pop(key, None)  # one head per device: the previous one is freed first
+        if isinstance(lm_head, DiskRows):  # block by block from the file, each checked on the device
+            moved = torch.empty(tuple(lm_head.shape), dtype=lm_head.dtype, device=dev)
+            for a, w in lm_head.blocks():
+                moved[a:a + w.shape[0]] = w.to(dev, non_blocking=False)
+                if not bool(torch.isfinite(moved[a:a + w.shape[0]]).all()):
+                    raise ForensicsError(f"target tensor {lm_head.name} holds NaN or Inf", path=lm_head.path)
+        else:
+            moved = lm_head.to(dev)
+        _HEAD_ON_DEVICE[key] = (lm_head, moved)
+    return _HEAD_ON_DEVICE[key][1]
+
+
+def head_logits(x: torch.Tensor, head: torch.Tensor, out: torch.Tensor | None = None,
+                block: int = HEAD_BLOCK) -> torch.Tensor:
+    """``x @ head.T`` in float32 ([n, V]) with the head widened a block of ``block`` vocabulary rows at a time."""
+    out = torch.empty(x.shape[0], head.shape[0], device=x.device) if out is None else out
+    for v0 in range(0, head.shape[0], block):
+        w = head_block(head, v0, v0 + block).to(torch.float32)
+        torch.matmul(x, w.T, out=out[:, v0:v0 + w.shape[0]])
+    return out
+
+
+def greedy_rows(final: Callable[[int, int], torch.Tensor], rows: int, lm_head: torch.Tensor,
+                device: str = "cpu", row_block: int = GREEDY_ROWS, block: int = HEAD_BLOCK) -> torch.Tensor:
+    """The target's greedy next token for rows [0, rows) of ``final`` (post-norm states), -1 where non-finite.
+
+    The lm_head (stored dtype, on ``device`` once) is widened to float32 a block of vocabulary rows at a time and
+    each block is multiplied with up to ``row_block`` rows at once: for T <= ``row_block`` the head is widened
+    once in all, where a per-chunk conversion widened the whole of it for every 100 rows."""
+    head = head_on(lm_head, device)
+    out = []
+    for a in range(0, rows, row_block):
+        x = final(a, min(rows, a + row_block)).to(device, torch.float32)
+        n = x.shape[0]
+        best = torch.full((n,), -torch.inf, device=x.device)
+        arg = torch.zeros(n, dtype=torch.long, device=x.device)
+        for v0 in range(0, head.shape[0], block):
+            w = head_block(head, v0, v0 + block)
+            if isinstance(head, DiskRows) and not all_finite(w):  # read whole, it was checked there
+                raise ForensicsError(f"target tensor {head.name} holds NaN or Inf", path=head.path)
+            logits = x @ w.to(torch.float32).T
+            i = logits.argmax(-1)
+            v = logits.gather(1, i[:, None])[:, 0]
+            better = v > best  # strict: the first maximum wins, as one argmax over the whole row
+            best = torch.where(better, v, best)
+            arg = torch.where(better, i + v0, arg)
+        out.append(torch.where(torch.isfinite(x).all(-1), arg, torch.full_like(arg, -1)).cpu())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
 def target_tokens(final_normed: torch.Tensor, lm_head: torch.Tensor, device: str = "cpu",
                   chunk: int = ROW_CHUNK) -> torch.Tensor:
     """The target's greedy next token per row: argmax of its lm_head on the post-norm final state (-1 where non-finite)."""
-    head = lm_head.to(device, torch.float32)
-    out = []
-    for a in range(0, final_normed.shape[0], chunk):
-        x = final_normed[a:a + chunk].to(device, torch.float32)
-        y = (x @ head.T).argmax(-1)
-        out.append(torch.where(torch.isfinite(x).all(-1), y, torch.full_like(y, -1)).cpu())
-    return torch.cat(out)
+    return greedy_rows(lambda a, b: final_normed[a:b], final_normed.shape[0], lm_head, device)
 
 
 def top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -442,13 +519,13 @@ class TargetSide:
 
     def probs(self, a: int, b: int, temperature: float, top_p: float = 1.0) -> torch.Tensor:
         """Sampling distribution of the target after rows a..b-1 ([b-a, V]; zeros past the end or where non-finite)."""
-        head = self.lm_head.to(self.device, torch.float32)
+        head = head_on(self.lm_head, self.device)  # stored dtype; widened a block at a time in head_logits
         out = torch.zeros(b - a, head.shape[0], device=self.device)
         hi = min(b, self.rows)
         if hi > a:
             x = self.final(a, hi).to(self.device, torch.float32)
             ok = torch.isfinite(x).all(-1)
-            p = torch.softmax((torch.where(ok[:, None], x, torch.zeros((), device=x.device)) @ head.T)
+            p = torch.softmax(head_logits(torch.where(ok[:, None], x, torch.zeros((), device=x.device)), head)
                               / temperature, -1)
             out[:hi - a] = top_p_renorm(p, top_p) * ok[:, None]
         return out

@@ -31,7 +31,8 @@ import torch
 
 from ..arrays import to_torch
 from ..errors import ForensicsError
-from .modeldir import ModelDir, read_config
+from .diskrows import DiskRows, all_finite, disk_rows
+from .modeldir import ModelDir, TensorInfo, read_config
 from .safeload import open_safetensors, read_tensor
 from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
 
@@ -442,13 +443,18 @@ def _check_headers(spec: DrafterSpec, names: dict[str, str], md: ModelDir, path:
                                  path=files[stored])
 
 
-def _check_values(spec: DrafterSpec, w: dict[str, torch.Tensor], path: Path) -> None:
-    """Shapes of what was read (the target's embedding included), finite floats, d2t inside the target vocabulary."""
+def _check_values(spec: DrafterSpec, w: dict[str, torch.Tensor], path: Path, finite: bool = True) -> None:
+    """Shapes of what was read (the target's embedding included), finite floats (unless ``finite`` is False: the
+    caller checks them where they go, ``check_finite``), d2t inside the target vocabulary."""
     want = expected_shapes(spec)
     for name, t in w.items():
         if name in want and tuple(t.shape) != want[name]:
             raise ForensicsError(f"tensor {name} has shape {list(t.shape)}, config implies {list(want[name])}", path=path)
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if not finite:
+            continue
+        if isinstance(t, DiskRows):
+            t.check_finite(f"tensor {name}", path)
+        elif t.is_floating_point() and not all_finite(t):
             raise ForensicsError(f"tensor {name} holds NaN or Inf", path=path)
     if "d2t" in w:
         if w["d2t"].is_floating_point() or w["d2t"].dtype == torch.bool:
@@ -461,11 +467,24 @@ def _check_values(spec: DrafterSpec, w: dict[str, torch.Tensor], path: Path) -> 
                              f"({spec.vocab_size}) but the drafter has no d2t map", path=path)
 
 
-def load_drafter(directory: str | Path, *, target: str | Path | None = None, target_embed: bool = False) -> Drafter:
+def check_finite(weights: dict[str, Any], path: str | Path) -> None:
+    """NaN or Inf in any float weight is bad input, said as ``load_drafter`` says it (run where the weights are:
+    on a GPU, a pass over them there costs milliseconds)."""
+    for name, t in weights.items():
+        if isinstance(t, DiskRows):
+            t.check_finite(f"tensor {name}", path)
+        elif t.is_floating_point() and not all_finite(t):
+            raise ForensicsError(f"tensor {name} holds NaN or Inf", path=path)
+
+
+def load_drafter(directory: str | Path, *, target: str | Path | None = None, target_embed: bool = False,
+                 lazy: bool = False, check_finite: bool = True) -> Drafter:
     """Load a drafter's config and the tensors replay uses; the embedding from ``target`` when the drafter lacks it.
 
     ``target_embed`` also reads the target's embedding into ``weights["target_embed"]`` (to replay the drafter as
-    an engine serves it when it ignores the drafter's own ``embed_tokens``).
+    an engine serves it when it ignores the drafter's own ``embed_tokens``). ``lazy``: the embeddings are
+    ``io.diskrows.DiskRows`` (rows read as looked up, never held whole; checked finite in one streamed pass).
+    ``check_finite=False`` leaves the NaN/Inf test to the caller (``check_finite`` where the weights go).
     """
     d = Path(directory)
     if not d.is_dir():
@@ -475,6 +494,9 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
     files = {n: t.file for n, t in md.tensors.items()}
     names = _drafter_names(files, spec, d)
     missing = [names[c] for c in required(spec) if names[c] not in files]
+    for name in missing:
+        if md.has(name):  # listed by the index in a shard that is not there: name the file
+            md.info(name)
     if missing:
         raise ForensicsError(f"drafter lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}", path=d)
     biases = sorted(k for k in files if k.endswith(".bias") and not k.startswith(("verifier", "model.verifier")))
@@ -487,7 +509,8 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
     weights: dict[str, torch.Tensor] = {}
     sources: dict[str, str] = {}
     for canon, stored in names.items():
-        weights[canon] = reader.get(stored)
+        # lazy: a vocabulary-sized embedding stays in its file, its rows read as looked up (io.diskrows)
+        weights[canon] = disk_rows(md, stored) if lazy and canon == "embed" else reader.get(stored)
         sources[canon] = str(files[stored])
     need_embed = "embed" not in weights
     if need_embed or target_embed:
@@ -497,7 +520,7 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
             raise ForensicsError(f"{why}: pass --target with the target model's directory (its embedding is read "
                                  "from the safetensors shards)", path=d)
         head = load_target(target, embed=True, lm_head=False, norm=False,
-                           expect={"embed": (spec.vocab_size, spec.hidden_size)})
+                           expect={"embed": (spec.vocab_size, spec.hidden_size)}, lazy=lazy)
         if head.embed is None:
             raise ForensicsError("target has no embed_tokens weight", path=target)
         if tuple(head.embed.shape) != (spec.vocab_size, spec.hidden_size):
@@ -509,12 +532,48 @@ def load_drafter(directory: str | Path, *, target: str | Path | None = None, tar
         if target_embed:
             weights["target_embed"] = head.embed
             sources["target_embed"] = head.sources["embed"]
-    _check_values(spec, weights, d)
+    _check_values(spec, weights, d, finite=check_finite)
     return Drafter(spec, weights, sources, embed_from_target=need_embed)
 
 
+def target_tensors(md: ModelDir, wanted: list[str], text_cfg: dict[str, Any],
+                   expect: dict[str, tuple[int, ...]] | None = None) -> dict[str, tuple[str, TensorInfo]]:
+    """role -> (stored name, header info) of the target tensors ``wanted`` (embed / lm_head / norm), each checked
+    from its shard's header (rank, float dtype, ``expect``ed shape) and no data read: only those shards are
+    opened, so a partial download with the index and the head's shards is enough (``MissingShard`` otherwise)."""
+    d = md.path
+    out: dict[str, tuple[str, TensorInfo]] = {}
+    for what in wanted:
+        name = md.find(what)
+        if name is None and what == "lm_head" and text_cfg.get("tie_word_embeddings"):
+            name = md.find("embed")
+        if name is None:
+            raise ForensicsError(f"target has no {what} tensor (looked for {what} names in the safetensors index)", path=d)
+        info = md.info(name)
+        dtype, shape = info.dtype, info.shape
+        if len(shape) != (1 if what == "norm" else 2) or dtype not in FLOAT_DTYPES or 0 in shape:
+            raise ForensicsError(f"target tensor {name} has shape {list(shape)} {dtype}; not a {what}", path=info.file)
+        if expect is not None and what in expect and shape != expect[what]:
+            raise ForensicsError(f"target tensor {name} has shape {list(shape)}; the drafter needs "
+                                 f"{list(expect[what])}: not this drafter's target", path=info.file)
+        out[what] = (name, info)
+    return out
+
+
+def probe_target(directory: str | Path, *, embed: bool = False, lm_head: bool = True, norm: bool = True) -> None:
+    """Fail fast on a target directory: its config, index and the headers of the tensors asked for, no data read
+    (replay calls this before it spends time and memory loading the drafter)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ForensicsError("expected the target model's directory (config.json + safetensors shards)", path=d)
+    cfg = read_config(d / "config.json", "target config.json")
+    text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    wanted = [k for k, on in (("embed", embed), ("lm_head", lm_head), ("norm", norm)) if on]
+    target_tensors(ModelDir(d, "target directory"), wanted, text_cfg)
+
+
 def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = True, norm: bool = True,
-                expect: dict[str, tuple[int, ...]] | None = None) -> TargetHead:
+                expect: dict[str, tuple[int, ...]] | None = None, lazy: bool = False) -> TargetHead:
     """Read only the target's embedding / lm_head / final norm (as asked) from its safetensors shards.
 
     Each tensor's rank and dtype (and, with ``expect``, its shape: what the drafter needs) are checked from the
@@ -528,27 +587,22 @@ def load_target(directory: str | Path, *, embed: bool = True, lm_head: bool = Tr
     text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     eps = _float(text_cfg, "rms_norm_eps", d / "config.json", 1e-6)
     md = ModelDir(d, "target directory")
-    files = {n: t.file for n, t in md.tensors.items()}
-    reader = _Reader(files)
     layers = text_cfg.get("num_hidden_layers")
     out = TargetHead(str(d), None, None, None, eps,
                      num_layers=layers if isinstance(layers, int) and not isinstance(layers, bool) else None)
     wanted = [k for k, on in (("embed", embed), ("lm_head", lm_head), ("norm", norm)) if on]
-    for what in wanted:
-        name = md.find(what)
-        if name is None and what == "lm_head" and text_cfg.get("tie_word_embeddings"):
-            name = md.find("embed")
-        if name is None:
-            raise ForensicsError(f"target has no {what} tensor (looked for {what} names in the safetensors index)", path=d)
-        dtype, shape = md.info(name).dtype, md.info(name).shape
-        if len(shape) != (1 if what == "norm" else 2) or dtype not in FLOAT_DTYPES or 0 in shape:
-            raise ForensicsError(f"target tensor {name} has shape {list(shape)} {dtype}; not a {what}", path=files[name])
-        if expect is not None and what in expect and shape != expect[what]:
-            raise ForensicsError(f"target tensor {name} has shape {list(shape)}; the drafter needs "
-                                 f"{list(expect[what])}: not this drafter's target", path=files[name])
-        t = reader.get(name)
-        if not bool(torch.isfinite(t).all()):
-            raise ForensicsError(f"target tensor {name} holds NaN or Inf", path=files[name])
+    found = target_tensors(md, wanted, text_cfg, expect)  # every header checked before any data is read
+    files = {name: info.file for name, info in found.values()}
+    reader = _Reader(files)
+    for what, (name, _info) in found.items():
+        if lazy and what != "norm":  # left in the file (io.diskrows): the lm_head is checked as it is streamed
+            t = disk_rows(md, name)
+            if what == "embed":
+                t.check_finite(f"target tensor {name}", files[name])
+        else:
+            t = reader.get(name)
+            if not all_finite(t):
+                raise ForensicsError(f"target tensor {name} holds NaN or Inf", path=files[name])
         setattr(out, what, t)
         out.sources[what] = str(files[name])
     return out

@@ -4,6 +4,11 @@ Tensors are listed from the safetensors headers (or the shard index) without rea
 one tensor, or a few rows of one, is read on demand with one positional read. The doctor's checks
 read drafters and targets through here, so a check that needs only shapes never reads a weight
 and one that compares embeddings reads only the rows it samples.
+
+A target is often a partial download (config, tokenizer and the shards holding the embedding, final
+norm and lm_head, not hundreds of GB of experts): with a shard index, names come from the index and
+a shard's header is read only when one of its tensors is asked for. A tensor whose shard is absent
+raises ``MissingShard`` (a check then says "not run" naming the file), never the whole directory.
 """
 from __future__ import annotations
 
@@ -22,6 +27,82 @@ from .safeload import SafetensorsFile, open_safetensors, read_safetensors_header
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"
+# A shard index of a real checkpoint: DeepSeek-V3 / Kimi-K2 FP8 list ~140k tensors (weights and their
+# scales) in ~13 MB; 64 MiB leaves room for larger models and still refuses what cannot be an index.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+
+class MissingShard(ForensicsError):
+    """A tensor the index lists lives in a shard that is not in the directory (a partial download).
+
+    ``shard`` is the file it needs; a doctor check that reads it is "not run" naming that file.
+    """
+
+    def __init__(self, tensor: str, shard: str, directory: Path) -> None:
+        self.tensor, self.shard = tensor, shard
+        super().__init__(f"tensor {tensor!r} is in shard {shard!r}, which is not in the directory (a partial "
+                         f"download: fetch that file to run what reads it)", path=directory)
+
+
+_INDEXES: dict[tuple[Any, ...], dict[str, str]] = {}  # (path, device, inode, size, mtime, ctime) -> weight_map
+
+
+def read_index(path: str | Path) -> dict[str, str]:
+    """The ``weight_map`` of a shard index (tensor name -> shard file name), checked, nothing else kept.
+
+    Bounded by ``MAX_INDEX_BYTES``; every shard must be a plain ``*.safetensors`` name in the same directory.
+    Shard names are shared strings, so a 140k-entry index costs its names and one string per shard. Parsed
+    once per process while the file is unchanged (a 13 MB index takes ~0.7 s; doctor opens the target 5 times).
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except OSError:
+        key = None
+    if key is not None and key in _INDEXES:
+        return _INDEXES[key]
+    wmap = _parse_index(p)
+    if key is not None:
+        if len(_INDEXES) >= 4:
+            _INDEXES.pop(next(iter(_INDEXES)))
+        _INDEXES[key] = wmap
+    return wmap
+
+
+def _parse_index(p: Path) -> dict[str, str]:
+    raw = read_regular(p, MAX_INDEX_BYTES, "safetensors shard index")
+    try:
+        obj = parse_json(raw, p, "safetensors shard index")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ForensicsError(f"safetensors shard index is not valid JSON ({' '.join(str(exc).split())[:120]})",
+                             path=p) from None
+    del raw
+    if not isinstance(obj, dict):
+        raise ForensicsError("safetensors shard index is not a JSON object", path=p)
+    wmap = obj.get("weight_map")
+    if not isinstance(wmap, dict) or not wmap:
+        raise ForensicsError("shard index has no weight_map object", path=p)
+    shards: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for name, shard in wmap.items():
+        if not isinstance(shard, str):
+            raise ForensicsError(f"weight_map entry {str(name)[:80]!r} names {str(shard)[:80]!r}; expected a "
+                                 ".safetensors file in the same directory", path=p)
+        known = shards.get(shard)
+        if known is None:
+            if Path(shard).name != shard or not shard.endswith(".safetensors") or shard in (".", ".."):
+                raise ForensicsError(f"weight_map entry {str(name)[:80]!r} names {shard[:80]!r}; expected a "
+                                     ".safetensors file in the same directory", path=p)
+            known = shards[shard] = shard
+        out[name] = known
+    return out
+
+
+def index_tensor_names(directory: str | Path) -> list[str]:
+    """Every tensor name a model directory holds or lists (its shard index when it has one; else its headers),
+    without reading any shard that is not needed: what a check looks up (MTP layers, experts) before reading."""
+    return list(ModelDir(directory).names)
 # The HF names of the tensors checks ask for by role; a stored name that ends with the tail counts
 # when exactly one does (drafters and some converters add a prefix). MTP heads and layers never count.
 _ROLE_NAMES = {"embed": ("model.embed_tokens.weight", "embed_tokens.weight"),
@@ -87,32 +168,45 @@ class ModelDir:
         return text_config(self.config)
 
     @cached_property
+    def index(self) -> dict[str, str] | None:
+        """The shard index's weight_map (tensor name -> shard file name), None without an index."""
+        index = self.path / INDEX_NAME
+        return read_index(index) if index.is_file() else None
+
+    @cached_property
+    def names(self) -> dict[str, Any]:
+        """Every tensor name (a mapping, in stored order), from the index when there is one (no shard opened), else
+        from the headers."""
+        if self.index is not None:
+            return self.index
+        return self.tensors
+
+    @cached_property
     def tensors(self) -> dict[str, TensorInfo]:
-        """Every stored tensor by name, from the headers of ``model.safetensors``, the shard index or ``*.safetensors``."""
+        """Every tensor of the shards present, by name, from their headers (with an index, the shards it names that
+        are in the directory; the others' tensors are in ``names`` only and ``info`` raises ``MissingShard``)."""
         out: dict[str, TensorInfo] = {}
         for f in self._files():
-            header = read_safetensors_header(f)
-            for name, info in header.items():
-                if name != "__metadata__":
-                    out[str(name)] = TensorInfo(str(name), f, str(info["dtype"]), tuple(int(d) for d in info["shape"]))
+            out.update(self._header(f))
         return out
 
+    def _header(self, f: Path) -> dict[str, TensorInfo]:
+        """One file's tensors from its header, read once."""
+        headers = self.__dict__.setdefault("_headers", {})
+        if f not in headers:
+            header = read_safetensors_header(f)
+            headers[f] = {str(name): TensorInfo(str(name), f, str(info["dtype"]), tuple(int(d) for d in info["shape"]))
+                          for name, info in header.items() if name != "__metadata__"}
+        return headers[f]
+
+    def shard_of(self, name: str) -> str | None:
+        """The shard file name the index puts ``name`` in (None without an index or for a name it lacks)."""
+        return None if self.index is None else self.index.get(name)
+
     def _files(self) -> list[Path]:
-        index = self.path / INDEX_NAME
-        if index.is_file():
-            wmap = read_config(index, "safetensors shard index").get("weight_map")
-            if not isinstance(wmap, dict) or not wmap:
-                raise ForensicsError("shard index has no weight_map object", path=index)
-            shards = []
-            for name, shard in wmap.items():
-                if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
-                    raise ForensicsError(f"weight_map entry {str(name)[:80]!r} names {str(shard)[:80]!r}; expected a "
-                                         ".safetensors file in the same directory", path=index)
-                if not (self.path / shard).exists():
-                    raise ForensicsError(f"weight_map names shard {shard!r}, which is missing", path=index)
-                if shard not in shards:
-                    shards.append(shard)
-            return [self.path / s for s in shards]
+        if self.index is not None:
+            shards = dict.fromkeys(self.index.values())
+            return [self.path / s for s in shards if (self.path / s).exists()]
         single = self.path / "model.safetensors"
         if single.exists():
             return [single]
@@ -123,13 +217,29 @@ class ModelDir:
         return files
 
     def has(self, name: str) -> bool:
-        return name in self.tensors
+        """``name`` is stored or listed by the index (its shard may still be absent: ``info`` says)."""
+        return name in self.names
 
     def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise ForensicsError(f"no tensor {name!r} in the safetensors weights", path=self.path) from None
+        """Where ``name`` lives and its dtype and shape, from its file's header (only that shard's header is read).
+
+        ``MissingShard`` when the index lists it in a shard that is not in the directory."""
+        shard = self.shard_of(name)
+        if shard is not None:
+            f = self.path / shard
+            if not f.exists():
+                raise MissingShard(name, shard, self.path)
+            found = self._header(f).get(name)
+            if found is None:
+                raise ForensicsError(f"the shard index puts tensor {name!r} in {shard!r}, whose header lacks it",
+                                     path=f)
+            return found
+        if self.index is None:
+            try:
+                return self.tensors[name]
+            except KeyError:
+                pass
+        raise ForensicsError(f"no tensor {name!r} in the safetensors weights", path=self.path)
 
     def _handle(self, f: Path) -> SafetensorsFile:
         if f not in self._handles:
@@ -176,9 +286,9 @@ class ModelDir:
     def find(self, role: str) -> str | None:
         """The stored name of the ``embed``, ``lm_head`` or final ``norm`` tensor, or None when absent or ambiguous."""
         exact, tail = _ROLE_NAMES[role]
-        if exact in self.tensors:
+        if exact in self.names:
             return exact
-        hits = [k for k in self.tensors if k.endswith(tail) and "mtp" not in k and ".layers." not in k
+        hits = [k for k in self.names if k.endswith(tail) and "mtp" not in k and ".layers." not in k
                 and "midlayer" not in k]
         return hits[0] if len(hits) == 1 else None
 

@@ -1,0 +1,107 @@
+"""The target-agreement pass (``agreement.TargetHead.score``) on a torch device: the same sums, on a GPU.
+
+``--device cuda`` puts the audit's lm_head products there: the head is copied to the device once (stored
+dtype, block by block: ``evidence.replay.head_on``), each vocabulary block widened there, and the running
+max, log-sum-exp, moments, rank and the 16 temperatures' sums are the numpy pass's, step for step, in
+float32 logits and float64 sums. Float order differs from the numpy pass (GPU reductions): figures agree to
+about 1e-6 relative (``tests/test_scale_work.py`` holds them to 1e-5 on the CPU, where this path also runs).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .agreement import TargetHead, TokenScores
+
+VOCAB_ROWS = 8192  # lm_head rows widened at once on the device
+
+
+def score_block(head: TargetHead, x: np.ndarray, nxt: np.ndarray, ztrue: np.ndarray, out: TokenScores,
+                device: str) -> None:
+    """``TargetHead._score_block`` for all of ``x`` at once on ``device`` (the head streamed once per call)."""
+    from ..io.diskrows import disk_rows, head_block
+    from .agreement import TEMPERATURES
+    from .replay import head_on
+
+    dev = torch.device(device)
+    w_all = head_on(_rows(head, disk_rows), dev)
+    xt = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(dev)
+    n = xt.shape[0]
+    f64 = torch.float64
+    m = torch.full((n,), -torch.inf, dtype=f64, device=dev)
+    centre: torch.Tensor | None = None
+    s0 = torch.zeros(n, dtype=f64, device=dev)
+    s1 = torch.zeros_like(s0)
+    s2 = torch.zeros_like(s0)
+    above = torch.zeros(n, dtype=torch.long, device=dev)
+    inv_t = [1.0 / t for t in TEMPERATURES]
+    st = torch.zeros(n, len(inv_t), dtype=f64, device=dev)
+    sa = torch.zeros_like(st)
+    nx = torch.from_numpy(nxt).to(dev)
+    zt32 = torch.from_numpy(ztrue.astype(np.float32)).to(dev)
+    rows = torch.arange(n, device=dev)
+    cap = head.spec.softcap
+    vocab = head.spec.vocab
+    for v0 in range(0, vocab, VOCAB_ROWS):
+        v1 = min(vocab, v0 + VOCAB_ROWS)
+        z = xt @ head_block(w_all, v0, v1).to(torch.float32).T
+        if cap is not None:
+            z = cap * torch.tanh(z / cap)
+        own = (nx >= v0) & (nx < v1)
+        gt = z > zt32[:, None]
+        if bool(own.any()):
+            gt[rows[own], nx[own] - v0] = False
+        above += gt.sum(1)
+        cm = z.max(1).values.to(f64)
+        new = torch.maximum(m, cm)
+        if centre is None:
+            centre = new.clone()
+        scale = torch.exp(m - new)
+        shift = z - new[:, None].to(torch.float32)
+        for g, k in enumerate(inv_t):
+            rescale = torch.exp((m - new) * k)
+            e_t = torch.exp(shift * np.float32(k))
+            st[:, g] = st[:, g] * rescale + e_t.sum(1, dtype=f64)
+            e_t *= gt
+            sa[:, g] = sa[:, g] * rescale + e_t.sum(1, dtype=f64)
+        del shift, e_t
+        z -= centre[:, None].to(torch.float32)
+        e = torch.exp(z - (new - centre)[:, None].to(torch.float32))
+        s0 = s0 * scale + e.sum(1, dtype=f64)
+        e *= z
+        s1 = s1 * scale + e.sum(1, dtype=f64)
+        e *= z
+        s2 = s2 * scale + e.sum(1, dtype=f64)
+        m = new
+    _finish(*(t.cpu().numpy() for t in (m, centre, s0, s1, s2, above, st, sa)), ztrue, nxt, out)
+
+
+def _rows(head: TargetHead, disk_rows: object) -> object:
+    """The head's lm_head as ``DiskRows`` (one per scorer, so the device copy is made once)."""
+    cached = head.__dict__.get("_disk_head")
+    if cached is None:
+        cached = head.__dict__["_disk_head"] = disk_rows(head.model, head.spec.head)  # type: ignore[operator]
+    return cached
+
+
+def _finish(m: np.ndarray, centre: np.ndarray, s0: np.ndarray, s1: np.ndarray, s2: np.ndarray, above: np.ndarray,
+            st: np.ndarray, sa: np.ndarray, ztrue: np.ndarray, nxt: np.ndarray, out: TokenScores) -> None:
+    """The per-token figures from the sums (the numpy pass's closing lines)."""
+    from .agreement import TEMPERATURES
+
+    inv_t = 1.0 / np.asarray(TEMPERATURES)
+    lse = m + np.log(s0)
+    mean = centre + s1 / s0
+    out.logp[:] = ztrue - lse
+    out.entropy[:] = np.maximum(lse - mean, 0.0)
+    out.var[:] = np.maximum(s2 / s0 - (s1 / s0) ** 2, 0.0)
+    out.rank[:] = above
+    out.agree[:] = above == 0
+    lse_t = m[:, None] * inv_t[None, :] + np.log(st)
+    out.loglik_t[:] = ztrue[:, None] * inv_t[None, :] - lse_t
+    out.top1_t[:] = np.exp(np.minimum(m[:, None] * inv_t[None, :] - lse_t, 0.0))
+    u = np.modf(np.abs(ztrue) * 7919.0 + nxt * 0.6180339887)[0][:, None]
+    out.pit_t[:] = np.clip(sa / st + u * np.exp(out.loglik_t), 0.0, 1.0 - 1e-12)

@@ -1,0 +1,60 @@
+"""``doctor --skip CHECK`` / ``--only CHECK``: documented names, unknown ones refused in one line, skipped rows said."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from eagleforensics.checks.base import DoctorInputs
+from eagleforensics.checks.registry import all_checks
+from eagleforensics.cli import main
+from eagleforensics.doctor import diagnose
+from eagleforensics.errors import ForensicsError
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data_samples"
+FULL = dict(drafter=str(SAMPLES / "drafter"), target=str(SAMPLES / "target"),
+            train=str(SAMPLES / "record_layer_outputs.pt"), capture=str(SAMPLES / "capture.pt"))
+
+
+def _rows(report) -> dict:
+    return {o.name: o for o in report.outcomes}
+
+
+def test_skip_leaves_the_named_rows_out_and_keeps_the_others_answers() -> None:
+    full = _rows(diagnose(DoctorInputs(**FULL)))
+    part = diagnose(DoctorInputs(**FULL, skip=("replay", "data-origin")))
+    rows = _rows(part)
+    assert rows["replay"].status == "not-run" and rows["replay"].reason == "skipped (--skip replay)"
+    assert rows["data-origin"].status == "not-run" and "--skip data-origin" in rows["data-origin"].reason
+    assert part.replay is None
+    for name in ("sizes", "vocab-map", "embedding", "rope", "wiring", "data-shape"):
+        assert (rows[name].status, rows[name].findings) == (full[name].status, full[name].findings), name
+    assert part.inputs.given()["skip"] == ["replay", "data-origin"]
+
+
+def test_only_runs_the_named_rows() -> None:
+    report = diagnose(DoctorInputs(**FULL, only=("sizes", "wiring")))
+    ran = {o.name for o in report.outcomes if not o.reason.startswith("skipped")}
+    assert ran == {"sizes", "wiring"}
+    assert {o.name for o in report.outcomes} == {c.name for c in all_checks()} | {"wiring", "replay"}
+    assert report.exit_code == 1 and report.findings[0].finding.code == "off-by-default"
+
+
+def test_unknown_names_are_bad_input_in_one_line() -> None:
+    with pytest.raises(ForensicsError, match="--skip: no doctor check named 'sizez'; known: launch, sizes"):
+        diagnose(DoctorInputs(**FULL, skip=("sizez",)))
+    out = CliRunner().invoke(main, ["doctor", "--drafter", FULL["drafter"], "--only", "sizes,nope"])
+    assert out.exit_code == 2 and out.output.count("\n") == 1 and "--only: no doctor check named 'nope'" in out.output
+
+
+def test_cli_accepts_repeats_and_commas_and_the_readme_documents_the_options() -> None:
+    out = CliRunner().invoke(main, ["doctor", "--drafter", FULL["drafter"], "--target", FULL["target"],
+                                    "--skip", "embedding", "--skip", "rope,sizes", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    skipped = {c["name"] for c in doc["checks"] if c["reason"].startswith("skipped")}
+    assert skipped == {"embedding", "rope", "sizes"} and doc["inputs"]["skip"] == ["embedding", "rope", "sizes"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "--skip CHECK" in readme and "--only CHECK" in readme and "--device cuda" in readme
