@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .results import IMPACTS, Finding
+from .records import IMPACTS, Finding
 
 # how replay sees a cause
 WIRING = "wiring"  # replay runs the engine's wiring beside the trained one: their difference is the cost

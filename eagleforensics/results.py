@@ -9,167 +9,21 @@ types that come from other rooms are named for type checkers only: no runtime im
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import printable
 from .positions import Position
+from .records import IMPACTS, SEVERITIES, CrossCheck, Finding, SlotMatch  # noqa: F401  (re-exported: their old home)
 
 if TYPE_CHECKING:  # pragma: no cover  (annotations only: results sit below every room)
-    from .engines.crosscheck import CrossCheck
     from .evidence.confidence import Thresholds
     from .evidence.match import ScoreMatrix
     from .evidence.tokens import TokenAlignment
-    from .verdict import EngineAdvice, Verdict
-
-SEVERITIES = ("error", "warning", "info")
-# How much acceptance a cause is likely to cost, most first: ``collapse`` (acceptance near zero or
-# structural: nothing can be accepted), ``high`` (a large share lost), ``medium``, ``low``; "" = not rated.
-IMPACTS = ("collapse", "high", "medium", "low", "")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One statement with a stable ``code``; ``message`` is for people.
-
-    ``fix`` (what to do), ``source`` (the thread, release or file the rule rests on) and ``impact``
-    (one of ``IMPACTS``) are filled by the doctor's checks; align's findings leave them empty, and
-    empty ones are left out of ``to_dict`` so align's JSON keeps its shape.
-    """
-
-    code: str
-    severity: str
-    message: str
-    fix: str = ""
-    source: str = ""
-    impact: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return {k: v for k, v in asdict(self).items() if v or k in ("code", "severity", "message")}
-
-
-@dataclass(frozen=True)
-class SlotMatch:
-    """Where one training slot sits in the residual stream, and how sure we are."""
-
-    key: str
-    index: int | None
-    role: str
-    dtype: str
-    best: Position | None
-    score: float
-    runner_up: Position | None
-    margin: float
-    confident: bool
-    reason: str
-    rel_diff: float
-    max_abs_err: float
-    norm_ratio: float
-    tokens: int
-    norm_cv: float
-    looks_post_norm: bool
-    nonfinite_rows: int
-    # identity: which position, judged from evidence measured on this data (evidence.identity)
-    identity: str = ""  # one of evidence.identity.VERDICTS ("" = not judged: a fingerprint)
-    other: Position | None = None  # the position it is ambiguous with, else the runner-up
-    robust_score: float = float("nan")  # median per-token score at ``best``
-    vote_share: float = float("nan")  # share of tokens whose own best is best.p
-    paired_mean: float = float("nan")  # mean per-token (best - runner-up)
-    paired_bound: float = float("nan")  # lower confidence bound of that mean
-    neighbour_step: float = float("nan")  # capture's own cosine of best.p with its closest captured neighbour
-    neighbour: int | None = None
-    missing_neighbours: tuple[int, ...] = ()
-    fitted: bool = False  # best is a post-norm column computed by fitting a norm gain, not a captured one
-    # fidelity: how close it is to that state (evidence.fidelity)
-    fidelity: str = ""  # copy / drift / different
-    fidelity_cause: str = ""  # routing / uniform / corrupted / scale (drift); norms (different)
-    fidelity_text: str = ""
-    differing_tokens: int = 0
-    distinct_tokens: int = -1  # distinct (slot row, capture row) pairs the identity rests on (-1: not counted)
-    between_fraction: float = float("nan")  # fraction of the layer step from best toward its neighbour ``other``
-
-    @property
-    def identity_verdict(self) -> str:
-        """The identity answer, also for matches judged by the older score-floor rule (fingerprints)."""
-        return self.identity or ("confident" if self.confident else "none")
-
-    @property
-    def best_label(self) -> str:
-        """``p3``, ``p12 post-norm``, ``p11 post-norm (fitted)``, or ``-``."""
-        return "-" if self.best is None else self.best.label + (" (fitted)" if self.fitted else "")
-
-    @property
-    def identity_text(self) -> str:
-        """Identity in a few words for tables: ``confident``, ``ambiguous p5/p6``, ``best among captured``."""
-        v = self.identity_verdict
-        if v in ("ambiguous", "between") and self.best is not None and self.other is not None:
-            return f"{v} {self.best.label}/{self.other.label}"
-        return {"best-among-captured": "best among captured", "position-unknown": "position unknown",
-                "rows-unverified": "rows unverified"}.get(v, v)
-
-    @property
-    def name(self) -> str:
-        return self.key if self.index is None else f"{self.key}[{self.index}]"
-
-    @property
-    def position(self) -> Position | None:
-        """The placed position, or None when the match is not confident."""
-        return self.best if self.confident else None
-
-    def to_dict(self, num_layers: int) -> dict[str, Any]:
-        """One ``mapping`` entry of the JSON. Beside the placement keys:
-
-        ``fitted``: the best column is a gain-fitted post-norm state, not a captured one.
-        ``identity``: ``verdict`` (confident / ambiguous / best-among-captured / between /
-        position-unknown / rows-unverified / none), ``other`` (the position it is ambiguous with or
-        sits between, else the runner-up), ``distinct_tokens`` (distinct slot row / capture row
-        pairs it rests on), ``between_fraction`` (how far from the best position toward its
-        closer neighbour the slot sits, as a share of the layer step), ``robust_score`` (median
-        per-token score), ``vote_share`` (share of tokens whose own best is this position),
-        ``paired_mean`` / ``paired_bound`` (best minus runner-up over the same tokens: mean, and
-        the lower confidence bound of the median), ``neighbour_step`` (the capture's own cosine
-        between this position and its closest captured neighbour ``neighbour``),
-        ``missing_neighbours`` (p-1 / p+1 not in the capture).
-        ``fidelity``: ``kind`` (copy / drift / different), ``cause`` (drift: routing / uniform / scale /
-        corrupted; different: norms, or empty), ``differing_tokens`` and ``text`` (the finding in words).
-        """
-        pos = self.position
-        # where labels give no position (a list index, a p0 that is not the embedding) there is no candidate
-        # position to name either: a script reading best_candidate would take it for an answer
-        unplaced = self.identity_verdict == "position-unknown"
-        return {
-            "key": self.key, "index": self.index, "name": self.name, "role": self.role, "dtype": self.dtype,
-            "position": None if pos is None else pos.p,
-            "post_norm": None if pos is None else pos.normed,
-            "holds": None if pos is None else pos.describe(num_layers),
-            "score": _num(self.score), "margin": _num(self.margin), "confident": self.confident,
-            "reason": self.reason or None,
-            "best_candidate": None if self.best is None or unplaced else {"position": self.best.p,
-                                                                          "post_norm": self.best.normed},
-            "runner_up": None if self.runner_up is None or unplaced else {"position": self.runner_up.p,
-                                                                          "post_norm": self.runner_up.normed},
-            "rel_diff": _num(self.rel_diff), "max_abs_err": _num(self.max_abs_err), "norm_ratio": _num(self.norm_ratio),
-            "tokens": self.tokens, "norm_cv": _num(self.norm_cv), "looks_post_norm": self.looks_post_norm,
-            "nonfinite_rows": self.nonfinite_rows,
-            "fitted": self.fitted,
-            "identity": {
-                "verdict": self.identity_verdict,
-                "other": None if self.other is None or unplaced else {"position": self.other.p,
-                                                                      "post_norm": self.other.normed},
-                "robust_score": _num(self.robust_score), "vote_share": _num(self.vote_share),
-                "paired_mean": _num(self.paired_mean), "paired_bound": _num(self.paired_bound),
-                "neighbour_step": _num(self.neighbour_step), "neighbour": self.neighbour,
-                "missing_neighbours": list(self.missing_neighbours),
-                "distinct_tokens": None if self.distinct_tokens < 0 else self.distinct_tokens,
-                "between_fraction": _num(self.between_fraction),
-            },
-            "fidelity": {"kind": self.fidelity or None, "cause": self.fidelity_cause or None,
-                         "differing_tokens": self.differing_tokens, "text": self.fidelity_text or None},
-        }
-
+    from .records import EngineAdvice
+    from .verdict import Verdict
 
 _DRIFT_WORDS = {"routing": "a few tokens differ (MoE routing)", "uniform": "every row drifts (quantised weights or "
                 "other kernels)", "scale": "norms differ", "corrupted": "some rows are corrupted"}
@@ -198,10 +52,6 @@ def _evidence_notes(matches: list[SlotMatch]) -> str:
         out.append("Placed under drift, not copies: " + "; ".join(
             f"{m.name}: {_DRIFT_WORDS.get(m.fidelity_cause, m.fidelity_cause)}" for m in drift) + ".")
     return "".join(" " + o for o in out)
-
-
-def _num(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
 @dataclass(frozen=True)
@@ -305,7 +155,7 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
 
 def render_text(result: AlignmentResult) -> str:
     """The verdict, what to write or do, the findings (most severe first), the slot table, the engine ids."""
-    from .verdict import by_severity
+    from .records import by_severity
 
     r = result
     v = r.judge()

@@ -14,15 +14,29 @@ with ``results``: it reads the result's records only, so the report and the CLI 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .records import SEVERITY_ORDER, EngineAdvice, Finding, SlotMatch, by_severity  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .results import AlignmentResult, Finding, SlotMatch
+    from .evidence.confidence import Thresholds
+    from .evidence.tokens import TokenAlignment
+    from .records import CrossCheck
+
+
+class Aligned(Protocol):
+    """What ``judge`` reads of an alignment (``results.AlignmentResult`` is one): named by its parts, so this
+    module need not import ``results``, which imports it."""
+
+    matches: list[SlotMatch]
+    findings: list[Finding]
+    serving: CrossCheck | None
+    thresholds: Thresholds
+    tokens: TokenAlignment
 
 OK, ACTION, PROBLEM = "OK", "ACTION", "PROBLEM"
 LEVELS = (OK, ACTION, PROBLEM)
 EXIT_CODES = {OK: 0, ACTION: 1, PROBLEM: 1}
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # the one severity mapping every surface shares (align, doctor, the report, the JSON): an error is something broken
 # that no setting fixes (PROBLEM), a warning something to write or change (ACTION), info context (OK)
 LEVEL_OF_SEVERITY = {"error": PROBLEM, "warning": ACTION, "info": OK}
@@ -30,30 +44,6 @@ SEVERITY_OF_LEVEL = {level: severity for severity, level in LEVEL_OF_SEVERITY.it
 # serving-mismatch is a warning where a snippet fixes it and an error where nothing does; the serving
 # check's own status decides the level (ACTION or PROBLEM), so its severity already agrees with it
 _SERVING_CODES = ("serving-mismatch",)
-
-
-@dataclass(frozen=True)
-class EngineAdvice:
-    """What one engine (a rules target label) needs to capture the trained aux positions.
-
-    ``snippet`` is the text to write (``syntax`` json or yaml) into ``where``, or None when no
-    id list works (``notes`` say why). ``at_default`` is True when the engine's default ids
-    already capture exactly these positions, so nothing has to be written.
-    """
-
-    engine: str
-    ids: list[int] | None
-    key: str | None
-    where: str
-    snippet: str | None
-    syntax: str = "json"
-    at_default: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "ids": self.ids, "key": self.key, "where": self.where,
-                "snippet": self.snippet, "syntax": self.syntax, "at_default": self.at_default,
-                "notes": list(self.notes)}
 
 
 @dataclass(frozen=True)
@@ -79,12 +69,7 @@ class Verdict:
                 "actions": [a.to_dict() for a in self.actions], "todo": list(self.todo)}
 
 
-def by_severity(findings: list[Finding]) -> list[Finding]:
-    """Findings most severe first (stable within a severity)."""
-    return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, len(SEVERITY_ORDER)))
-
-
-def _placed(result: AlignmentResult) -> str:
+def _placed(result: Aligned) -> str:
     return "; ".join(f"{m.name} = {m.position.label}" for m in result.matches if m.position is not None)
 
 
@@ -113,7 +98,7 @@ def _loose_todo(m: SlotMatch) -> str:
             "the model the record was dumped from.")
 
 
-def judge(result: AlignmentResult) -> Verdict:
+def judge(result: Aligned) -> Verdict:
     """The verdict of one alignment (see the module docstring for the levels)."""
     r = result
     n = len(r.matches)

@@ -13,7 +13,8 @@ import pytest
 from eagleforensics.engines import embedrules, flagrules, flagtable, roperules
 from eagleforensics.engines.rules import parse_version
 from eagleforensics.errors import ForensicsError
-from eagleforensics.io.safeload import open_safetensors, read_safetensors_header, read_tensor
+from eagleforensics.io.formats import read_safetensors_header
+from eagleforensics.io.safeload import open_safetensors, read_tensor
 
 from .realdata import ROOT
 

@@ -24,7 +24,8 @@ from safetensors.torch import load_file, save_file
 
 from eagleforensics.arrays import as_array
 from eagleforensics.errors import ForensicsError
-from eagleforensics.io.safeload import load_object, sniff
+from eagleforensics.io.formats import sniff
+from eagleforensics.io.safeload import load_object
 
 from .realdata import SAMPLES
 from .test_hardening import GIB, run_process

@@ -118,7 +118,7 @@ def test_agreement_on_a_torch_device_matches_the_numpy_pass() -> None:
     nxt = gen.integers(0, head.spec.vocab, 200)
     want = head.score(x, nxt)
     got = ag.TokenScores.empty(200)
-    score_block(head, x, nxt, head._true_logits(x, nxt), got, "cpu")
+    score_block(head, x, nxt, head._true_logits(x, nxt), got, "cpu", ag.TEMPERATURES)
     np.testing.assert_array_equal(got.rank, want.rank)
     for name in ("logp", "entropy", "var", "loglik_t", "top1_t", "pit_t"):
         np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6, err_msg=name)

@@ -290,7 +290,7 @@ class Artifacts:
     @cached_property
     def _launch_runner(self) -> tuple[str | None, str]:
         from ..engines.launchrules import V1_FALLBACK_LINE, launch_runner
-        from ..engines.logs import read_lines
+        from ..engines.loglines import read_lines
 
         args = self.server_args
         if args is None or self.engine != "vllm" or args.engine != "vllm":

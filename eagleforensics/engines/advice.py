@@ -11,9 +11,9 @@ import json
 
 from ..errors import ForensicsError
 from ..positions import Position
-from ..verdict import EngineAdvice
+from ..records import MISMATCH, WRITE_WHERE, CrossCheck, EngineAdvice
 from . import rules
-from .crosscheck import _WRITE_WHERE, MISMATCH, CrossCheck, snippet
+from .crosscheck import snippet
 
 
 def yaml_snippet(key: str, ids: list[int]) -> str:
@@ -48,7 +48,7 @@ def engine_advice(engine_ids: dict[str, list[int] | None], engine_notes: dict[st
     for engine, ids in engine_ids.items():
         rule = rules.resolve(engine, model_type)
         notes = list(engine_notes.get(engine, []))
-        where = _WRITE_WHERE[engine]
+        where = WRITE_WHERE[engine]
         at_default = trained is not None and _default_positions(rule, n) == list(trained)
         key, text, syntax = (None, None, "json") if ids is None else text_for(rule, ids)
         if ids is not None and text is None:
@@ -62,7 +62,7 @@ def serving_advice(check: CrossCheck) -> list[EngineAdvice]:
     """The serving check's fix, when the engine will capture other positions and an id list fixes it."""
     if check.status != MISMATCH:
         return []
-    where = _WRITE_WHERE[check.engine]
+    where = WRITE_WHERE[check.engine]
     if check.fix_ids is None or check.fix_key is None:
         return [EngineAdvice(check.engine, None, None, where, None, notes=list(check.fix_notes))]
     syntax = "yaml" if check.engine == "trtllm" else "json"

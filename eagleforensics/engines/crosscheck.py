@@ -24,104 +24,19 @@ Decisions:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ForensicsError
 from ..positions import Position
-from ..results import Finding
+from ..records import (CANNOT_JUDGE, MATCH, MISMATCH, WRITE_WHERE, CrossCheck, Finding,
+                       join_positions)
 from . import rules
 from .draftconfig import INFO, USE_AUX_KEY, ConfigAudit, audit_config
 from .rules import NESTED_KEY, TOP_KEY, YAML_KEY, Rule
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..results import AlignmentResult
-
-MATCH, MISMATCH, CANNOT_JUDGE = "match", "mismatch", "cannot-judge"
-_WRITE_WHERE = {"sglang": "the draft's config.json", "vllm": "the draft's config.json",
-                "trtllm": "the TensorRT-LLM extra-API YAML (JSON is valid YAML)"}
-
-
-@dataclass(frozen=True)
-class CrossCheck:
-    """The engine's captured positions against the trained ones, and the ids that fix a mismatch."""
-
-    engine: str
-    version: str | None
-    target: str
-    num_layers: int
-    draft_path: str
-    ids_used: list[int]
-    key_read: str | None
-    positions_served: list[Position]
-    positions_trained: list[Position] | None
-    status: str
-    fix_ids: list[int] | None = None
-    fix_key: str | None = None
-    fix_snippet: str | None = None
-    fix_notes: list[str] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    rule: str = ""
-    fix_all: dict[str, Any] | None = None
-
-    @property
-    def match(self) -> bool:
-        """True only when the engine will capture exactly the trained positions, in slot order."""
-        return self.status == MATCH
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-ready dict."""
-        def labels(ps: list[Position] | None) -> list[str] | None:
-            return None if ps is None else [q.label for q in ps]
-
-        return {
-            "status": self.status, "match": self.match, "engine": self.engine,
-            "version": self.version, "target": self.target, "num_layers": self.num_layers,
-            "draft_config": self.draft_path or None, "ids_used": self.ids_used,
-            "key_read": self.key_read,
-            "positions_served": labels(self.positions_served),
-            "positions_trained": labels(self.positions_trained),
-            "fix": None if self.fix_ids is None else {
-                "ids": self.fix_ids, "key": self.fix_key, "snippet": json.loads(self.fix_snippet or "null"),
-                "where": _WRITE_WHERE[self.engine]},
-            "fix_notes": self.fix_notes, "rule": self.rule, "fix_all": self.fix_all,
-            "findings": [f.to_dict() for f in self.findings],
-        }
-
-    def to_text(self) -> str:
-        """A terminal section: served vs trained, the verdict and the snippet to paste."""
-        ver = f" {self.version}" if self.version else ""
-        src = self.key_read or "none: engine default"
-        lines = [f"serving: {self.engine}{ver} (rule {self.rule or self.target}, N={self.num_layers})",
-                 f"  draft config:    {self.draft_path or '(none given: engine default)'}",
-                 f"  ids used:        {self.ids_used}  (read from: {src})",
-                 f"  engine captures: {_join(self.positions_served)}",
-                 f"  training holds:  {_join(self.positions_trained)}"]
-        if self.status == MATCH:
-            lines.append("  MATCH: the engine feeds the drafter the states it was trained on")
-        elif self.status == CANNOT_JUDGE:
-            why = next((f.message for f in self.findings if f.code in ("serving-unjudged", "num-layers-disagree")), "")
-            lines.append(f"  CANNOT JUDGE: {why}")
-        elif self.fix_ids is not None:
-            lines += [f"  MISMATCH: set {self.fix_key} in {_WRITE_WHERE[self.engine]}:",
-                      f"    {self.fix_snippet}"]
-        else:
-            lines.append("  MISMATCH, and no id list on this engine captures the trained positions:")
-        lines += [f"    note: {n}" for n in self.fix_notes]
-        if self.status == MISMATCH and self.fix_all is not None:
-            lines.append("  one draft config for every engine (config.json, then the TensorRT-LLM YAML):")
-            lines.append(f"    {json.dumps(self.fix_all['config_json'])}")
-            if self.fix_all.get("trtllm_yaml") is not None:
-                lines.append(f"    {json.dumps(self.fix_all['trtllm_yaml'])}")
-            for eng, why in self.fix_all.get("cannot", {}).items():
-                lines.append(f"    cannot satisfy {eng}: {why}")
-        return "\n".join(lines)
-
-
-def _join(ps: list[Position] | None) -> str:
-    return "-" if ps is None else (", ".join(q.label for q in ps) or "nothing")
-
 
 def snippet(key: str, ids: list[int], use_aux: bool = False) -> str:
     """'a.b', [1, 2] -> '{"a": {"b": [1, 2]}}': the dotted key as nested JSON to paste."""
@@ -223,7 +138,7 @@ def crosscheck(result: "AlignmentResult", audit: ConfigAudit) -> CrossCheck:
                              f"what was trained: {why}"))
         return CrossCheck(status=CANNOT_JUDGE, findings=found, **base)
     if served == trained:
-        msg = (f"{rule.label} captures {_join(served)}, exactly what the training aux slots hold")
+        msg = (f"{rule.label} captures {join_positions(served)}, exactly what the training aux slots hold")
         if audit.key_read is None and rule.write_key is not None:
             ids = rules.ids_for_positions(rule, [q.p for q in served], n).ids or audit.ids_used
             msg += f"; it gets there through its default, so pin it: {snippet(rule.write_key, ids)}"
@@ -234,14 +149,14 @@ def crosscheck(result: "AlignmentResult", audit: ConfigAudit) -> CrossCheck:
     key = rule.write_key
     if ids is None or key is None:
         found.append(Finding("serving-mismatch", "error", (
-            f"{rule.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}, and "
+            f"{rule.label} will capture {join_positions(served)} but the training aux slots hold {join_positions(trained)}, and "
             f"no id list fixes it: {'; '.join(notes)}")))
         return CrossCheck(status=MISMATCH, fix_notes=notes, findings=found, fix_all=everywhere, **base)
     text = snippet(key, ids, use_aux=audit.capture_off)
     # a snippet fixes it: something to write (warning, ACTION), not something broken (error, PROBLEM)
     found.append(Finding("serving-mismatch", "warning", (
-        f"{rule.label} will capture {_join(served)} but the training aux slots hold {_join(trained)}: "
-        f"set {key} to {ids} in {_WRITE_WHERE[audit.engine]}: {text}")))
+        f"{rule.label} will capture {join_positions(served)} but the training aux slots hold {join_positions(trained)}: "
+        f"set {key} to {ids} in {WRITE_WHERE[audit.engine]}: {text}")))
     return CrossCheck(status=MISMATCH, fix_ids=ids, fix_key=key, fix_snippet=text, fix_notes=notes,
                       findings=found, fix_all=everywhere, **base)
 
@@ -255,7 +170,7 @@ def default_audit(engine: str, num_layers: int, *, engine_version: str | None = 
     ids = rules.default_ids(rule, num_layers) if rule.supported else []
     outcomes = rules.positions_for_ids(rule, ids, num_layers)
     findings = [Finding("no-draft-config", INFO, (
-        f"no draft config given: judged {rule.label}'s default (positions {_join(served)}), which is "
+        f"no draft config given: judged {rule.label}'s default (positions {join_positions(served)}), which is "
         "what it serves a draft whose config carries no ids (a silent fallback)"))]
     findings += [Finding("version-assumed" if note.startswith("no engine") else "model-type-assumed"
                          if note.startswith("model type") else "version-outside-table", INFO, note)

@@ -17,9 +17,9 @@ from typing import Any
 
 from ..errors import ForensicsError
 from ..io.guards import load_yaml, parse_json, read_regular
-from ..io.safeload import read_safetensors_header
+from ..io.formats import read_safetensors_header
 from ..positions import Position, default_aux_positions
-from ..results import Finding
+from ..records import Finding
 from .rules import (
     ENGINE_NAMES,
     MODEL_TYPES,

@@ -40,22 +40,19 @@ Fields are read by name, not position, so lines that add or reorder fields still
 """
 from __future__ import annotations
 
-import gzip
-import io
 import math
-import os
 import re
 import zlib
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import pandas as pd
 
 from ..errors import ForensicsError
 from ..io import physical
-from ..io.guards import check_expansion, open_regular
 from .launchrules import stats_interval
+from .loglines import open_text
 from .serverargs import ServerArgs, ServerArgsScanner, summary_of
 
 ENGINES = ("sglang", "vllm")
@@ -84,9 +81,7 @@ _SGLANG_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (#running-req: .*)$"
 _VLLM_SPEC = re.compile(r"SpecDecoding metrics: (.*)$")
 _VLLM_THROUGHPUT = re.compile(r"(?:Engine (\d+): )?(Avg prompt throughput: .*)$")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
-_BINARY_PROBE = 64 * 1024
 # No engine prints a line this long (server-args dumps are tens of KiB); past it the file is not a log.
-MAX_LINE = 1024 * 1024
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -210,77 +205,6 @@ def _physical(row: dict | None) -> dict | None:
 _PARSERS = {"sglang": lambda line: _physical(_sglang_row(line)), "vllm": lambda line: _physical(_vllm_row(line))}
 
 
-class _BoundedLines:
-    """Lines of a (possibly gzipped) byte stream, each at most ``MAX_LINE`` bytes, decompression bounded.
-
-    A line longer than the cap, or a gzip stream that expands past the budget or ratio of
-    ``io.guards.check_expansion``, is a ForensicsError naming the file and the line.
-    """
-
-    def __init__(self, raw: IO[bytes], path: Path, packed: int, gzipped: bool) -> None:
-        self._raw, self._path, self._packed, self._gzipped = raw, path, packed, gzipped
-        self._read, self._number = 0, 0
-
-    def __iter__(self) -> Iterator[str]:
-        while True:
-            line = self._raw.readline(MAX_LINE + 1)
-            if not line:
-                return
-            self._number += 1
-            self._read += len(line)
-            if len(line) > MAX_LINE and not line.endswith(b"\n"):
-                raise ForensicsError(f"line {self._number} is longer than {MAX_LINE // 1024} KiB: not a server log "
-                                     "(or a damaged one)", path=self._path)
-            if self._gzipped:
-                check_expansion(self._read, self._packed, self._path, "gzip stream")
-            yield line.decode("utf-8", errors="replace")
-
-    def __enter__(self) -> "_BoundedLines":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._raw.close()
-
-
-def _open_text(path: Path) -> _BoundedLines:
-    """Open a (possibly gzipped) log as bounded text lines; ForensicsError naming the file if missing, binary or not a file."""
-    if not path.exists() and not path.is_symlink():
-        raise ForensicsError("no such log file", path=path)
-    if path.is_dir():
-        raise ForensicsError("is a directory, expected a server log file", path=path)
-    fh = open_regular(path, "server log file")
-    try:
-        packed = os.fstat(fh.fileno()).st_size
-        gzipped = fh.read(2) == b"\x1f\x8b"
-        fh.seek(0)
-        raw: IO[bytes] = gzip.GzipFile(fileobj=fh, mode="rb") if gzipped else fh
-        head = raw.read(_BINARY_PROBE)
-        raw.seek(0)
-    except (OSError, EOFError) as exc:
-        fh.close()
-        raise ForensicsError(f"cannot read log file: {getattr(exc, 'strerror', None) or exc}", path=path) from None
-    if b"\x00" in head:
-        fh.close()
-        raise ForensicsError("binary file, expected a text server log", path=path)
-    return _BoundedLines(_Closing(raw, fh), path, packed, gzipped)
-
-
-class _Closing(io.RawIOBase):
-    """A reader that closes both the gzip layer and the file under it."""
-
-    def __init__(self, raw: IO[bytes], fh: IO[bytes]) -> None:
-        self._raw, self._fh = raw, fh
-
-    def readline(self, size: int | None = -1) -> bytes:  # type: ignore[override]
-        return self._raw.readline(-1 if size is None else size)
-
-    def close(self) -> None:
-        try:
-            self._raw.close()
-        finally:
-            self._fh.close()
-
-
 def _iter_rows(lines: Iterable[str], engine: str | None, seen: list[int],
                scanner: ServerArgsScanner | None = None) -> Iterator[tuple[str, dict]]:
     """Yield (engine, row) per data line; with engine None the first data line decides the engine.
@@ -335,7 +259,7 @@ def parse_log(path: str | Path, run: str | None = None, engine: str | None = Non
     p = Path(path)
     seen = [0]
     scanner = ServerArgsScanner(engine)
-    with _open_text(p) as fh:
+    with open_text(p) as fh:
         try:
             found = list(_iter_rows(fh, engine, seen, scanner))
         except (OSError, EOFError, zlib.error) as exc:
@@ -346,18 +270,6 @@ def parse_log(path: str | Path, run: str | None = None, engine: str | None = Non
     df.attrs.update(path=str(p), engine=found[0][0] if found else None, lines_read=seen[0],
                     server_args=scanner.result(), args_damaged=list(scanner.damaged))
     return df
-
-
-def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a plain or gzipped log, with the same checks and errors as ``parse_log``."""
-    p = Path(path)
-    number = 0
-    with _open_text(p) as fh:
-        try:
-            for number, line in enumerate(fh, start=1):
-                yield number, line
-        except (OSError, EOFError, zlib.error) as exc:
-            raise ForensicsError(f"cannot read log file past line {number}: {exc}", path=p) from None
 
 
 def default_label(path: str | Path) -> str:

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import ForensicsError, printable
+from .loglines import read_lines
 from .pyrepr import ARGS_KEY, CALL_KEY, ReprError, parse_repr, split_assignments
 
 ENGINES = ("sglang", "vllm")
@@ -545,7 +546,6 @@ def find_server_args(source: str | os.PathLike[str] | Iterable[str | bytes], eng
     """
     scanner = ServerArgsScanner(engine)
     if isinstance(source, (str, os.PathLike)):
-        from .logs import read_lines  # the bounded, gzip-aware reader; imported here to avoid a cycle
 
         for number, line in read_lines(Path(source)):
             scanner.feed(number, line)

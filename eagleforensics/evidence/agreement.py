@@ -192,7 +192,7 @@ class TargetHead:
         if self.device != "cpu":  # the same pass on a torch device (evidence.agreement_torch), all tokens at once
             from .agreement_torch import score_block
 
-            score_block(self, x, nxt, ztrue, out, self.device)
+            score_block(self, x, nxt, ztrue, out, self.device, TEMPERATURES)
             return out
         chunk = max(1, min(self.spec.vocab, HEAD_CHUNK_BYTES // (4 * h)))
         block = max(1, min(t, LOGIT_BLOCK // chunk))

@@ -8,22 +8,21 @@ about 1e-6 relative (``tests/test_scale_work.py`` holds them to 1e-5 on the CPU,
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .agreement import TargetHead, TokenScores
-
 VOCAB_ROWS = 8192  # lm_head rows widened at once on the device
 
 
-def score_block(head: TargetHead, x: np.ndarray, nxt: np.ndarray, ztrue: np.ndarray, out: TokenScores,
-                device: str) -> None:
-    """``TargetHead._score_block`` for all of ``x`` at once on ``device`` (the head streamed once per call)."""
+def score_block(head: Any, x: np.ndarray, nxt: np.ndarray, ztrue: np.ndarray, out: Any, device: str,
+                temperatures: tuple[float, ...]) -> None:
+    """``TargetHead._score_block`` for all of ``x`` at once on ``device`` (the head streamed once per call).
+
+    ``head`` is ``agreement.TargetHead``, ``out`` its ``TokenScores`` and ``temperatures`` its ``TEMPERATURES``,
+    handed in by the caller: ``agreement`` imports this module, so this one does not import it back."""
     from ..io.diskrows import disk_rows, head_block
-    from .agreement import TEMPERATURES
     from .replay import head_on
 
     dev = torch.device(device)
@@ -37,7 +36,7 @@ def score_block(head: TargetHead, x: np.ndarray, nxt: np.ndarray, ztrue: np.ndar
     s1 = torch.zeros_like(s0)
     s2 = torch.zeros_like(s0)
     above = torch.zeros(n, dtype=torch.long, device=dev)
-    inv_t = [1.0 / t for t in TEMPERATURES]
+    inv_t = [1.0 / t for t in temperatures]
     st = torch.zeros(n, len(inv_t), dtype=f64, device=dev)
     sa = torch.zeros_like(st)
     nx = torch.from_numpy(nxt).to(dev)
@@ -76,10 +75,10 @@ def score_block(head: TargetHead, x: np.ndarray, nxt: np.ndarray, ztrue: np.ndar
         e *= z
         s2 = s2 * scale + e.sum(1, dtype=f64)
         m = new
-    _finish(*(t.cpu().numpy() for t in (m, centre, s0, s1, s2, above, st, sa)), ztrue, nxt, out)
+    _finish(*(t.cpu().numpy() for t in (m, centre, s0, s1, s2, above, st, sa)), ztrue, nxt, out, temperatures)
 
 
-def _rows(head: TargetHead, disk_rows: object) -> object:
+def _rows(head: Any, disk_rows: object) -> object:
     """The head's lm_head as ``DiskRows`` (one per scorer, so the device copy is made once)."""
     cached = head.__dict__.get("_disk_head")
     if cached is None:
@@ -88,11 +87,10 @@ def _rows(head: TargetHead, disk_rows: object) -> object:
 
 
 def _finish(m: np.ndarray, centre: np.ndarray, s0: np.ndarray, s1: np.ndarray, s2: np.ndarray, above: np.ndarray,
-            st: np.ndarray, sa: np.ndarray, ztrue: np.ndarray, nxt: np.ndarray, out: TokenScores) -> None:
+            st: np.ndarray, sa: np.ndarray, ztrue: np.ndarray, nxt: np.ndarray, out: Any,
+            temperatures: tuple[float, ...]) -> None:
     """The per-token figures from the sums (the numpy pass's closing lines)."""
-    from .agreement import TEMPERATURES
-
-    inv_t = 1.0 / np.asarray(TEMPERATURES)
+    inv_t = 1.0 / np.asarray(temperatures)
     lse = m + np.log(s0)
     mean = centre + s1 / s0
     out.logp[:] = ztrue - lse

@@ -26,7 +26,7 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 
 from ..arrays import as_array
-from ..results import Finding
+from ..records import Finding
 from . import templates as tpl
 from .agreement import MIN_TOKENS, SHAPE_CHI2, SURPRISE_MAX, Z_MIN, Agreement
 

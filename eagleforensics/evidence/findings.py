@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..positions import Position, default_aux_positions
-from ..results import Finding
+from ..records import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..results import SlotMatch
+    from ..records import SlotMatch
     from .tokens import TokenAlignment
 
 

@@ -31,7 +31,8 @@ from ..errors import ForensicsError
 from ..positions import Position
 from .filerows import PositionSource, file_locator, safetensors_rows
 from .guards import parse_json
-from .safeload import check_file, load_object, open_safetensors, read_tensor, sniff
+from .formats import sniff
+from .safeload import check_file, load_object, open_safetensors, read_tensor
 from .sizecheck import key_number
 
 CAPTURE_FORMAT = "eagleforensics-capture-v1"
@@ -290,7 +291,7 @@ _ST_DTYPES = {"F64": numpy_dtype("float64"), "F32": numpy_dtype("float32"), "F16
 
 def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Capture:
     """Lazy safetensors capture: only the header is read here; tensors on demand."""
-    from .safeload import read_safetensors_header
+    from .formats import read_safetensors_header
 
     header = read_safetensors_header(p)
     handle = open_safetensors(p)

@@ -155,7 +155,7 @@ class PositionSource:
 
 def safetensors_rows(path: Path, header: dict[str, Any], name: str, dtype: Any) -> FileRows:
     """A FileRows for tensor ``name`` of a safetensors file whose (validated) header is ``header``."""
-    from .safeload import safetensors_data_start
+    from .formats import safetensors_data_start
 
     start = int(header[name]["data_offsets"][0])
     shape = [int(d) for d in header[name]["shape"]] or [1]
@@ -243,7 +243,7 @@ def file_locator(path: Path, loaded: Any) -> Callable[[np.ndarray], FileRows | N
     floating-point tensor of 2+ dims maps to that tensor. Other formats are read into memory
     whole, so their arrays are plain in-memory views already.
     """
-    from .safeload import read_safetensors_header, sniff
+    from .formats import read_safetensors_header, sniff
 
     kind = sniff(path)
     if kind == "torch-zip":

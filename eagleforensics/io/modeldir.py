@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import ForensicsError
 from .guards import parse_json, read_regular
-from .safeload import SafetensorsFile, open_safetensors, read_safetensors_header
+from .formats import read_safetensors_header
+from .safeload import SafetensorsFile, open_safetensors
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"

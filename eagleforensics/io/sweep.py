@@ -22,7 +22,7 @@ from .atomic import atomic_path
 from .capture import CAPTURE_FORMAT, META_KEY
 from .guards import check_regular_tree, memory_limit
 from .modeldir import read_config
-from .safeload import read_safetensors_header
+from .formats import read_safetensors_header
 from .sizecheck import claimed_int, human_bytes
 
 MAX_MODEL_LAYERS = 4096  # decoder layers a config may claim before the model is even sketched

@@ -45,7 +45,7 @@ from ..arrays import dtype_name, numpy_dtype
 from ..errors import ForensicsError
 from .filerows import FileRows
 from .guards import MAX_DEPTH, check_expansion, check_zip_members, open_regular
-from .safeload import UNSAFE_HINT, is_pickle_head
+from .formats import UNSAFE_HINT, is_pickle_head
 from .sizecheck import PICKLE_FLOOR, PICKLE_RATIO, compressed_pickle_limit, human_bytes
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
