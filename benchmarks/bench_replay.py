@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from eagleforensics.arrays import to_torch
-from eagleforensics.evidence.replay import DraftForward, TargetSide, replay_chain, target_tokens, tree_depths
+from eagleforensics.drafter.replay import DraftForward, TargetSide, replay_chain, target_tokens, tree_depths
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.drafter import DrafterSpec, load_drafter, load_target
 from eagleforensics.positions import Position

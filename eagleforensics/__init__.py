@@ -53,7 +53,7 @@ _LAZY = {
     "TargetAudit": "eagleforensics.scan.audit",
     "audit_records": "eagleforensics.scan.audit",
     "load_tokenizer": "eagleforensics.io.tokenizer",
-    "learn_skeleton": "eagleforensics.evidence.templates",
+    "learn_skeleton": "eagleforensics.dataaudit.templates",
 }
 
 __all__ = ["ForensicsError", "Position", "default_aux_positions", "__version__", *_LAZY]

@@ -2,12 +2,12 @@
 
 ``make_plan(PlanInputs(...))`` reads each run's log (``engines.logs``: accept length, tok/s; and its
 launch from the arguments line, ``engines.serverargs``), fits the cost of a round
-(``evidence.roundcost``: a verify pass plus k draft steps, the verify pass growing with the
+(``serving.roundcost``: a verify pass plus k draft steps, the verify pass growing with the
 tokens it checks), takes the accept length of every chain length from replay's reach@k (the
-wiring the engine feeds) or the logs' own figures (``evidence.acceptcurve``), and predicts tok/s
+wiring the engine feeds) or the logs' own figures (``serving.acceptcurve``), and predicts tok/s
 for steps 1..8 and topk 1..8. Every prediction carries the range the runs allow: one number where
 the runs pin it, wide where an assumption decides (named in ``assumptions``). With a replay JSON
-it also tests for a serving gap (``evidence.servinggap``) and names the usual suspects with this
+it also tests for a serving gap (``serving.servinggap``) and names the usual suspects with this
 run's own settings (``engines.suspects``).
 
 Exit code: 1 when there is something to do (``TODO_CODES``: a faster step count than the served
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import ForensicsError, printable
-from .evidence.acceptcurve import AcceptCurve, accepted_variance, from_length, from_reach
-from .evidence.roundcost import ASSUMPTIONS, CostFit, RoundConfig, RoundTime, VerifyShare, fit_costs
-from .evidence.servinggap import FLOOR, GapTest, median_se
+from .serving.acceptcurve import AcceptCurve, accepted_variance, from_length, from_reach
+from .serving.roundcost import ASSUMPTIONS, CostFit, RoundConfig, RoundTime, VerifyShare, fit_costs
+from .serving.servinggap import FLOOR, GapTest, median_se
 from .results import Finding
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -11,7 +11,7 @@ to a live SGLang or vLLM server (``engines.probeapi``, formats from the released
   counters moved more than the probe's own tokens explain (other traffic); accept length with its
   standard error, per-position acceptance where the engine gives it, tok/s per request. No
   accept length is called from fewer than ``MIN_ROUNDS`` verify rounds;
-* with a replay JSON: the serving-gap test (``evidence.servinggap``) against replay's figure for
+* with a replay JSON: the serving-gap test (``serving.servinggap``) against replay's figure for
   the wiring the engine feeds, on the same prompts when replay ran on the same records.
 
 Its JSON (schema ``eagleforensics-probe-v1``) is a run ``plan`` reads like a log (``run``).
@@ -31,9 +31,9 @@ from typing import Any
 from .engines import probeformats as pf
 from .engines.probeapi import DECLARED, ENGINES, Reply, ServerInfo, counters, detect, generate, info, v0_k
 from .errors import ForensicsError, printable
-from .evidence.acceptcurve import accepted_variance
+from .serving.acceptcurve import accepted_variance
 from .evidence.probestats import MIN_ROUNDS, NOTHING, chain_reach, degenerate, first_difference, per_position, ratio
-from .evidence.servinggap import FLOOR, GapTest
+from .serving.servinggap import FLOOR, GapTest
 from .io.httpclient import Client
 from .results import Finding
 

@@ -3,7 +3,7 @@
 The wirings come from the rest of the workbench: the positions the training record holds (``align``),
 the engines' default ([2, N//2, N-3]), what ``--engine`` reads from the draft config (the drafter's
 own config.json unless another is given), and any ``--wiring`` the user names. Each is replayed by
-``evidence.replay`` on the capture; the target's next tokens come from its lm_head on the capture's
+``drafter.replay`` on the capture; the target's next tokens come from its lm_head on the capture's
 post-norm final state (read from the target's shards), else from the capture's own ids.
 A training record (``--train``) also lends its token ids (when the capture has none) and its loss
 mask: then only supervised rows count, as the trainers count acc_k. A record in a trainer's own
@@ -31,7 +31,7 @@ from .io.served import OWN_EMBEDDING
 from .results import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .evidence.replay import WiringReplay
+    from .drafter.replay import WiringReplay
     from .io.capture import Capture
     from .io.drafter import TargetHead
     from .io.training import TrainingRecord
@@ -276,7 +276,7 @@ class Sequence:
 
 def _final_reader(cap: Capture, head: TargetHead) -> tuple[Callable[[int, int], torch.Tensor], str]:
     """Post-norm final states of the capture (or p=N through the target's final norm) and how they were obtained."""
-    from .evidence.replay import rms_norm
+    from .drafter.replay import rms_norm
 
     n = cap.num_layers
     post = Position(n, True)  # type: ignore[arg-type]
@@ -295,7 +295,7 @@ def _final_reader(cap: Capture, head: TargetHead) -> tuple[Callable[[int, int], 
 
 
 def _greedy_tokens(final: Callable[[int, int], torch.Tensor], rows: int, head: TargetHead, device: str) -> torch.Tensor:
-    from .evidence.replay import greedy_rows
+    from .drafter.replay import greedy_rows
 
     return greedy_rows(final, rows, head.lm_head, device)  # type: ignore[arg-type]
 
@@ -392,7 +392,7 @@ def _pair_record(cap: Capture, rows: int, rec: TrainingRecord) -> Sequence:
 def _record_sequence(rec: TrainingRecord, spec: Any, head: TargetHead | None, device: str
                      ) -> tuple[Sequence, Callable[[int, int], torch.Tensor], torch.Tensor, str]:
     """A training record given as the capture: its ids and mask, its own aux states, the target tokens from its final."""
-    from .evidence.replay import rms_norm
+    from .drafter.replay import rms_norm
     from .evidence.tokens import trailing_padding
 
     if rec.input_ids is None:
@@ -644,7 +644,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     with those ``io.served.SERVED_FEATURES`` dropped.
     """
     from .engines.crosscheck import check_request
-    from .evidence.replay import DraftForward, TargetSide, replay_wiring
+    from .drafter.replay import DraftForward, TargetSide, replay_wiring
     from .io.capture import load_capture
     from .io.drafter import check_finite, load_drafter, load_target, probe_target
 

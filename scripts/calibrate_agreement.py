@@ -38,8 +38,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagleforensics.evidence.agreement import SHAPE_CHI2, SHAPE_PER_TOKEN, SURPRISE_MAX, Z_MIN, Agreement  # noqa: E402
-from eagleforensics.evidence.dataaudit import AuditSummary  # noqa: E402
+from eagleforensics.dataaudit.agreement import SHAPE_CHI2, SHAPE_PER_TOKEN, SURPRISE_MAX, Z_MIN, Agreement  # noqa: E402
+from eagleforensics.dataaudit.audit import AuditSummary  # noqa: E402
 from eagleforensics.io.training import from_object  # noqa: E402
 from eagleforensics.scan.audit import TargetAudit, audit_records  # noqa: E402
 from eagleforensics.testing import chat, tinymodels  # noqa: E402

@@ -240,7 +240,7 @@ def replay_acceptance_rate(out: Path, name: str, label: str) -> list[float]:
     over the rows SpecForge's ``acceptance_rate`` averages: loss_mask[t+k-1] = 1 and the target's token in the draft
     vocabulary. Reads the record (ids, mask, final state) and the capture (the wiring's states), nothing else."""
     from eagleforensics.arrays import to_torch
-    from eagleforensics.evidence.replay import DraftForward, TargetSide, counted_rows, replay_chain, target_tokens
+    from eagleforensics.drafter.replay import DraftForward, TargetSide, counted_rows, replay_chain, target_tokens
     from eagleforensics.io.capture import load_capture
     from eagleforensics.io.drafter import load_drafter, load_target
     from eagleforensics.positions import Position

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_samples import PROMPT_TOKENS, RESPONSE_TOKENS, N, sample_ids, target_model
 
-from eagleforensics.evidence.replay import DraftForward
+from eagleforensics.drafter.replay import DraftForward
 from eagleforensics.io.drafter import DrafterSpec
 from eagleforensics.testing.drafterbuild import frequency_vocab
 from eagleforensics.testing.tinymodels import prompt_ids
@@ -162,7 +162,7 @@ def write_target(d: Path, model: torch.nn.Module) -> None:
 
 def held_out(model: torch.nn.Module, s: DrafterSpec, w: dict[str, torch.Tensor]) -> None:
     """Print step-1 acceptance on 8 prompts the drafter never saw, per wiring (the README quotes it)."""
-    from eagleforensics.evidence.replay import replay_drafts
+    from eagleforensics.drafter.replay import replay_drafts
 
     fwd = DraftForward(s, {**w, "embed": model.model.embed_tokens.weight.detach()})
     seqs = torch.stack([prompt_ids(SEQ_LEN, seed=5000 + i) for i in range(8)])

@@ -1,6 +1,6 @@
 """A plain EAGLE-3 drafter forward for the tests: one start row at a time, float64, python loops, no shared code.
 
-It follows the trainers' definitions independently of ``evidence.replay``: rotary as a complex rotation
+It follows the trainers' definitions independently of ``drafter.replay``: rotary as a complex rotation
 of (x[i], x[i + d/2]) pairs with transformers' own ``ROPE_INIT_FUNCTIONS`` for the (scaled) frequencies
 and the attention factor, attention as an explicit softmax over the prefix rows' step-1 keys and the
 query's own earlier keys, every decoder layer written out, sliding windows by row index (speculators'

@@ -2,7 +2,7 @@
 and say so when the runs do not pin the answer.
 
 The logs are simulated round by round from a known cost model (``eagleforensics.testing.runlogs``: its
-round time is written out there, not taken from ``evidence.roundcost``) in the SGLang and vLLM line
+round time is written out there, not taken from ``serving.roundcost``) in the SGLang and vLLM line
 formats ``engines.logs`` documents and the arguments-line formats ``engines.serverargs`` documents.
 Every expected figure below is computed here from the truth, never from plan's own output.
 """
@@ -19,9 +19,9 @@ from click.testing import CliRunner
 
 from eagleforensics.cli.plan import plan as plan_cmd
 from eagleforensics.errors import ForensicsError
-from eagleforensics.evidence.acceptcurve import from_length, from_reach
-from eagleforensics.evidence.roundcost import Costs, RoundConfig, RoundTime, VerifyShare, fit_costs
-from eagleforensics.evidence.servinggap import GapTest
+from eagleforensics.serving.acceptcurve import from_length, from_reach
+from eagleforensics.serving.roundcost import Costs, RoundConfig, RoundTime, VerifyShare, fit_costs
+from eagleforensics.serving.servinggap import GapTest
 from eagleforensics.plan import PlanInputs, draft_tokens_for, make_plan
 from eagleforensics.testing.runlogs import SimRun, chain_reach, write_log
 

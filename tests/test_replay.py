@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from eagleforensics.arrays import to_torch
 from eagleforensics.cli import main
 from eagleforensics.errors import ForensicsError
-from eagleforensics.evidence.replay import DraftForward, replay_drafts, target_tokens
+from eagleforensics.drafter.replay import DraftForward, replay_drafts, target_tokens
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.drafter import load_drafter, load_target
 from eagleforensics.positions import Position

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from eagleforensics.arrays import to_torch
 from eagleforensics.cli import main
 from eagleforensics.errors import ForensicsError
-from eagleforensics.evidence.replay import DraftForward, rope_tables
+from eagleforensics.drafter.replay import DraftForward, rope_tables
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.drafter import load_drafter, load_target, read_spec
 from eagleforensics.io.served import SERVED_FEATURES

@@ -18,8 +18,7 @@ from click.testing import CliRunner
 
 from eagleforensics.arrays import to_torch
 from eagleforensics.cli import main
-from eagleforensics.evidence.replay import (DraftForward, TargetSide, counted_rows, replay_chain, target_tokens,
-                                            tree_candidates, tree_depths)
+from eagleforensics.drafter.replay import (DraftForward, TargetSide, counted_rows, replay_chain, target_tokens, tree_candidates, tree_depths)
 from eagleforensics.io.capture import load_capture
 from eagleforensics.io.drafter import load_drafter, load_target
 from eagleforensics.positions import Position
@@ -167,7 +166,7 @@ def test_expected_acceptance_at_temperature_matches_monte_carlo():
 
 
 def test_top_p_renormalises_the_target():
-    from eagleforensics.evidence.replay import top_p_renorm
+    from eagleforensics.drafter.replay import top_p_renorm
 
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     assert torch.allclose(top_p_renorm(p, 0.7), torch.tensor([[0.625, 0.375, 0.0, 0.0]]))

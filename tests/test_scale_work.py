@@ -11,7 +11,7 @@ import torch
 from eagleforensics.arrays import to_torch
 from eagleforensics.checks import nexttokens
 from eagleforensics.checks.base import Artifacts, DoctorInputs
-from eagleforensics.evidence.replay import greedy_rows, head_logits
+from eagleforensics.drafter.replay import greedy_rows, head_logits
 from eagleforensics.io.modeldir import ModelDir
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data_samples"
@@ -61,7 +61,7 @@ def test_streamed_greedy_equals_one_product() -> None:
 
 def test_temperature_scan_on_threads_gives_the_plain_loops_sums(monkeypatch: pytest.MonkeyPatch) -> None:
     """The audit's 16 temperatures run on threads for large blocks: every figure equal to the one-thread loop."""
-    from eagleforensics.evidence import agreement as ag
+    from eagleforensics.dataaudit import agreement as ag
 
     md = ModelDir(SAMPLES / "target")
     head = ag.TargetHead(ag.head_spec(md), md)
@@ -108,8 +108,8 @@ def test_disk_rows_gather_the_rows_a_tensor_would(tmp_path: Path) -> None:
 
 def test_agreement_on_a_torch_device_matches_the_numpy_pass() -> None:
     """--device cuda's audit pass (run here on the CPU through torch): every figure within 1e-5 of numpy's."""
-    from eagleforensics.evidence import agreement as ag
-    from eagleforensics.evidence.agreement_torch import score_block
+    from eagleforensics.dataaudit import agreement as ag
+    from eagleforensics.dataaudit.agreement_torch import score_block
 
     md = ModelDir(SAMPLES / "target")
     head = ag.TargetHead(ag.head_spec(md), md)

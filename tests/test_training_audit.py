@@ -21,8 +21,8 @@ from eagleforensics.checks.registry import get_check
 from eagleforensics.cli import main
 from eagleforensics.doctor import diagnose
 from eagleforensics.errors import ForensicsError
-from eagleforensics.evidence import templates as tpl
-from eagleforensics.evidence.agreement import TargetHead, head_spec, supervised_positions
+from eagleforensics.dataaudit import templates as tpl
+from eagleforensics.dataaudit.agreement import TargetHead, head_spec, supervised_positions
 from eagleforensics.io.modeldir import ModelDir
 from eagleforensics.io.servedprompts import load_served_prompts
 from eagleforensics.io.tokenizer import load_tokenizer
@@ -342,7 +342,7 @@ def test_pre_finetune_target_data_is_flagged(world: World, tmp_path: Path) -> No
 
 def test_vocab_chunks_give_the_same_scores(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """Scoring a vocabulary chunk at a time (bounded memory) gives the full-softmax figures."""
-    from eagleforensics.evidence import agreement
+    from eagleforensics.dataaudit import agreement
 
     spec = head_spec(ModelDir(world.target))
     head = TargetHead(spec)

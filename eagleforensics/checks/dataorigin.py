@@ -1,7 +1,7 @@
 """Was the training data written by this target? The target's agreement with the records' supervised tokens.
 
 ``data-not-from-target`` (warning): scored from each record's own final state through the target's
-final norm and lm_head (``evidence.agreement``): greedy agreement, mean log-probability, share outside
+final norm and lm_head (``dataaudit.agreement``): greedy agreement, mean log-probability, share outside
 the top 5, and the surprise against the target's own samples, which decides (README "Target
 agreement", calibrated by ``scripts/calibrate_agreement.py``). Answers written by people, another
 model or the base model before a fine-tune train a drafter that accepts far less than its training
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ..evidence.dataaudit import AuditSummary, origin_findings
+from ..dataaudit.audit import AuditSummary, origin_findings
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 

@@ -6,8 +6,8 @@ holds, so the drafter never saw those positions and acceptance falls with contex
 """
 from __future__ import annotations
 
-from ..evidence.dataaudit import AuditSummary, length_findings
-from ..evidence.dataaudit import shape_line
+from ..dataaudit.audit import AuditSummary, length_findings
+from ..dataaudit.audit import shape_line
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..evidence.dataaudit import shape_line
+from ..dataaudit.audit import shape_line
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register

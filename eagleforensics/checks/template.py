@@ -1,7 +1,7 @@
 """Chat template and thinking mode: were the records rendered as the server renders, and is the loss mask on the answer?
 
 From the target's tokenizer files (``tokenizer.json``, the chat template) the check learns where an
-answer starts and ends (``evidence.templates``) and reads every supervised run of every record:
+answer starts and ends (``dataaudit.templates``) and reads every supervised run of every record:
 
 * ``template-mismatch``: the answers follow another template's header (or none), or the served
   prompts (``--served-prompts``, ``--capture`` ids) carry another template or none at all (raw
@@ -14,7 +14,7 @@ answer starts and ends (``evidence.templates``) and reads every supervised run o
 from __future__ import annotations
 
 from ..errors import printable
-from ..evidence.dataaudit import AuditSummary, TemplateFacts, shift_findings, template_findings
+from ..dataaudit.audit import AuditSummary, TemplateFacts, shift_findings, template_findings
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 

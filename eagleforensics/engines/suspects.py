@@ -71,7 +71,7 @@ SUSPECTS: tuple[Suspect, ...] = (
             "run once with it off (vLLM --no-async-scheduling, SGLang --disable-overlap-schedule) and compare the "
             "accept length"),
     Suspect("attention-backend", "the attention backend of the target or the draft: the same drafter has accepted "
-            "less on one backend than another (2.6 against 2.35, flashinfer-mla against triton; failure catalogue "
+            "less on one backend than another (2.6 against 2.35, flashinfer-mla against triton; docs/causes.md "
             "row 29)",
             ("sgl-project/sglang#4724",),
             "run once with another backend (SGLang --attention-backend / --speculative-draft-attention-backend, "

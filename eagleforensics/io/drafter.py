@@ -17,7 +17,7 @@ target's lm_head is never in a drafter) gets them from the target's safetensors 
 ``model.safetensors.index.json``, reading just those tensors.
 
 ``Drafter.features()`` lists which of ``io.served.SERVED_FEATURES`` (the features an engine may ignore when
-it serves the drafter) this drafter uses; ``evidence.replay.DraftForward(drop=...)`` runs the forward
+it serves the drafter) this drafter uses; ``drafter.replay.DraftForward(drop=...)`` runs the forward
 without them ("replay as served").
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The names are those of ``engines.flagrules`` (which engine release honours which feature), so doctor can
 replay exactly what a ruling drops; the value says what
-serving the drafter WITHOUT it means, i.e. what ``evidence.replay.DraftForward(drop=...)`` and
+serving the drafter WITHOUT it means, i.e. what ``drafter.replay.DraftForward(drop=...)`` and
 ``replay --served-without NAME`` run. Dropping a feature the drafter does not use changes nothing.
 Torch-free, so the CLI can offer the names without importing torch.
 """

@@ -21,7 +21,7 @@ from .pipeline import ReportOutcome, find_notebook, input_path, render, safe_ste
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..evidence.roundcost import RoundConfig
+    from ..serving.roundcost import RoundConfig
     from ..plan import PlanReport
 
 NOTEBOOK = "plan.ipynb"
@@ -32,7 +32,7 @@ DEMO = {"logs": {"baseline": "baseline.log", "tuned": "tuned.log", "tuned_3steps
 
 def parse_launch(text: str) -> RoundConfig:
     """``3`` or ``5,4,8`` (steps[,topk[,draft tokens]]) -> RoundConfig; a bad one is a ForensicsError."""
-    from ..evidence.roundcost import RoundConfig
+    from ..serving.roundcost import RoundConfig
 
     parts = [p.strip() for p in str(text).split(",")]
     if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
@@ -212,7 +212,7 @@ def runs_table(rep: PlanReport) -> pd.DataFrame:
 def show_costs(rep: PlanReport) -> None:
     from . import nbview
     from .plots import esc
-    from ..evidence.roundcost import ASSUMPTIONS
+    from ..serving.roundcost import ASSUMPTIONS
 
     fit = rep.fit
     items = []

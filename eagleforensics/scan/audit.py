@@ -20,9 +20,9 @@ import numpy as np
 
 from ..arrays import as_array, f32
 from ..errors import ForensicsError
-from ..evidence import dataaudit as da
-from ..evidence import templates as tpl
-from ..evidence.agreement import Agreement, HeadSpec, TargetHead, head_spec, supervised_positions
+from ..dataaudit import audit as da
+from ..dataaudit import templates as tpl
+from ..dataaudit.agreement import Agreement, HeadSpec, TargetHead, head_spec, supervised_positions
 from ..io.modeldir import ModelDir
 
 DEFAULT_MAX_TOKENS = 256  # supervised tokens scored per record (evenly spread); enough for a 3% standard error

@@ -20,7 +20,7 @@ from .summary import compact
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..evidence.dataaudit import AuditSummary
+    from ..dataaudit.audit import AuditSummary
     from ..results import Finding
 
 HEADER_KEY = "eagleforensics_scan"
@@ -194,7 +194,7 @@ class ScanResult:
         """The training-data audit over every record (None when the scan had no target)."""
         if self.audit is None:
             return None
-        from ..evidence.dataaudit import AuditSummary
+        from ..dataaudit.audit import AuditSummary
 
         return AuditSummary.of(self.lines)
 
@@ -204,7 +204,7 @@ class ScanResult:
         s = self.audit_summary()
         if s is None or self.audit is None:
             return []
-        from ..evidence import dataaudit as da
+        from ..dataaudit import audit as da
 
         out = da.origin_findings(s) + da.shift_findings(s) + da.length_findings(s, self.audit.get("served_len"))
         if self.audit.get("template"):
@@ -271,7 +271,7 @@ class ScanResult:
 
     def _audit_text(self) -> str:
         """The training-data section of the terminal output: figures, skeleton table, findings."""
-        from ..evidence.dataaudit import fmt_float
+        from ..dataaudit.audit import fmt_float
 
         s = self.audit_summary()
         ctx = self.audit or {}

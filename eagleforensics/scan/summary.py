@@ -83,7 +83,7 @@ def compact(line: dict[str, Any]) -> dict[str, Any]:
     out["slots"] = tuple(rows)
     audit = line.get("audit")
     if isinstance(audit, dict):
-        from ..evidence.dataaudit import audit_row
+        from ..dataaudit.audit import audit_row
 
         out["audit"] = audit_row(audit)
     elif audit is not None:
@@ -177,8 +177,8 @@ def _prefix_reasons(lines: list[dict[str, Any]], slots: "pd.DataFrame") -> dict[
 def _audit_reasons(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Records the training-data audit sets apart: a shifted loss mask; answers after another skeleton than most
     records'; answers the target did not write while the dataset as a whole reads as its own."""
-    from ..evidence import dataaudit as da
-    from ..evidence import templates as tpl
+    from ..dataaudit import audit as da
+    from ..dataaudit import templates as tpl
 
     rows = [(line["path"], line.get("audit")) for line in lines if isinstance(line.get("audit"), da.AuditRow)]
     if not rows:
@@ -197,7 +197,7 @@ def _audit_reasons(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
                 r.skeleton.split(":")[0] != common.split(":")[0]:
             reasons.setdefault(path, []).append(f"answers follow {r.skeleton}; most records: {common}")
         if dataset_ok and r.agreement is not None:
-            from ..evidence.agreement import Agreement
+            from ..dataaudit.agreement import Agreement
 
             a = Agreement(*r.agreement)
             if a.verdict == "not-from-target":

@@ -2,7 +2,7 @@
 
 Not the product: for tests, scripts and the README's worked incident. A run is simulated round
 by round: each round takes ``verify_s + per_token_s * (draft_tokens - 1) + draft_step_s * steps``
-seconds (written out here, not taken from ``evidence.roundcost``, so a bug there cannot hide
+seconds (written out here, not taken from ``serving.roundcost``, so a bug there cannot hide
 itself) times log-normal noise and accepts
 ``j`` drafts with P(at least j) = ``reach[j-1]``; the engine's logging interval then averages
 what the engine averages and prints it the way that release prints it:

@@ -1,7 +1,7 @@
 """The target-agreement pass (``agreement.TargetHead.score``) on a torch device: the same sums, on a GPU.
 
 ``--device cuda`` puts the audit's lm_head products there: the head is copied to the device once (stored
-dtype, block by block: ``evidence.replay.head_on``), each vocabulary block widened there, and the running
+dtype, block by block: ``drafter.replay.head_on``), each vocabulary block widened there, and the running
 max, log-sum-exp, moments, rank and the 16 temperatures' sums are the numpy pass's, step for step, in
 float32 logits and float64 sums. Float order differs from the numpy pass (GPU reductions): figures agree to
 about 1e-6 relative (``tests/test_scale_work.py`` holds them to 1e-5 on the CPU, where this path also runs).
@@ -23,7 +23,7 @@ def score_block(head: Any, x: np.ndarray, nxt: np.ndarray, ztrue: np.ndarray, ou
     ``head`` is ``agreement.TargetHead``, ``out`` its ``TokenScores`` and ``temperatures`` its ``TEMPERATURES``,
     handed in by the caller: ``agreement`` imports this module, so this one does not import it back."""
     from ..io.diskrows import disk_rows, head_block
-    from .replay import head_on
+    from ..drafter.replay import head_on
 
     dev = torch.device(device)
     w_all = head_on(_rows(head, disk_rows), dev)

@@ -30,7 +30,7 @@ import numpy as np
 from ..arrays import as_array, f32
 from ..errors import ForensicsError
 from ..io.modeldir import ModelDir
-from .norms import looks_post_norm, token_norms
+from ..evidence.norms import looks_post_norm, token_norms
 
 HEAD_CHUNK_BYTES = 32 * 1024 * 1024  # float32 bytes of one chunk of lm_head rows
 LOGIT_BLOCK = 4 * 1024 * 1024  # logits held at once: [tokens, chunk rows] float32 (a few temporaries of this size)
@@ -126,7 +126,7 @@ class TargetHead:
 
     def __init__(self, spec: HeadSpec, model: ModelDir | None = None, device: str = "cpu") -> None:
         self.spec = spec
-        self.device = device  # "cpu": numpy; else the lm_head products run there (evidence.agreement_torch)
+        self.device = device  # "cpu": numpy; else the lm_head products run there (dataaudit.agreement_torch)
         self.model = model if model is not None else ModelDir(spec.path, "target directory")
         gain = None
         if spec.norm is not None:
@@ -189,7 +189,7 @@ class TargetHead:
         if not t:
             return out
         ztrue = self._true_logits(x, nxt)
-        if self.device != "cpu":  # the same pass on a torch device (evidence.agreement_torch), all tokens at once
+        if self.device != "cpu":  # the same pass on a torch device (dataaudit.agreement_torch), all tokens at once
             from .agreement_torch import score_block
 
             score_block(self, x, nxt, ztrue, out, self.device, TEMPERATURES)

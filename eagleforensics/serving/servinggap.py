@@ -8,7 +8,7 @@ The bar is the larger of two things:
   from the spread of its lines (which holds prompt-to-prompt variation too, not only the
   binomial noise of acceptance). Replay's SE is sqrt(Var(accepted drafts) / rows)
   (``acceptcurve.accepted_variance``). Below this the gap may be noise;
-* a floor of ``FLOOR`` tokens per verify (the failure catalogue's "about 0.3"): what sampling
+* a floor of ``FLOOR`` tokens per verify (a chosen margin of about 0.3): what sampling
   error does not cover and replay's README lists: replay scores a capture's prompts, not the
   logged traffic; float32 against the server's bf16 kernels flips near-ties; steps past the
   first are teacher-forced on the capture's ids. With 10 lines of 40 rounds at L ~ 2.4 the log
