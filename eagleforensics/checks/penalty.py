@@ -187,7 +187,7 @@ def run(art: Artifacts) -> CheckResult:
                    f"penalised and the drafts are not, so the target rejects more drafts the stronger the "
                    f"penalty ({'; '.join(parts)}). {measured}.")
         if severity == "info":
-            message += f" This penalty is milder than the smallest one with a measured loss (1.2: -10%)."
+            message += " This penalty is milder than the smallest one with a measured loss (1.2: -10%)."
         fix = ("Serve without the penalty (repetition_penalty 1.0, frequency/presence 0) where speed matters"
                + ("; it comes from the target's generation_config.json: launch with sampling_defaults='openai' "
                   "(SGLang) or --generation-config vllm (vLLM), or set the value per request"

@@ -30,6 +30,7 @@ import numpy as np
 from ..arrays import as_array, f32
 from ..errors import ForensicsError
 from ..io.modeldir import ModelDir
+from .scoresums import finish_scores
 from ..evidence.norms import looks_post_norm, token_norms
 
 HEAD_CHUNK_BYTES = 32 * 1024 * 1024  # float32 bytes of one chunk of lm_head rows
@@ -234,7 +235,8 @@ class TargetHead:
                 centre = new.copy()
             scale = np.exp(m - new)
             shift = (z - new[:, None].astype(np.float32))  # <= 0
-            def at(g: int, k: float = 0.0) -> None:  # one temperature's sums: columns g of st and sa only
+
+            def at(g: int, shift: np.ndarray = shift) -> None:  # one temperature's sums: columns g of st and sa only
                 k = float(inv_t[g])
                 rescale = np.exp((m - new) * k)
                 e_t = np.exp(shift * np.float32(k))
@@ -242,7 +244,7 @@ class TargetHead:
                 e_t *= gt
                 sa[:, g] = sa[:, g] * rescale + e_t.sum(1, dtype=np.float64)
             _each(at, inv_t.size, shift.size)
-            del shift
+            del shift, at  # the block's [n, c] float32 is freed before the next one is made
             z -= centre[:, None].astype(np.float32)  # d = z - centre, in place
             e = np.exp(z - (new - centre)[:, None].astype(np.float32))
             s0 = s0 * scale + e.sum(1, dtype=np.float64)
@@ -251,19 +253,7 @@ class TargetHead:
             e *= z
             s2 = s2 * scale + e.sum(1, dtype=np.float64)
             m = new
-        lse = m + np.log(s0)
-        mean = centre + s1 / s0
-        out.logp[:] = ztrue - lse
-        out.entropy[:] = np.maximum(lse - mean, 0.0)
-        out.var[:] = np.maximum(s2 / s0 - (s1 / s0) ** 2, 0.0)
-        out.rank[:] = above
-        out.agree[:] = above == 0
-        lse_t = m[:, None] * inv_t[None, :] + np.log(st)  # log sum exp(z / T)
-        out.loglik_t[:] = ztrue[:, None] * inv_t[None, :] - lse_t
-        out.top1_t[:] = np.exp(np.minimum(m[:, None] * inv_t[None, :] - lse_t, 0.0))
-        # U from the token's own logit, not a generator: the same token gets the same PIT in any batch
-        u = np.modf(np.abs(ztrue) * 7919.0 + nxt * 0.6180339887)[0][:, None]
-        out.pit_t[:] = np.clip(sa / st + u * np.exp(out.loglik_t), 0.0, 1.0 - 1e-12)
+        finish_scores(m, centre, s0, s1, s2, above, st, sa, ztrue, nxt, out, inv_t)
 
 
 _POOL: list[Any] = []  # the threads of the temperature scan, started on first use

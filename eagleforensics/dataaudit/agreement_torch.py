@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .scoresums import finish_scores
+
 VOCAB_ROWS = 8192  # lm_head rows widened at once on the device
 
 
@@ -75,7 +77,8 @@ def score_block(head: Any, x: np.ndarray, nxt: np.ndarray, ztrue: np.ndarray, ou
         e *= z
         s2 = s2 * scale + e.sum(1, dtype=f64)
         m = new
-    _finish(*(t.cpu().numpy() for t in (m, centre, s0, s1, s2, above, st, sa)), ztrue, nxt, out, temperatures)
+    finish_scores(*(t.cpu().numpy() for t in (m, centre, s0, s1, s2, above, st, sa)), ztrue, nxt, out,
+                  1.0 / np.asarray(temperatures))
 
 
 def _rows(head: Any, disk_rows: object) -> object:
@@ -84,22 +87,3 @@ def _rows(head: Any, disk_rows: object) -> object:
     if cached is None:
         cached = head.__dict__["_disk_head"] = disk_rows(head.model, head.spec.head)  # type: ignore[operator]
     return cached
-
-
-def _finish(m: np.ndarray, centre: np.ndarray, s0: np.ndarray, s1: np.ndarray, s2: np.ndarray, above: np.ndarray,
-            st: np.ndarray, sa: np.ndarray, ztrue: np.ndarray, nxt: np.ndarray, out: Any,
-            temperatures: tuple[float, ...]) -> None:
-    """The per-token figures from the sums (the numpy pass's closing lines)."""
-    inv_t = 1.0 / np.asarray(temperatures)
-    lse = m + np.log(s0)
-    mean = centre + s1 / s0
-    out.logp[:] = ztrue - lse
-    out.entropy[:] = np.maximum(lse - mean, 0.0)
-    out.var[:] = np.maximum(s2 / s0 - (s1 / s0) ** 2, 0.0)
-    out.rank[:] = above
-    out.agree[:] = above == 0
-    lse_t = m[:, None] * inv_t[None, :] + np.log(st)
-    out.loglik_t[:] = ztrue[:, None] * inv_t[None, :] - lse_t
-    out.top1_t[:] = np.exp(np.minimum(m[:, None] * inv_t[None, :] - lse_t, 0.0))
-    u = np.modf(np.abs(ztrue) * 7919.0 + nxt * 0.6180339887)[0][:, None]
-    out.pit_t[:] = np.clip(sa / st + u * np.exp(out.loglik_t), 0.0, 1.0 - 1e-12)
