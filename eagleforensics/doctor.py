@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .checks.base import CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs
+from .checks.drafterbaseline import settle as settle_baseline
 from .checks.registry import all_checks
 from .errors import ForensicsError, printable
 from .results import IMPACTS, Finding
@@ -315,7 +316,7 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
         outcomes.append(outcome)
         summaries[outcome.name] = summary
         extra = max(extra, level, key=_LEVEL_RANK.__getitem__)
-    outcomes = join_replay(outcomes, art.memoised("replay-report"))
+    outcomes = settle_baseline(join_replay(outcomes, art.memoised("replay-report")))
     return DoctorReport(inputs, outcomes, align=summaries.get("wiring"), replay=summaries.get("replay"),
                         extra_level=extra)
 

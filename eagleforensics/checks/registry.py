@@ -11,7 +11,7 @@ from importlib import import_module
 from .base import Check
 
 # check modules, in the order their rows are listed when clean or not run
-MODULES: tuple[str, ...] = ("launch", "drafterweights", "sizes", "vocabmap", "coverage", "embedding", "flags", "rope", "template",
+MODULES: tuple[str, ...] = ("launch", "drafterweights", "drafterbaseline", "sizes", "vocabmap", "coverage", "embedding", "flags", "rope", "template",
                            "dataorigin", "datashape")
 _CHECKS: dict[str, Check] = {}
 
