@@ -1,5 +1,8 @@
 """A model directory (a drafter's or a target's): its config.json and its safetensors tensors, without torch.
 
+A directory without safetensors but with ``pytorch_model.bin`` (or its shard index) is read through the
+restricted torch-file reader (``io.torchweights``): the EAGLE repository's training output, which the engines load.
+
 Tensors are listed from the safetensors headers (or the shard index) without reading any data;
 one tensor, or a few rows of one, is read on demand with one positional read. The doctor's checks
 read drafters and targets through here, so a check that needs only shapes never reads a weight
@@ -21,6 +24,7 @@ from .guards import parse_json, read_regular
 from .safeload import SafetensorsFile, open_safetensors, read_safetensors_header
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+BIN_NAME, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 INDEX_NAME = "model.safetensors.index.json"
 # The HF names of the tensors checks ask for by role; a stored name that ends with the tail counts
 # when exactly one does (drafters and some converters add a prefix). MTP heads and layers never count.
@@ -91,7 +95,7 @@ class ModelDir:
         """Every stored tensor by name, from the headers of ``model.safetensors``, the shard index or ``*.safetensors``."""
         out: dict[str, TensorInfo] = {}
         for f in self._files():
-            header = read_safetensors_header(f)
+            header = weights_header(f)
             for name, info in header.items():
                 if name != "__metadata__":
                     out[str(name)] = TensorInfo(str(name), f, str(info["dtype"]), tuple(int(d) for d in info["shape"]))
@@ -118,8 +122,10 @@ class ModelDir:
             return [single]
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
-            raise ForensicsError("no model.safetensors, shard index or *.safetensors here (only safetensors weights "
-                                 "are read; convert .bin/.pt checkpoints first)", path=self.path)
+            files = _bin_files(self.path)
+        if not files:
+            raise ForensicsError("no model.safetensors, shard index, *.safetensors or pytorch_model.bin here (the "
+                                 "weights formats read; convert other .pt checkpoints first)", path=self.path)
         return files
 
     def has(self, name: str) -> bool:
@@ -133,7 +139,7 @@ class ModelDir:
 
     def _handle(self, f: Path) -> SafetensorsFile:
         if f not in self._handles:
-            self._handles[f] = open_safetensors(f)
+            self._handles[f] = open_weights(f)
         return self._handles[f]
 
     def read(self, name: str) -> np.ndarray:
@@ -181,3 +187,42 @@ class ModelDir:
         hits = [k for k in self.tensors if k.endswith(tail) and "mtp" not in k and ".layers." not in k
                 and "midlayer" not in k]
         return hits[0] if len(hits) == 1 else None
+
+
+def _bin_files(d: Path) -> list[Path]:
+    """``pytorch_model.bin``, or the shards its index names (each a plain file name in ``d``)."""
+    index = d / BIN_INDEX
+    if index.is_file():
+        wmap = read_config(index, "pytorch_model.bin shard index").get("weight_map")
+        if not isinstance(wmap, dict) or not wmap:
+            raise ForensicsError("shard index has no weight_map object", path=index)
+        shards: list[Path] = []
+        for shard in wmap.values():
+            if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".bin"):
+                raise ForensicsError(f"weight_map names {str(shard)[:80]!r}; expected a .bin file in the same "
+                                     "directory", path=index)
+            if not (d / shard).is_file():
+                raise ForensicsError(f"weight_map names shard {shard!r}, which is missing", path=index)
+            if d / shard not in shards:
+                shards.append(d / shard)
+        return shards
+    return [d / BIN_NAME] if (d / BIN_NAME).is_file() else []
+
+
+def weights_header(f: Path) -> dict[str, Any]:
+    """A weights file's ``{name: {"dtype", "shape"}}``: the safetensors header, or a torch file's through the
+    restricted reader."""
+    if f.suffix == ".bin":
+        from .torchweights import torch_header
+
+        return torch_header(f)
+    return read_safetensors_header(f)
+
+
+def open_weights(f: Path) -> Any:
+    """A handle reading one tensor (or rows of one) at a time: safetensors, or a torch file (restricted reader)."""
+    if f.suffix == ".bin":
+        from .torchweights import TorchWeightsFile
+
+        return TorchWeightsFile(f)
+    return open_safetensors(f)
