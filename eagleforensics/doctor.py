@@ -209,6 +209,9 @@ def check_inputs(inputs: DoctorInputs) -> None:
             raise ForensicsError(f"--{name.replace('_', '-')} expects a directory (config.json + safetensors)", path=p)
         if want_dir is False and p.is_dir():
             raise ForensicsError(f"--{name.replace('_', '-')} expects a file, got a directory", path=p)
+    from .io.identify import check_models
+
+    check_models(inputs.drafter, inputs.target)  # a target as --drafter (or the two swapped): one line, exit 2
     if inputs.served_len is not None and inputs.served_len <= 0:
         raise ForensicsError(f"--served-len must be a positive number of tokens, got {inputs.served_len}")
 
@@ -317,8 +320,18 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
         summaries[outcome.name] = summary
         extra = max(extra, level, key=_LEVEL_RANK.__getitem__)
     outcomes = settle_baseline(join_replay(outcomes, art.memoised("replay-report")))
+    if art.memoised("train-skipped"):
+        outcomes.append(inputs_row(art.memoised("train-skipped")))
     return DoctorReport(inputs, outcomes, align=summaries.get("wiring"), replay=summaries.get("replay"),
                         extra_level=extra)
+
+
+def inputs_row(skipped: list[str]) -> CheckOutcome:
+    """The model directories found inside ``--train`` and skipped (records only are read there), said as context."""
+    msg = (f"--train: skipped {len(skipped)} model director{'y' if len(skipped) == 1 else 'ies'} inside it "
+           f"({', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}): only training record files are read there")
+    return CheckOutcome("inputs", "the inputs, recognised by content", CLEAN,
+                        (Finding("train-models-skipped", "info", msg),), msg)
 
 
 def join_replay(outcomes: list[CheckOutcome], rep: Any) -> list[CheckOutcome]:

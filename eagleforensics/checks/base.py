@@ -173,7 +173,10 @@ class Artifacts:
             return [train]
         from ..scan.runner import find_records
 
-        return [str(p / rel) for rel in find_records(p)[: self.inputs.max_records]]
+        skipped: list[str] = []
+        found = find_records(p, skipped)
+        self._memo["train-skipped"] = skipped  # model directories inside --train: said in the inputs row
+        return [str(p / rel) for rel in found[: self.inputs.max_records]]
 
     @cached_property
     def records(self) -> list[TrainingRecord]:
