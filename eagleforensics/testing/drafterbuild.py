@@ -3,21 +3,28 @@
 What the doctor's false-alarm measurement needs: for a ``tinymodels`` target of any family, seed and
 RoPE, the files a user would hand the doctor when nothing is wrong. ``export_target`` writes the
 target's config and, as a two-shard checkpoint with an index, the tensors the checks read
-(embedding, final norm, lm_head). ``export_drafter`` writes a drafter the way its trainer would:
+(embedding, final norm, lm_head). ``export_drafter`` writes a drafter the way its trainer would,
+initialised as the trainers initialise one (transformers' ``normal(0, 0.02)``) and then fitted (``fit_drafter``: a short test-time-training
+run on the target's own greedy sequences, among them the one ``write_record`` writes and
+``write_capture`` starts, because a random tiny target's next token follows no language and a tiny
+drafter predicts only what it has seen); a clean drafter must beat the ``drafter-baseline`` check's
+lookup tables and must not sit at its init (``drafter-weights``):
 
 * SpecForge layout (``specforge/modeling/draft/llama3_eagle.py`` names, 0.2.0): ``fc``, ``midlayer.*``,
-  ``norm``, ``lm_head`` over the draft vocabulary (trained from scratch: here a fresh init),
-  ``embed_tokens`` copied from the target, ``d2t`` offsets and ``t2d`` mask of a frequency-pruned
-  vocabulary (the ``draft_vocab_size`` most frequent of the target's own greedy tokens on seeded
-  prompts), a config built from the target's (sizes, ``rms_norm_eps``, RoPE as transformers 4 keys,
+  ``norm``, ``lm_head`` over the draft vocabulary (trained from scratch), ``embed_tokens`` copied from
+  the target, ``d2t`` offsets and ``t2d`` mask of a frequency-pruned vocabulary (the
+  ``draft_vocab_size`` most frequent of the target's own greedy tokens on seeded prompts), a config
+  built from the target's (sizes, ``rms_norm_eps``, RoPE as transformers 4 keys,
   ``max_position_embeddings``);
 * speculators layout (0.9.0 ``speculators/models/eagle3``): the same decoder layer under
   ``layers.0.``, the config nested in ``transformer_layer_config``, and ``lm_head`` = the target's
-  ``lm_head`` rows at the draft ids (speculators copies and freezes them).
+  ``lm_head`` rows at the draft ids (speculators copies and freezes them: not fitted);
+* ModelOpt layout (nvidia-modelopt 0.47.0 ``export/plugins/hf_spec_export.py``, as ``engines.embedrules``
+  reads it): the flat config, ``layers.0.``, the full vocabulary with the target's ``lm_head`` (frozen)
+  and zero ``d2t`` offsets, no ``embed_tokens`` and no ``t2d``.
 
-The decoder layer is untrained (a seeded init): the doctor's checks judge how a drafter is made and
-wired, not how well it was trained. ``write_record`` and ``write_capture`` give a training record
-(SpecForge layout) and a capture of the same target from real forward passes.
+``write_record`` and ``write_capture`` give a training record (SpecForge layout) and a capture of the
+same target from real forward passes.
 """
 from __future__ import annotations
 
