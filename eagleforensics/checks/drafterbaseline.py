@@ -19,7 +19,7 @@ from .registry import register
 
 MAX_RECORDS = 4  # records replayed (each a step-1 forward over its whole sequence: cost like one replay wiring)
 SOURCE = ("replay (the drafter teacher-forced on the same rows as the baselines: most frequent token, repeat the "
-          "last token, bigram table fitted on the records' supervised rows)")
+          "last token, bigram table fitted on the records' supervised rows, the drafter fed another row's states)")
 
 
 def _weights_reason(art: Artifacts) -> str:
@@ -89,7 +89,9 @@ def run(art: Artifacts) -> CheckResult:
     reason = _weights_reason(art)
     why = (f"; the weights say why: {reason}" if reason else
            "; its weights look trained, so the likely reasons are states unlike those it learned on (see the wiring "
-           "row), a head or layer swapped in from another checkpoint, or a drafter trained for another target")
+           "row), an fc, head or layer swapped in from another checkpoint, or a drafter trained for another target"
+           + (" (it does no better on the target's states than on another row's: its fc reads nothing from them)"
+              if any(j.best == "shuffled" for j in bad) else ""))
     msg = ("the drafter is no better than a lookup table: " + "; ".join(j.text() for j in bad) + why)
     return CheckResult((Finding(
         "drafter-no-better-than-baseline", "error", msg,

@@ -4,9 +4,11 @@ At row t the drafter knows the tokens up to t+1 and drafts the target's token y[
 predictors that need no drafter: the most frequent target token (``unigram``), the last known token
 again (``repeat``) and a bigram table ``x[t+1] -> y[t+1]`` fitted on the training records'
 supervised rows (``bigram``; on the records themselves it is scored leave-one-out, so it never
-predicts a row from that row). A drafter that is not better than the best of them beyond two
-standard errors of the paired difference has learned nothing a lookup table would not know:
-untrained, broken, or fed the wrong states. Torch is imported by the callers' replay.
+predicts a row from that row). A fourth is the drafter itself fed another row's states
+(``shuffled``: the sequence's aux states rolled by half its length): what its token path alone
+knows. A drafter that is not better than the best of them beyond two standard errors of the paired
+difference has learned nothing a lookup table would not know, or gets nothing from the target's
+states: untrained, broken (an ``fc`` or head from another checkpoint), or fed the wrong states.
 """
 from __future__ import annotations
 
@@ -90,18 +92,24 @@ class Rows:
     want: np.ndarray
     draft: np.ndarray
     fitted: bool  # these rows are in the bigram table (score them leave-one-out)
+    shuffled: np.ndarray | None = None  # the drafter's draft when fed another row's states
 
 
 def judge(source: str, seqs: list[Rows], table: BigramTable, wiring: str = "") -> Judgement:
     """Score the drafter and the baselines on ``seqs``' rows (paired, per row)."""
     hits: dict[str, list[int]] = {"drafter": [], "unigram": [], "repeat": [], "bigram": []}
+    if seqs and all(s.shuffled is not None for s in seqs):
+        hits["shuffled"] = []
     for s in seqs:
-        for prev, want, draft in zip(s.prev.tolist(), s.want.tolist(), s.draft.tolist()):
+        other = s.shuffled.tolist() if s.shuffled is not None else [None] * len(s.draft)
+        for prev, want, draft, shuf in zip(s.prev.tolist(), s.want.tolist(), s.draft.tolist(), other):
             big, uni = table.predict(prev, want if s.fitted else None)
             hits["drafter"].append(int(draft == want))
             hits["unigram"].append(int(uni == want))
             hits["repeat"].append(int(prev == want))
             hits["bigram"].append(int(big == want))
+            if "shuffled" in hits:
+                hits["shuffled"].append(int(shuf == want))
     n = len(hits["drafter"])
     if n == 0:
         return Judgement(source, 0, 0.0, {"unigram": 0.0, "repeat": 0.0, "bigram": 0.0}, "unigram", 0.0, 0.0, wiring)
@@ -121,10 +129,29 @@ def step1_rows(fwd: Any, aux_rows: Any, ids: Any, y: Any, mask: Any, *, fitted: 
 
     ids = torch.as_tensor(ids).long()
     total = int(ids.shape[0])
-    with torch.no_grad():
-        h0, valid = fwd.project_rows(aux_rows, total)
-        pre = fwd.prefix(h0, ids, valid=None if bool(valid.all()) else valid)
-    drafts = replay_chain(fwd, pre, 1).drafts[0]
+
+    def run(reader: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            h0, valid = fwd.project_rows(reader, total)
+            pre = fwd.prefix(h0, ids, valid=None if bool(valid.all()) else valid)
+        return replay_chain(fwd, pre, 1).drafts[0], valid
+
+    drafts, valid = run(aux_rows)
+    shift = total // 2
+
+    def rolled(a: int, b: int) -> Any:  # rows a..b-1 hold the states of rows a+shift.. (mod total)
+        idx = (torch.arange(a, b) + shift) % total
+        parts, start = [], 0
+        while start < idx.numel():  # contiguous runs: at most two
+            stop = start + 1
+            while stop < idx.numel() and idx[stop] == idx[stop - 1] + 1:
+                stop += 1
+            parts.append(aux_rows(int(idx[start]), int(idx[stop - 1]) + 1))
+            start = stop
+        return torch.cat(parts)
+
+    shuffled = run(rolled)[0] if shift > 0 else None
     rows = counted_rows(total, 1, y, valid.cpu(), mask).acc[0]
     prev, want = _shift(ids, 1), _ahead(y.cpu(), 1)
-    return Rows(prev[rows].numpy(), want[rows].numpy(), drafts[rows].numpy(), fitted)
+    return Rows(prev[rows].numpy(), want[rows].numpy(), drafts[rows].numpy(), fitted,
+                None if shuffled is None else shuffled[rows].numpy())
