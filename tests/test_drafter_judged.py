@@ -134,3 +134,26 @@ def test_a_part_swapped_in_from_another_targets_drafter_is_no_better_than_the_ba
     assert codes - {"drafter-no-better-than-baseline"} == (
         {"drafter-weights-random"} if (layout, part) == ("modelopt", "lm_head") else set()), report.to_text()
     assert report.level == "PROBLEM"
+
+
+@pytest.mark.parametrize("how", ["random", "missing"])
+def test_the_sample_drafter_with_a_broken_head_is_never_ok(tmp_path: Path, how: str) -> None:
+    """The issue's case: the SpecForge sample drafter with a fresh N(0, 0.02) lm_head was OK (exit 0) beside replay's
+    accept length 1.00, and one without lm_head raised nothing."""
+    from eagleforensics.testing.defects import SAMPLES
+
+    d = tmp_path / "drafter"
+    shutil.copytree(SAMPLES / "drafter", d)
+    w = load_file(d / "model.safetensors")
+    if how == "random":
+        w["lm_head.weight"] = (torch.randn(w["lm_head.weight"].shape, generator=torch.Generator().manual_seed(0))
+                               * 0.02).to(torch.bfloat16)
+    else:
+        del w["lm_head.weight"]
+    save_file(w, d / "model.safetensors", metadata={"format": "pt"})
+    report = diagnose(DoctorInputs(drafter=str(d), target=str(SAMPLES / "target"), train=str(SAMPLES / "data_0.ckpt"),
+                                   capture=str(SAMPLES / "capture_sweep.safetensors")))
+    want = ({"drafter-weights-random", "drafter-no-better-than-baseline"} if how == "random"
+            else {"drafter-weights-missing"})
+    assert {r.finding.code for r in report.flagged} == want, report.to_text()
+    assert report.level == "PROBLEM" and report.exit_code == 1

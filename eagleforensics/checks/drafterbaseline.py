@@ -35,8 +35,10 @@ def _weights_reason(art: Artifacts) -> str:
     return ""
 
 
-def judgements(art: Artifacts) -> list[Judgement]:
-    """The records' and the capture's judgements (each present when that input was given and could be replayed)."""
+def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgement]:
+    """The records' and the capture's judgements (each present when that input was given and could be replayed);
+    records that cannot be replayed as their own trained wiring are named in ``skipped``."""
+    skipped = [] if skipped is None else skipped
     import torch
 
     from ..evidence.replay import DraftForward
@@ -51,15 +53,19 @@ def judgements(art: Artifacts) -> list[Judgement]:
                                        "norm": (spec.target_hidden_size,)})
     fwd = DraftForward.of(drafter)
     table = BigramTable()
-    fitted = []
+    fitted: list[Any] = []
     records = art.records[:MAX_RECORDS] if art.available("train") else []
     for rec in records:
-        seq, aux_rows, y, _ = _record_sequence(rec, spec, head, "cpu")
+        try:  # a record replay cannot read as the trained wiring (a list layout of unnamed states) is left out
+            seq, aux_rows, y, _ = _record_sequence(rec, spec, head, "cpu")
+        except ForensicsError as exc:
+            skipped.append(f"{rec.path}: {exc.detail}")
+            continue
         mask = seq.loss_mask
         rows = step1_rows(fwd, aux_rows, seq.ids, y, mask, fitted=True)
         table.add(rows.prev, rows.want)
         fitted.append(rows)
-    out = [judge("records", fitted, table)] if records else []
+    out = [judge("records", fitted, table)] if fitted else []
     if art.available("capture"):
         inp = _capture_inputs(art.capture, spec, head, records[0] if records else None, [], None, None, None, None,
                               "cpu", None, 0.0, i.allow_unsafe)
@@ -77,11 +83,14 @@ def judgements(art: Artifacts) -> list[Judgement]:
 
 
 def run(art: Artifacts) -> CheckResult:
+    left_out: list[str] = []
     try:
-        found = judgements(art)
+        found = judgements(art, left_out)
     except ForensicsError as exc:
         return CheckResult(skipped=f"replay cannot run this drafter: {exc.detail}")
-    data = {"judgements": [j.to_dict() for j in found], "min_rows": MIN_ROWS}
+    if not found:
+        return CheckResult(skipped="no record or capture could be replayed: " + "; ".join(left_out[:2]))
+    data = {"judgements": [j.to_dict() for j in found], "min_rows": MIN_ROWS, "records_left_out": left_out}
     bad = [j for j in found if j.no_better]
     note = "; ".join(j.text() + ("" if j.judged else f" (fewer than {MIN_ROWS} rows: not judged)") for j in found)
     if not bad:
@@ -109,10 +118,10 @@ def settle(outcomes: list[Any]) -> list[Any]:
     drafter's failing against the baselines is that cause's measured symptom, kept as context that names it."""
     from dataclasses import replace
 
-    from .base import CLEAN, FLAGGED
+    from .base import CLEAN, FLAGGED, FOUND
 
-    others = sorted({f.code for o in outcomes if o.name not in (CHECK.name, "drafter-weights")
-                     for f in o.findings if f.severity in FLAGGED})
+    others = sorted({f.code for o in outcomes if o.name not in (CHECK.name, "drafter-weights") and o.status == FOUND
+                     for f in o.findings if f.severity in FLAGGED})  # a clean row's warnings name no cause
     if not others:
         return outcomes
     out = []
