@@ -48,11 +48,13 @@ def test_swapped_align_arguments_exit_2_with_the_swap_named() -> None:
         "align data_samples/record_layer_outputs.pt data_samples/capture.pt" in r.stderr
 
 
-def test_train_dir_skips_the_model_directories_inside_it_and_says_so() -> None:
+def test_train_dir_skips_model_directories_and_captures_inside_it_and_says_so() -> None:
     report = diagnose(DoctorInputs(train=str(SAMPLES), target=str(SAMPLES / "target")),
                       checks=[get_check("data-shape")], pipelines=())
     row = {o.name: o for o in report.outcomes}["inputs"]
-    assert "drafter" in row.note and "target" in row.note
+    assert all(name in row.note for name in ("drafter", "target", "capture.pt", "capture_sweep.safetensors"))
+    shape = {o.name: o for o in report.outcomes}["data-shape"]
+    assert shape.note.startswith("4 records"), shape.note  # the four record files, no capture read as one
     assert report.exit_code != 2
 
 
