@@ -92,7 +92,8 @@ def run(art: Artifacts) -> CheckResult:
         return CheckResult(skipped="no record or capture could be replayed: " + "; ".join(left_out[:2]))
     data = {"judgements": [j.to_dict() for j in found], "min_rows": MIN_ROWS, "records_left_out": left_out}
     bad = [j for j in found if j.no_better]
-    note = "; ".join(j.text() + ("" if j.judged else f" (fewer than {MIN_ROWS} rows: not judged)") for j in found)
+    note = "; ".join(j.text() + ("" if j.judged else f" (fewer than {MIN_ROWS} rows or a lookup table predicts "
+                                                     "them already: not judged)") for j in found)
     if not bad:
         return CheckResult((), note, data)
     reason = _weights_reason(art)

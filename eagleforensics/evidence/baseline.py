@@ -21,6 +21,7 @@ import numpy as np
 
 MIN_ROWS = 16  # fewer counted rows: the comparison is said, never judged
 Z = 2.0  # "beyond SE": the drafter must beat the best baseline by this many standard errors
+ROOM_Z = 3.0  # rows a perfect drafter could not beat the best baseline on by this many SE are too predictable to judge
 
 
 @dataclass
@@ -63,10 +64,12 @@ class Judgement:
     diff: float  # drafter - best baseline
     se: float  # of the paired difference
     wiring: str = ""
+    room_z: float = math.inf  # how many SE a perfect drafter would beat the best baseline by on these rows
 
     @property
     def judged(self) -> bool:
-        return self.rows >= MIN_ROWS
+        """Enough rows, and rows a lookup table does not already predict (a text caught in a loop is not judged)."""
+        return self.rows >= MIN_ROWS and self.room_z >= ROOM_Z
 
     @property
     def no_better(self) -> bool:
@@ -76,7 +79,8 @@ class Judgement:
         return {"source": self.source, "rows": self.rows, "drafter_acc1": round(self.drafter, 4),
                 "baselines": {k: round(v, 4) for k, v in self.baselines.items()}, "best": self.best,
                 "diff": round(self.diff, 4), "se": round(self.se, 4), "judged": self.judged,
-                "no_better": self.no_better, "wiring": self.wiring}
+                "no_better": self.no_better, "wiring": self.wiring,
+                "room_z": None if not math.isfinite(self.room_z) else round(self.room_z, 2)}
 
     def text(self) -> str:
         base = ", ".join(f"{k} {v:.2f}" for k, v in self.baselines.items())
@@ -118,7 +122,10 @@ def judge(source: str, seqs: list[Rows], table: BigramTable, wiring: str = "") -
     best = max(means, key=lambda k: means[k])
     d = arr["drafter"] - arr[best]
     se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
-    return Judgement(source, n, float(arr["drafter"].mean()), means, best, float(d.mean()), se, wiring)
+    room = 1.0 - arr[best]  # what a drafter right on every row would gain over the best baseline
+    room_se = float(room.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    room_z = float(room.mean()) / room_se if room_se > 0 else (math.inf if room.mean() > 0 else 0.0)
+    return Judgement(source, n, float(arr["drafter"].mean()), means, best, float(d.mean()), se, wiring, room_z)
 
 
 def step1_rows(fwd: Any, aux_rows: Any, ids: Any, y: Any, mask: Any, *, fitted: bool) -> Rows:
