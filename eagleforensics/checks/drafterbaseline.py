@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ForensicsError
-from ..evidence.baseline import MIN_ROWS, BigramTable, Judgement, judge, step1_rows
+from ..evidence.baseline import MIN_ROWS, BigramTable, Judgement, judge, pooled, step1_rows
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register
@@ -91,7 +91,9 @@ def run(art: Artifacts) -> CheckResult:
     if not found:
         return CheckResult(skipped="no record or capture could be replayed: " + "; ".join(left_out[:2]))
     data = {"judgements": [j.to_dict() for j in found], "min_rows": MIN_ROWS, "records_left_out": left_out}
-    bad = [j for j in found if j.no_better]
+    both = pooled(found)  # one verdict over all rows: records and capture judged together
+    data["pooled"] = both.to_dict()
+    bad = ([j for j in found if j.no_better] or found) if both.no_better else []
     note = "; ".join(j.text() + ("" if j.judged else f" (fewer than {MIN_ROWS} rows or a lookup table predicts "
                                                      "them already: not judged)") for j in found)
     if not bad:

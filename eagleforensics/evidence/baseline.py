@@ -65,6 +65,8 @@ class Judgement:
     se: float  # of the paired difference
     wiring: str = ""
     room_z: float = math.inf  # how many SE a perfect drafter would beat the best baseline by on these rows
+    d: tuple[float, ...] = field(default=(), repr=False)  # per row: drafter hit - best baseline's hit
+    room: tuple[float, ...] = field(default=(), repr=False)  # per row: 1 - best baseline's hit
 
     @property
     def judged(self) -> bool:
@@ -125,7 +127,23 @@ def judge(source: str, seqs: list[Rows], table: BigramTable, wiring: str = "") -
     room = 1.0 - arr[best]  # what a drafter right on every row would gain over the best baseline
     room_se = float(room.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
     room_z = float(room.mean()) / room_se if room_se > 0 else (math.inf if room.mean() > 0 else 0.0)
-    return Judgement(source, n, float(arr["drafter"].mean()), means, best, float(d.mean()), se, wiring, room_z)
+    return Judgement(source, n, float(arr["drafter"].mean()), means, best, float(d.mean()), se, wiring, room_z,
+                     tuple(d.tolist()), tuple(room.tolist()))
+
+
+def pooled(found: list[Judgement]) -> Judgement:
+    """One judgement over every source's rows (each row against its own source's best baseline): the drafter is
+    judged once, so a source of few rows cannot outvote a larger one either way."""
+    d = np.asarray([x for j in found for x in j.d], dtype=np.float64)
+    room = np.asarray([x for j in found for x in j.room], dtype=np.float64)
+    n = int(d.size)
+    if n < 2:
+        return Judgement("all rows", n, 0.0, {}, "-", 0.0, 0.0)
+    se = float(d.std(ddof=1) / math.sqrt(n))
+    room_se = float(room.std(ddof=1) / math.sqrt(n))
+    room_z = float(room.mean()) / room_se if room_se > 0 else (math.inf if room.mean() > 0 else 0.0)
+    drafter = sum(j.drafter * j.rows for j in found) / n
+    return Judgement("all rows", n, drafter, {}, "per source", float(d.mean()), se, "", room_z, tuple(d), tuple(room))
 
 
 def step1_rows(fwd: Any, aux_rows: Any, ids: Any, y: Any, mask: Any, *, fitted: bool) -> Rows:
