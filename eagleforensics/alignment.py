@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from .arrays import as_array, dtype_name
 from .engines import rules
 from .engines.advice import engine_advice, serving_advice
 from .engines.crosscheck import check_request, crosscheck, serving_audit
-from .errors import ForensicsError
+from .errors import ForensicsError, printable
 from .evidence.confidence import MIN_TOKENS, Choice, Thresholds, choose, thresholds
 from .evidence.findings import identity_findings, slot_findings, token_evidence_findings
 from .evidence.fused import preload
@@ -216,6 +216,7 @@ def _align(train: str | Path | TrainingRecord, capture: str | Path | Capture, fm
     findings += [Finding(code, "warning", msg) for code, msg in labels.notes]
     findings += identity_findings(matches) + token_evidence_findings(matches, tok) + _capture_findings(cap, sm, slots, labels)
     findings += _row_findings(matches, sm, tok, thr)
+    _refuse_swapped(findings, record, cap, slots, sm)
     rule_type = model_type if model_type is not None else (audit.model_type if audit is not None else None)
     engine_ids, engine_notes, more = _engine_ids(matches, cap.num_layers, rule_type, engine, engine_version,
                                                  vllm_runner)
@@ -397,6 +398,18 @@ def _capture_findings(cap: Capture, sm: ScoreMatrix, slots: list[Slot], labels: 
                                "and no row of the capture shows the massive activation that would decide it); if it is "
                                "HF's post-norm last entry, use --capture-convention hf"))
     return out + _swapped(sm, slots)
+
+
+SWEEP_SLOTS, RECORD_SLOTS = 6, 5  # at least this many states: a sweep; at most: a record (3 aux + final + embedding)
+
+
+def _refuse_swapped(findings: list[Finding], record: Any, cap: Any, slots: list[Slot], sm: ScoreMatrix) -> None:
+    """TRAIN holds a sweep and CAPTURE a record's few states: nothing to align, the arguments are swapped (exit 2)."""
+    held = len(sm.column_norms)
+    if any(f.code == "possibly-swapped" for f in findings) and len(slots) >= SWEEP_SLOTS and held <= RECORD_SLOTS:
+        raise ForensicsError(f"TRAIN {printable(record.path)} holds {len(slots)} hidden states (a capture sweep's) and "
+                             f"CAPTURE {printable(cap.path)} only {held} (a training record's): the two arguments look "
+                             f"swapped; run: eagleforensics align {printable(cap.path)} {printable(record.path)}")
 
 
 def _swapped(sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:

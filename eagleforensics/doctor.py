@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .checks.base import CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs
 from .causes import Cause
 from .causes import build as build_causes
+from .checks.drafterbaseline import settle as settle_baseline
 from .checks.registry import all_checks
 from .errors import ForensicsError, printable
 from .io.modeldir import MissingShard, ModelDir
@@ -264,6 +265,9 @@ def check_inputs(inputs: DoctorInputs) -> None:
             raise ForensicsError(f"--{name.replace('_', '-')} expects a directory (config.json + safetensors)", path=p)
         if want_dir is False and p.is_dir():
             raise ForensicsError(f"--{name.replace('_', '-')} expects a file, got a directory", path=p)
+    from .io.identify import check_models
+
+    check_models(inputs.drafter, inputs.target)  # a target as --drafter (or the two swapped): one line, exit 2
     if inputs.target is not None:  # its shard index is read now: a refused index fails before any check runs
         _ = ModelDir(inputs.target, "target directory").index
     if inputs.served_len is not None and inputs.served_len <= 0:
@@ -403,9 +407,20 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
         outcomes.append(outcome)
         summaries[outcome.name] = summary
         extra = max(extra, level, key=_LEVEL_RANK.__getitem__)
-    outcomes = join_replay(outcomes, art.memoised("replay-report"))
+    outcomes = settle_baseline(join_replay(outcomes, art.memoised("replay-report")))
+    if art.memoised("train-skipped"):
+        outcomes.append(inputs_row(art.memoised("train-skipped")))
     return DoctorReport(inputs, outcomes, align=summaries.get("wiring"), replay=summaries.get("replay"),
                         extra_level=extra)
+
+
+def inputs_row(skipped: list[str]) -> CheckOutcome:
+    """The model directories found inside ``--train`` and skipped (records only are read there), said as context."""
+    msg = (f"--train: skipped {len(skipped)} model director{'y' if len(skipped) == 1 else 'ies'} or capture sweep"
+           f"{'' if len(skipped) == 1 else 's'} inside it ({', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''})"
+           ": only training record files are read there")
+    return CheckOutcome("inputs", "the inputs, recognised by content", CLEAN,
+                        (Finding("train-models-skipped", "info", msg),), msg)
 
 
 def join_replay(outcomes: list[CheckOutcome], rep: Any) -> list[CheckOutcome]:

@@ -106,6 +106,11 @@ def judge(result: Aligned) -> Verdict:
     errors = [f for f in by_severity(r.findings) if f.severity == "error" and f.code not in _SERVING_CODES]
     advice = list(getattr(r, "advice", []) or [])
     workable = [a for a in advice if a.snippet is not None]
+    swapped = [f for f in r.findings if f.code == "possibly-swapped"]
+    if swapped:  # every remedy below would be for inputs given the wrong way round: the hint comes first
+        return Verdict(PROBLEM, _first_sentence(swapped[0].message) + ".",
+                       todo=["Check the order: align TRAIN CAPTURE takes the training record first and the capture "
+                             "sweep second; run it again with the two swapped."])
     if r.tokens.length < r.thresholds.min_tokens:
         return Verdict(PROBLEM, f"only {r.tokens.length} tokens could be paired ({r.tokens.note}), too few to place "
                                 "any slot.", todo=["Capture the same prompt the record holds (a longer one), so at "

@@ -2,7 +2,7 @@
 
 For every tiny target (Llama, Qwen3, DeepSeek-V3 shapes from ``testing.tinymodels``; each seed with
 the default RoPE and with the family's scaled RoPE), ``testing.drafterbuild`` exports a correctly
-made drafter (SpecForge and speculators layouts), a training record at the engines' default
+made drafter (SpecForge, speculators and ModelOpt layouts, each fitted on the target's own sequences), a training record at the engines' default
 positions and a capture; the doctor runs on all of it, without an engine and for each engine that
 loads the layout (SGLang through a clean server log in its 0.5.23 format, so the launch checks run
 too; vLLM at the newest release the rules read). Nothing is wrong in any case, so every
@@ -27,10 +27,10 @@ from eagleforensics.testing.defects import sglang_log
 from eagleforensics.testing.drafterbuild import export_drafter, export_target, write_capture, write_record
 from eagleforensics.testing.tinymodels import FAMILIES, SCALED_ROPE, build_model
 
-LAYOUTS = ("specforge", "speculators")
+LAYOUTS = ("specforge", "speculators", "modelopt")
 # the engines each layout is checked against (None: no engine); SGLang has no loader for the speculators
 # layout (engines.flagtable), so refusing it there is right, not a false alarm, and is not run
-ENGINES = {"specforge": (None, "sglang", "vllm"), "speculators": (None, "vllm")}
+ENGINES = {"specforge": (None, "sglang", "vllm"), "speculators": (None, "vllm"), "modelopt": (None, "sglang", "vllm")}
 
 
 def main() -> int:

@@ -212,8 +212,8 @@ def test_swapped_arguments_are_named(tmp_path, llama_states, ids):
     cap = _hf_capture(tmp_path / "cap.pt", llama_states, ids)
     with pytest.raises(ForensicsError, match="did you swap TRAIN and CAPTURE"):
         align(cap, tmp_path / "data_0.ckpt")
-    r = align(cap, _record(tmp_path / "rec.pt", llama_states, ids))  # a 4-entry list read as a capture
-    assert "possibly-swapped" in _codes(r)
+    with pytest.raises(ForensicsError, match="look swapped; run: eagleforensics align"):  # a 4-entry list as capture
+        align(cap, _record(tmp_path / "rec.pt", llama_states, ids))
 
 
 def test_json_carries_identity_and_fidelity(tmp_path, damped, ids):

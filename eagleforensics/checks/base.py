@@ -39,6 +39,7 @@ INPUTS: dict[str, str] = {
 FOUND, CLEAN, NOT_RUN = "found", "clean", "not-run"
 FLAGGED = ("error", "warning")  # severities that make a check "found"; info findings are context
 DEFAULT_MAX_RECORDS = 64
+SWEEP_ENTRIES = 6  # hidden-state entries from which a file without a loss mask is a capture sweep, not a record
 
 
 @dataclass(frozen=True)
@@ -179,13 +180,31 @@ class Artifacts:
             return [train]
         from ..scan.runner import find_records
 
-        return [str(p / rel) for rel in find_records(p)[: self.inputs.max_records]]
+        from ..io.training import load_training
+
+        skipped: list[str] = []
+        found = find_records(p, skipped)
+        loaded: dict[str, TrainingRecord] = self._memo.setdefault("records-loaded", {})
+        keep = []
+        for rel in found:
+            if len(keep) >= self.inputs.max_records:
+                break
+            rec = loaded[str(p / rel)] = load_training(str(p / rel), allow_unsafe=self.inputs.allow_unsafe)
+            if len(rec.entries) >= SWEEP_ENTRIES and rec.loss_mask is None:  # a capture sweep kept beside the data
+                del loaded[str(p / rel)]
+                skipped.append(rel)
+                continue
+            keep.append(str(p / rel))
+        self._memo["train-skipped"] = skipped  # model directories and captures inside --train: said in the inputs row
+        return keep
 
     @cached_property
     def records(self) -> list[TrainingRecord]:
         from ..io.training import load_training
 
-        return [load_training(path, allow_unsafe=self.inputs.allow_unsafe) for path in self.record_paths]
+        loaded = self._memo.get("records-loaded", {})
+        return [loaded.get(path) or load_training(path, allow_unsafe=self.inputs.allow_unsafe)
+                for path in self.record_paths]
 
     @cached_property
     def capture(self) -> Capture:

@@ -27,7 +27,7 @@ def run(art: Artifacts) -> CheckResult:
         reasons = ", ".join(f"{k} ({n})" for k, n in summary.agreement_skipped.items()) or "no supervised tokens"
         return CheckResult(skipped=f"no record could be scored: {reasons}")
     keep = ("tokens", "agreement", "mean_logprob", "top5_miss", "surprise", "z", "fitted_temperature",
-            "expected_agreement", "shape_chi2", "reasons", "verdict")
+            "expected_agreement", "shape_chi2", "near_tie", "reasons", "verdict")
     figures = {k: v for k, v in summary.agreement.to_dict().items() if k in keep}
     data = {"agreement": figures, "origin_verdict": summary.origin_verdict, "final_state": dict(summary.final_kinds),
             "records": [{"path": line["path"], **{k: v for k, v in (line.get("agreement") or {}).items() if k in keep},

@@ -143,7 +143,9 @@ def diagnose_map(vm: VocabMap) -> MapDiagnosis:
     # no two adjacent kept ids (offsets of a frequency-pruned vocabulary repeat wherever two kept ids are
     # adjacent), or one whose offsets overshoot the vocabulary while its values do not.
     in_range_as_ids = v is not None and d2t.size and d2t.min() >= 0 and d2t.max() < v
-    if not problems and in_range_as_ids and vm.reduced:
+    # a full vocabulary's arange(V) is the same mistake (ids 0..V-1 stored where zero offsets belong), not a bad map
+    full_ids = not vm.reduced and d2t.size > 1 and np.array_equal(d2t, base)
+    if not problems and in_range_as_ids and (vm.reduced or full_ids):
         evidence: list[str] = []
         if kept is not None and kept.size == d2t.size:
             if np.array_equal(d2t, kept) and not np.array_equal(served, kept):

@@ -11,8 +11,8 @@ from importlib import import_module
 from .base import Check
 
 # check modules, in the order their rows are listed when clean or not run
-MODULES: tuple[str, ...] = ("launch", "sizes", "vocabmap", "coverage", "embedding", "flags", "rope", "template",
-                           "dataorigin", "datashape",
+MODULES: tuple[str, ...] = ("launch", "drafterweights", "drafterbaseline", "sizes", "vocabmap", "coverage", "embedding",
+                           "flags", "rope", "template", "dataorigin", "datashape",
                            "targetquant", "mtpweights", "hybrid", "multimodal", "verifier", "datasize",
                            "penalty", "lora", "dpattention", "benchprompts")
 _CHECKS: dict[str, Check] = {}

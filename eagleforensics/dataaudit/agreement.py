@@ -50,6 +50,12 @@ SHAPE_MIN_TOKENS = 5 * PIT_BINS  # the chi-square needs about 5 expected tokens 
 # are what it writes, whatever the PIT at the lowest fitted temperature looks like (at T = 0.05 a small
 # model's top token can still hold only half the mass, so its own greedy text failed the shape test)
 GREEDY_AGREEMENT = 0.98
+# greedy decoding under numeric noise (data regenerated in another precision, batch-dependent kernels): near-ties
+# broken the other way. At least NOISY_GREEDY_AGREEMENT argmax tokens, and GREEDY_AGREEMENT of all tokens the argmax
+# or within NEAR_TIE nats of it, is greedy text too (calibrated: docs/calibration.md, scripts/calibrate_agreement.py;
+# a tiny DeepSeek-V3 target's greedy answers regenerated in bf16 flip ties of up to 0.8 nats)
+NOISY_GREEDY_AGREEMENT = 0.9
+NEAR_TIE = 1.0
 MIN_TOKENS = 16  # fewer supervised tokens: no verdict
 # temperatures at which the likelihood of the data is computed: the best fit says how peaked the source sampled
 TEMPERATURES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0)
@@ -340,6 +346,7 @@ class Agreement:
     loglik_t: tuple[float, ...] = field(default_factory=_zeros)  # per temperature: sum of log q_T(next id)
     top1_t: tuple[float, ...] = field(default_factory=_zeros)  # per temperature: sum of q_T(top id)
     pit: np.ndarray = field(default_factory=_no_pit)  # [temperatures, PIT_BINS] token counts
+    near_tie: int = 0  # tokens not the argmax but within NEAR_TIE nats of it (a tie numeric noise may break)
 
     @classmethod
     def of(cls, s: TokenScores) -> "Agreement":
@@ -347,16 +354,17 @@ class Agreement:
             return cls()
         bins = np.minimum((s.pit_t * PIT_BINS).astype(np.int64), PIT_BINS - 1)  # [T, G]
         pit = np.stack([np.bincount(bins[:, g], minlength=PIT_BINS) for g in range(bins.shape[1])])
+        gap = np.log(np.maximum(s.top1_t[:, TEMPERATURES.index(1.0)], 1e-300)) - s.logp  # log p(argmax) - log p(id)
         return cls(len(s), int(s.agree.sum()), float(s.logp.sum()), int((s.rank >= 5).sum()),
                    float((-s.logp - s.entropy).sum()), float(s.var.sum()), float(s.entropy.sum()),
                    tuple(float(v) for v in s.loglik_t.sum(0)), tuple(float(v) for v in s.top1_t.sum(0)),
-                   pit.astype(np.int64))
+                   pit.astype(np.int64), int((~s.agree.astype(bool) & (gap <= NEAR_TIE)).sum()))
 
     def __add__(self, other: "Agreement") -> "Agreement":
         return Agreement(self.tokens + other.tokens, self.agree + other.agree, self.logp + other.logp,
                          self.outside_top5 + other.outside_top5, self.surprise + other.surprise,
                          self.var + other.var, self.entropy + other.entropy, _add(self.loglik_t, other.loglik_t),
-                         _add(self.top1_t, other.top1_t), self.pit + other.pit)
+                         _add(self.top1_t, other.top1_t), self.pit + other.pit, self.near_tie + other.near_tie)
 
     def _mean(self, total: float) -> float | None:
         return total / self.tokens if self.tokens else None
@@ -420,7 +428,9 @@ class Agreement:
         if (self.mean_surprise or 0.0) > SURPRISE_MAX and (self.z or 0.0) > Z_MIN:
             out.append("surprise")
         chi = self.shape_chi2 or 0.0
-        greedy = (self.agreement or 0.0) >= GREEDY_AGREEMENT
+        greedy = (self.agreement or 0.0) >= GREEDY_AGREEMENT or (
+            (self.agreement or 0.0) >= NOISY_GREEDY_AGREEMENT
+            and (self.agree + self.near_tie) / self.tokens >= GREEDY_AGREEMENT)
         if not greedy and self.tokens >= SHAPE_MIN_TOKENS and chi > SHAPE_CHI2 and chi > SHAPE_PER_TOKEN * self.tokens:
             out.append("shape")
         return tuple(out)
@@ -440,7 +450,7 @@ class Agreement:
         return {"tokens": self.tokens, "agree": self.agree, "logp_sum": r(self.logp, 3),
                 "outside_top5": self.outside_top5, "surprise_sum": r(self.surprise, 3), "var_sum": r(self.var, 3),
                 "entropy_sum": r(self.entropy, 3), "loglik_t": [r(v, 3) for v in self.loglik_t],
-                "top1_t": [r(v, 3) for v in self.top1_t], "pit": self.pit.tolist(),
+                "top1_t": [r(v, 3) for v in self.top1_t], "pit": self.pit.tolist(), "near_tie": self.near_tie,
                 "agreement": r(self.agreement), "mean_logprob": r(self.mean_logprob), "top5_miss": r(self.top5_miss),
                 "mean_entropy": r(self.mean_entropy), "surprise": r(self.mean_surprise), "z": r(self.z, 2),
                 "fitted_temperature": self.fitted_temperature, "expected_agreement": r(self.expected_agreement),
@@ -465,4 +475,4 @@ class Agreement:
         return cls(int(d.get("tokens") or 0), int(d.get("agree") or 0), float(d.get("logp_sum") or 0.0),
                    int(d.get("outside_top5") or 0), float(d.get("surprise_sum") or 0.0),
                    float(d.get("var_sum") or 0.0), float(d.get("entropy_sum") or 0.0), vec("loglik_t"), vec("top1_t"),
-                   pit)
+                   pit, int(d.get("near_tie") or 0))

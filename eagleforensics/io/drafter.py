@@ -32,8 +32,8 @@ import torch
 from ..arrays import to_torch
 from ..errors import ForensicsError
 from .diskrows import DiskRows, all_finite, disk_rows
-from .modeldir import ModelDir, TensorInfo, read_config
-from .safeload import open_safetensors, read_tensor
+from .modeldir import ModelDir, TensorInfo, open_weights, read_config
+from .safeload import read_tensor
 from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -343,7 +343,7 @@ class _Reader:
     def get(self, name: str) -> torch.Tensor:
         f = self.files[name]
         if f not in self.handles:
-            self.handles[f] = open_safetensors(f)
+            self.handles[f] = open_weights(f)
         return to_torch(read_tensor(self.handles[f], name, f))
 
 

@@ -1,5 +1,8 @@
 """A model directory (a drafter's or a target's): its config.json and its safetensors tensors, without torch.
 
+A directory without safetensors but with ``pytorch_model.bin`` (or its shard index) is read through the
+restricted torch-file reader (``io.torchweights``): the EAGLE repository's training output, which the engines load.
+
 Tensors are listed from the safetensors headers (or the shard index) without reading any data;
 one tensor, or a few rows of one, is read on demand with one positional read. The doctor's checks
 read drafters and targets through here, so a check that needs only shapes never reads a weight
@@ -27,6 +30,7 @@ from .formats import read_safetensors_header
 from .safeload import SafetensorsFile, open_safetensors
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+BIN_NAME, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 INDEX_NAME = "model.safetensors.index.json"
 # A shard index of a real checkpoint: DeepSeek-V3 / Kimi-K2 FP8 list ~140k tensors (weights and their
 # scales) in ~13 MB; 64 MiB leaves room for larger models and still refuses what cannot be an index.
@@ -195,7 +199,7 @@ class ModelDir:
         """One file's tensors from its header, read once."""
         headers = self.__dict__.setdefault("_headers", {})
         if f not in headers:
-            header = read_safetensors_header(f)
+            header = weights_header(f)
             headers[f] = {str(name): TensorInfo(str(name), f, str(info["dtype"]), tuple(int(d) for d in info["shape"]))
                           for name, info in header.items() if name != "__metadata__"}
         return headers[f]
@@ -213,8 +217,10 @@ class ModelDir:
             return [single]
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
-            raise ForensicsError("no model.safetensors, shard index or *.safetensors here (only safetensors weights "
-                                 "are read; convert .bin/.pt checkpoints first)", path=self.path)
+            files = _bin_files(self.path)
+        if not files:
+            raise ForensicsError("no model.safetensors, shard index, *.safetensors or pytorch_model.bin here (the "
+                                 "weights formats read; convert other .pt checkpoints first)", path=self.path)
         return files
 
     def has(self, name: str) -> bool:
@@ -244,7 +250,7 @@ class ModelDir:
 
     def _handle(self, f: Path) -> SafetensorsFile:
         if f not in self._handles:
-            self._handles[f] = open_safetensors(f)
+            self._handles[f] = open_weights(f)
         return self._handles[f]
 
     def read(self, name: str) -> np.ndarray:
@@ -307,3 +313,42 @@ def check_weight_kinds(md: ModelDir) -> None:
             continue
         raise ForensicsError(f"tensor {stored} has dtype {info.dtype}; a drafter's {bare} holds floating-point "
                              "weights (float16/bfloat16/float32), which engines load", path=info.file)
+
+
+def _bin_files(d: Path) -> list[Path]:
+    """``pytorch_model.bin``, or the shards its index names (each a plain file name in ``d``)."""
+    index = d / BIN_INDEX
+    if index.is_file():
+        wmap = read_config(index, "pytorch_model.bin shard index").get("weight_map")
+        if not isinstance(wmap, dict) or not wmap:
+            raise ForensicsError("shard index has no weight_map object", path=index)
+        shards: list[Path] = []
+        for shard in wmap.values():
+            if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".bin"):
+                raise ForensicsError(f"weight_map names {str(shard)[:80]!r}; expected a .bin file in the same "
+                                     "directory", path=index)
+            if not (d / shard).is_file():
+                raise ForensicsError(f"weight_map names shard {shard!r}, which is missing", path=index)
+            if d / shard not in shards:
+                shards.append(d / shard)
+        return shards
+    return [d / BIN_NAME] if (d / BIN_NAME).is_file() else []
+
+
+def weights_header(f: Path) -> dict[str, Any]:
+    """A weights file's ``{name: {"dtype", "shape"}}``: the safetensors header, or a torch file's through the
+    restricted reader."""
+    if f.suffix == ".bin":
+        from .torchweights import torch_header
+
+        return torch_header(f)
+    return read_safetensors_header(f)
+
+
+def open_weights(f: Path) -> Any:
+    """A handle reading one tensor (or rows of one) at a time: safetensors, or a torch file (restricted reader)."""
+    if f.suffix == ".bin":
+        from .torchweights import TorchWeightsFile
+
+        return TorchWeightsFile(f)
+    return open_safetensors(f)

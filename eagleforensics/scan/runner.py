@@ -46,8 +46,11 @@ _WORKER_REFERENCE: Any = None
 _WORKER_AUDIT: Any = None
 
 
-def find_records(root: str | Path) -> list[str]:
-    """Record files under ``root`` (recursively, hidden names skipped), relative, in natural order."""
+def find_records(root: str | Path, skipped: list[str] | None = None) -> list[str]:
+    """Record files under ``root`` (recursively, hidden names skipped), relative, in natural order.
+
+    With ``skipped`` (a list to fill), model directories inside (config.json beside weights: a drafter or target kept
+    next to the data) are not searched, and their relative paths are added to it."""
     base = Path(root)
     if not base.exists():
         raise ForensicsError("no such dataset directory", path=base)
@@ -56,6 +59,12 @@ def find_records(root: str | Path) -> list[str]:
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if skipped is not None:
+            from ..io.identify import is_model_dir
+
+            models = [d for d in dirnames if is_model_dir(os.path.join(dirpath, d))]
+            skipped += [os.path.relpath(os.path.join(dirpath, d), base) for d in models]
+            dirnames[:] = [d for d in dirnames if d not in models]
         for name in filenames:
             if not name.startswith(".") and name.endswith(RECORD_SUFFIXES):
                 found.append(os.path.relpath(os.path.join(dirpath, name), base))

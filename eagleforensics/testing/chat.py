@@ -199,10 +199,11 @@ def sharpen(model: Any, gain: float) -> Any:
 
 
 def generate(model: Any, prompts: list[list[int]], new: int, *, temperature: float = 0.0, seed: int = 0,
-             stop: int | None = None) -> list[list[int]]:
+             stop: int | None = None, logit_noise: float = 0.0) -> list[list[int]]:
     """Continue each prompt by ``new`` tokens, greedy (temperature 0) or sampled at ``temperature`` (full softmax,
     no top-k/top-p), with the KV cache; prompts of one length run as one batch. A continuation is cut after
-    ``stop`` when the model writes it."""
+    ``stop`` when the model writes it. ``logit_noise``: Gaussian noise of that std added to the logits before the
+    choice, as kernels other than the scorer's (batch-dependent reductions) break near-ties otherwise."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -220,6 +221,8 @@ def generate(model: Any, prompts: list[list[int]], new: int, *, temperature: flo
                 state = res.get("cache")
                 cache = {"cache": state} if state is not None else {"past_key_values": res.past_key_values}
                 logits = res.logits[:, -1].double()
+                if logit_noise > 0:
+                    logits = logits + logit_noise * torch.randn(logits.shape, generator=gen, dtype=logits.dtype)
                 if temperature <= 0:
                     t = logits.argmax(-1)
                 else:

@@ -3,21 +3,28 @@
 What the doctor's false-alarm measurement needs: for a ``tinymodels`` target of any family, seed and
 RoPE, the files a user would hand the doctor when nothing is wrong. ``export_target`` writes the
 target's config and, as a two-shard checkpoint with an index, the tensors the checks read
-(embedding, final norm, lm_head). ``export_drafter`` writes a drafter the way its trainer would:
+(embedding, final norm, lm_head). ``export_drafter`` writes a drafter the way its trainer would,
+initialised as the trainers initialise one (transformers' ``normal(0, 0.02)``) and then fitted (``fit_drafter``: a short test-time-training
+run on the target's own greedy sequences, among them the one ``write_record`` writes and
+``write_capture`` starts, because a random tiny target's next token follows no language and a tiny
+drafter predicts only what it has seen); a clean drafter must beat the ``drafter-baseline`` check's
+lookup tables and must not sit at its init (``drafter-weights``):
 
 * SpecForge layout (``specforge/modeling/draft/llama3_eagle.py`` names, 0.2.0): ``fc``, ``midlayer.*``,
-  ``norm``, ``lm_head`` over the draft vocabulary (trained from scratch: here a fresh init),
-  ``embed_tokens`` copied from the target, ``d2t`` offsets and ``t2d`` mask of a frequency-pruned
-  vocabulary (the ``draft_vocab_size`` most frequent of the target's own greedy tokens on seeded
-  prompts), a config built from the target's (sizes, ``rms_norm_eps``, RoPE as transformers 4 keys,
+  ``norm``, ``lm_head`` over the draft vocabulary (trained from scratch), ``embed_tokens`` copied from
+  the target, ``d2t`` offsets and ``t2d`` mask of a frequency-pruned vocabulary (the
+  ``draft_vocab_size`` most frequent of the target's own greedy tokens on seeded prompts), a config
+  built from the target's (sizes, ``rms_norm_eps``, RoPE as transformers 4 keys,
   ``max_position_embeddings``);
 * speculators layout (0.9.0 ``speculators/models/eagle3``): the same decoder layer under
   ``layers.0.``, the config nested in ``transformer_layer_config``, and ``lm_head`` = the target's
-  ``lm_head`` rows at the draft ids (speculators copies and freezes them).
+  ``lm_head`` rows at the draft ids (speculators copies and freezes them: not fitted);
+* ModelOpt layout (nvidia-modelopt 0.47.0 ``export/plugins/hf_spec_export.py``, as ``engines.embedrules``
+  reads it): the flat config, ``layers.0.``, the full vocabulary with the target's ``lm_head`` (frozen)
+  and zero ``d2t`` offsets, no ``embed_tokens`` and no ``t2d``.
 
-The decoder layer is untrained (a seeded init): the doctor's checks judge how a drafter is made and
-wired, not how well it was trained. ``write_record`` and ``write_capture`` give a training record
-(SpecForge layout) and a capture of the same target from real forward passes.
+``write_record`` and ``write_capture`` give a training record (SpecForge layout) and a capture of the
+same target from real forward passes.
 """
 from __future__ import annotations
 
@@ -31,7 +38,10 @@ from safetensors.torch import save_file
 from ..io.sweep import sweep, write_capture as write_sweep
 from .tinymodels import prompt_ids
 
-SPECFORGE, SPECULATORS = "specforge", "speculators"
+SPECFORGE, SPECULATORS, MODELOPT = "specforge", "speculators", "modelopt"
+LAYOUTS = (SPECFORGE, SPECULATORS, MODELOPT)
+FIT_STEPS = 60  # Adam steps of the short fit (a few seconds on one CPU thread)
+FIT_LR = 1e-2
 
 
 def greedy_tokens(model: torch.nn.Module, prompts: int = 32, seq_len: int = 64, seed: int = 1000) -> torch.Tensor:
@@ -102,11 +112,12 @@ def draft_config(model: torch.nn.Module, draft_vocab: int, aux_ids: list[int] | 
 
 
 def _layer_weights(cfg: dict[str, Any], gen: torch.Generator, prefix: str) -> dict[str, torch.Tensor]:
+    """The first decoder layer as transformers initialises it (``normal(0, 0.02)`` matrices, unit norm gains)."""
     h, d = cfg["hidden_size"], cfg["head_dim"]
     nh, nkv, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
 
-    def lin(o: int, i: int) -> torch.Tensor:
-        return torch.randn(o, i, generator=gen) / i ** 0.5
+    def lin(o: int, i: int) -> torch.Tensor:  # transformers' _init_weights: normal(0, initializer_range)
+        return torch.randn(o, i, generator=gen) * 0.02
 
     w = {"self_attn.q_proj.weight": lin(nh * d, 2 * h), "self_attn.k_proj.weight": lin(nkv * d, 2 * h),
          "self_attn.v_proj.weight": lin(nkv * d, 2 * h), "self_attn.o_proj.weight": lin(h, nh * d),
@@ -116,32 +127,99 @@ def _layer_weights(cfg: dict[str, Any], gen: torch.Generator, prefix: str) -> di
     return {prefix + k: v for k, v in w.items()}
 
 
+def fit_sequences(model: torch.nn.Module, prompts: int = 3, seq_len: int = 64, seed: int = 1000) -> torch.Tensor:
+    """The sequences the clean drafter is fitted on: ``write_record``'s own (its default prompt and the target's
+    greedy answer, which also starts ``write_capture``'s prompt) and ``prompts`` seeded prompts: [S, seq_len]."""
+    tc = _text_cfg(model)
+    ids = prompt_ids(40, seed=7, vocab=tc.vocab_size)
+    with torch.no_grad():
+        for _ in range(seq_len - 40):
+            ids = torch.cat([ids, model(ids[None]).logits[0, -1].argmax()[None]])
+    others = [prompt_ids(seq_len, seed=seed + i, vocab=tc.vocab_size) for i in range(prompts)]
+    return torch.stack([ids] + others)
+
+
+def fit_drafter(model: torch.nn.Module, spec: Any, w: dict[str, torch.Tensor], positions: tuple[int, ...],
+                keep: torch.Tensor, *, frozen: tuple[str, ...] = (), steps: int = FIT_STEPS, seed: int = 0
+                ) -> dict[str, torch.Tensor]:
+    """Train canonical weights ``w`` (``fc``, ``layer.*``, ``norm``, ``lm_head``) the way the trainers do (2-step
+    test-time-training unroll, cross-entropy to the target's greedy token over the draft vocabulary) on
+    ``fit_sequences``: a random tiny target's next token follows no language, so a tiny drafter predicts it
+    only on text it has seen (as ``scripts/train_drafter.py`` does for the samples). Returns the trained weights."""
+    import torch.nn.functional as F
+
+    from ..evidence.replay import DraftForward
+
+    seqs = fit_sequences(model)
+    with torch.no_grad():
+        hs = model(seqs, output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[p].to(torch.bfloat16).float() for p in positions], -1)
+        targets = (hs[-1] @ model.lm_head.weight.T).argmax(-1)
+    to_draft = torch.full((spec.vocab_size,), -100, dtype=torch.long)
+    to_draft[keep] = torch.arange(keep.numel())
+    labels = to_draft[targets]
+    params = {k: v.clone().requires_grad_(k not in frozen and v.is_floating_point()) for k, v in w.items()}
+    trained = [v for v in params.values() if v.requires_grad]
+    opt = torch.optim.Adam(trained, lr=FIT_LR)
+    s, t = seqs.shape
+    ids, feats = seqs.flatten(), aux.flatten(0, 1)
+    pos, doc = torch.arange(t).repeat(s), torch.arange(s).repeat_interleave(t)
+    torch.manual_seed(seed)
+    for _ in range(steps):
+        fwd = DraftForward(spec, params)
+        pre = fwd.prefix(fwd.project(feats), ids, chunk=ids.shape[0], pos=pos, doc=doc)
+        loss = torch.zeros(())
+        for k, logits in enumerate(fwd.chain(pre, 2, 0, ids.shape[0]), start=1):
+            y = torch.cat([labels[:, k:], labels.new_full((s, k), -100)], 1).flatten()
+            loss = loss + F.cross_entropy(logits, y, ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach() for k, v in params.items()}
+
+
 def export_drafter(model: torch.nn.Module, out: Path, *, draft_vocab: int | None = None, layout: str = SPECFORGE,
                    aux_ids: list[int] | None = None, own_embedding: bool = True, prompts: int = 32, seq_len: int = 64,
-                   seed: int = 0) -> Path:
-    """Write a correctly made drafter for ``model`` into ``out`` (see the module docstring)."""
-    if layout not in (SPECFORGE, SPECULATORS):
-        raise ValueError(f"layout must be {SPECFORGE} or {SPECULATORS}, got {layout!r}")
+                   seed: int = 0, fit_steps: int = FIT_STEPS) -> Path:
+    """Write a correctly made drafter for ``model`` into ``out`` (see the module docstring): initialised as its
+    trainer initialises one, then fitted (``fit_drafter``, ``fit_steps`` Adam steps; 0 leaves the init)."""
+    from ..io.drafter import read_spec
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     tc = _text_cfg(model)
     vocab = tc.vocab_size
-    n = draft_vocab or vocab // 2
+    n = vocab if layout == MODELOPT else (draft_vocab or vocab // 2)  # ModelOpt's default: the full vocabulary
     keep, d2t, t2d = frequency_vocab(greedy_tokens(model, prompts, seq_len), vocab, n)
     cfg = draft_config(model, n, aux_ids)
     gen = torch.Generator().manual_seed(seed)
     h = cfg["hidden_size"]
-    prefix = "midlayer." if layout == SPECFORGE else "layers.0."
-    w = _layer_weights(cfg, gen, prefix)
-    w["fc.weight"] = torch.randn(h, 3 * tc.hidden_size, generator=gen) / (3 * tc.hidden_size) ** 0.5
+    w = _layer_weights(cfg, gen, "layer.")
+    w["fc.weight"] = torch.randn(h, 3 * tc.hidden_size, generator=gen) * 0.02
     w["norm.weight"] = torch.ones(h)
+    frozen: tuple[str, ...] = ("embed",)
     if layout == SPECFORGE:  # trained from scratch over the draft vocabulary
         w["lm_head.weight"] = torch.randn(n, h, generator=gen) * 0.02
-    else:  # speculators: the target's head rows at the draft ids, frozen
+    else:  # speculators: the target's head rows at the draft ids, frozen; ModelOpt (full vocabulary): the target's
         w["lm_head.weight"] = model.lm_head.weight.detach()[keep].clone()
-    if own_embedding:
+        frozen += ("lm_head.weight",)
+    w["d2t"] = d2t
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, sort_keys=True) + "\n")
+    if fit_steps:
+        positions = default_positions(tc.num_hidden_layers) if aux_ids is None else tuple(i + 1 for i in aux_ids)
+        w = fit_drafter(model, read_spec(out), {**w, "embed": model.get_input_embeddings().weight.detach()},
+                        positions, keep, frozen=frozen, steps=fit_steps, seed=seed)
+        w.pop("embed")
+    w.pop("d2t")
+    prefix = "midlayer." if layout == SPECFORGE else "layers.0."
+    w = {(prefix + k[len("layer."):] if k.startswith("layer.") else k): v for k, v in w.items()}
+    if own_embedding and layout != MODELOPT:  # ModelOpt exports no embedding
         w["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()
     stored = {k: v.to(torch.bfloat16).contiguous() for k, v in w.items()}
-    stored["d2t"], stored["t2d"] = d2t.contiguous(), t2d.contiguous()
-    out.mkdir(parents=True, exist_ok=True)
+    stored["d2t"] = d2t.contiguous()
+    if layout != MODELOPT:  # ModelOpt writes no t2d
+        stored["t2d"] = t2d.contiguous()
     if layout == SPECULATORS:
         layer = {k: v for k, v in cfg.items() if k not in ("architectures", "eagle_config", "draft_vocab_size",
                                                            "torch_dtype")}

@@ -1,0 +1,137 @@
+"""Replay judged: is the drafter better than a lookup table on its own training records and on the capture?
+
+The drafter is run teacher-forced (``evidence.replay``) on each training record's own aux states
+(its loss mask counts, as the trainers count acc_1) and on the capture's trained wiring, and its
+step-1 acceptance is compared on the very same rows with three baselines that need no drafter
+(``evidence.baseline``). Not better beyond two standard errors: ``drafter-no-better-than-baseline``,
+with what the weights show (``checks.drafterweights``: missing or never-trained parts) as its likely
+reason. Fewer than ``MIN_ROWS`` counted rows are reported, never judged.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ForensicsError
+from ..evidence.baseline import MIN_ROWS, BigramTable, Judgement, judge, pooled, step1_rows
+from ..results import Finding
+from .base import Artifacts, Check, CheckResult
+from .registry import register
+
+MAX_RECORDS = 4  # records replayed (each a step-1 forward over its whole sequence: cost like one replay wiring)
+SOURCE = ("replay (the drafter teacher-forced on the same rows as the baselines: most frequent token, repeat the "
+          "last token, bigram table fitted on the records' supervised rows, the drafter fed another row's states)")
+
+
+def _weights_reason(art: Artifacts) -> str:
+    """What the drafter-weights check sees, as the likely reason (empty when the weights look trained)."""
+    from .drafterweights import missing_parts, random_parts
+
+    missing = missing_parts(art)
+    if missing:
+        return f"the checkpoint lacks {', '.join(missing[:3])} (drafter-weights-missing)"
+    flagged, _ = random_parts(art)
+    if flagged:
+        return f"its {', '.join(flagged)} never left the init (drafter-weights-random)"
+    return ""
+
+
+def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgement]:
+    """The records' and the capture's judgements (each present when that input was given and could be replayed);
+    records that cannot be replayed as their own trained wiring are named in ``skipped``."""
+    skipped = [] if skipped is None else skipped
+    import torch
+
+    from ..evidence.replay import DraftForward
+    from ..io.drafter import load_drafter, load_target
+    from ..replay import _capture_inputs, _record_sequence
+
+    i = art.inputs
+    drafter = load_drafter(i.drafter, target=i.target)
+    spec = drafter.spec
+    head = None if i.target is None else load_target(
+        i.target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
+                                       "norm": (spec.target_hidden_size,)})
+    fwd = DraftForward.of(drafter)
+    table = BigramTable()
+    fitted: list[Any] = []
+    records = art.records[:MAX_RECORDS] if art.available("train") else []
+    for rec in records:
+        try:  # a record replay cannot read as the trained wiring (a list layout of unnamed states) is left out
+            seq, aux_rows, y, _ = _record_sequence(rec, spec, head, "cpu")
+        except ForensicsError as exc:
+            skipped.append(f"{rec.path}: {exc.detail}")
+            continue
+        mask = seq.loss_mask
+        rows = step1_rows(fwd, aux_rows, seq.ids, y, mask, fitted=True)
+        table.add(rows.prev, rows.want)
+        fitted.append(rows)
+    out = [judge("records", fitted, table)] if fitted else []
+    if art.available("capture"):
+        inp = _capture_inputs(art.capture, spec, head, records[0] if records else None, [], None, None, None, None,
+                              "cpu", None, 0.0, i.allow_unsafe)
+        jobs = [j for j in inp.jobs if "trained" in j[0].sources] or inp.jobs[:1]
+        if jobs:
+            w, reader, label = jobs[0]
+            mask = inp.seq.loss_mask
+            if mask is not None and not bool(torch.as_tensor(mask).bool().any()):
+                mask = None  # a capture of the prompt only: every row counts (as replay does)
+            rows = step1_rows(fwd, reader, inp.seq.ids, inp.y, mask, fitted=False)
+            trained = "trained" in w.sources
+            out.append(judge("capture", [rows], table,
+                             f"{label}, {'the trained wiring' if trained else 'the engines default wiring'}"))
+    return out
+
+
+def run(art: Artifacts) -> CheckResult:
+    left_out: list[str] = []
+    try:
+        found = judgements(art, left_out)
+    except ForensicsError as exc:
+        return CheckResult(skipped=f"replay cannot run this drafter: {exc.detail}")
+    if not found:
+        return CheckResult(skipped="no record or capture could be replayed: " + "; ".join(left_out[:2]))
+    data = {"judgements": [j.to_dict() for j in found], "min_rows": MIN_ROWS, "records_left_out": left_out}
+    both = pooled(found)  # one verdict over all rows: records and capture judged together
+    data["pooled"] = both.to_dict()
+    bad = ([j for j in found if j.no_better] or found) if both.no_better else []
+    note = "; ".join(j.text() + ("" if j.judged else f" (fewer than {MIN_ROWS} rows or a lookup table predicts "
+                                                     "them already: not judged)") for j in found)
+    if not bad:
+        return CheckResult((), note, data)
+    reason = _weights_reason(art)
+    why = (f"; the weights say why: {reason}" if reason else
+           "; its weights look trained, so the likely reasons are states unlike those it learned on (see the wiring "
+           "row), an fc, head or layer swapped in from another checkpoint, or a drafter trained for another target"
+           + (" (it does no better on the target's states than on another row's: its fc reads nothing from them)"
+              if any(j.best == "shuffled" for j in bad) else ""))
+    msg = ("the drafter is no better than a lookup table: " + "; ".join(j.text() for j in bad) + why)
+    return CheckResult((Finding(
+        "drafter-no-better-than-baseline", "error", msg,
+        fix="Serve a drafter that was trained for this target and exported whole (replay it on its own training "
+            "record: a trained drafter beats these baselines by far there).",
+        source=SOURCE, impact="collapse"),), note, data)
+
+
+CHECK = register(Check("drafter-baseline", "replay judged: the drafter against baselines on the same rows",
+                       ("drafter-no-better-than-baseline",), ("drafter", "train|capture"), run, order=16))
+
+
+def settle(outcomes: list[Any]) -> list[Any]:
+    """One cause is one cause: where another check (not the weights, which say why) already names a cause, the
+    drafter's failing against the baselines is that cause's measured symptom, kept as context that names it."""
+    from dataclasses import replace
+
+    from .base import CLEAN, FLAGGED, FOUND
+
+    others = sorted({f.code for o in outcomes if o.name not in (CHECK.name, "drafter-weights") and o.status == FOUND
+                     for f in o.findings if f.severity in FLAGGED})  # a clean row's warnings name no cause
+    if not others:
+        return outcomes
+    out = []
+    for o in outcomes:
+        if o.name == CHECK.name and any(f.code == "drafter-no-better-than-baseline" for f in o.findings):
+            o = replace(o, status=CLEAN, findings=tuple(
+                replace(f, severity="info", message=f"{f.message}; explained by {', '.join(others)}", fix="",
+                        impact="") for f in o.findings))
+        out.append(o)
+    return out
