@@ -389,7 +389,7 @@ def _pair_record(cap: Capture, rows: int, rec: TrainingRecord) -> Sequence:
     return seq
 
 
-def _record_sequence(rec: TrainingRecord, spec: Any, head: TargetHead | None, device: str
+def record_sequence(rec: TrainingRecord, spec: Any, head: TargetHead | None, device: str
                      ) -> tuple[Sequence, Callable[[int, int], torch.Tensor], torch.Tensor, str]:
     """A training record given as the capture: its ids and mask, its own aux states, the target tokens from its final."""
     from .drafter.replay import rms_norm
@@ -535,7 +535,7 @@ class _Inputs:
 def _record_inputs(record: TrainingRecord, spec: Any, head: TargetHead | None, device: str, max_tokens: int | None,
                    temperature: float) -> _Inputs:
     """A training record given as the capture: its own aux states are the one (trained) wiring."""
-    seq, aux_rows, y, how = _record_sequence(record, spec, head, device)
+    seq, aux_rows, y, how = record_sequence(record, spec, head, device)
     rows = min(seq.rows, max_tokens or seq.rows)
     seq.rows = rows
     seq.ids, y = seq.ids[:rows], y[:rows]
@@ -550,7 +550,7 @@ def _record_inputs(record: TrainingRecord, spec: Any, head: TargetHead | None, d
                    head.num_layers if head is not None else None, record.path, final, findings)
 
 
-def _capture_inputs(cap: Capture, spec: Any, head: TargetHead | None, train: Any, given: list[tuple[Position, ...]],
+def capture_inputs(cap: Capture, spec: Any, head: TargetHead | None, train: Any, given: list[tuple[Position, ...]],
                     engine: str | None, draft_config: str | Path | None, engine_version: str | None,
                     model_type: str | None, device: str, max_tokens: int | None, temperature: float,
                     allow_unsafe: bool) -> _Inputs:
@@ -682,7 +682,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
                                  "wiring; --wiring, --engine and --train need a capture sweep", path=record.path)
         inp = _record_inputs(record, spec, head, device, max_tokens, temperature)
     else:
-        inp = _capture_inputs(cap, spec, head, train, given, engine, draft_config, engine_version, model_type, device,
+        inp = capture_inputs(cap, spec, head, train, given, engine, draft_config, engine_version, model_type, device,
                               max_tokens, temperature, allow_unsafe)
     seq, rows = inp.seq, inp.seq.rows
     if seq.loss_mask is not None and not bool(seq.loss_mask.bool().any()):

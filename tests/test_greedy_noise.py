@@ -11,7 +11,7 @@ import torch
 from eagleforensics.checks.base import DoctorInputs
 from eagleforensics.checks.registry import get_check
 from eagleforensics.doctor import diagnose
-from eagleforensics.evidence.agreement import GREEDY_AGREEMENT, NOISY_GREEDY_AGREEMENT
+from eagleforensics.dataaudit.agreement import GREEDY_AGREEMENT, NOISY_GREEDY_AGREEMENT
 from eagleforensics.testing.drafterbuild import default_positions, export_target
 from eagleforensics.testing.tinymodels import build_model, prompt_ids
 

@@ -1,9 +1,9 @@
 """Replay judged: is the drafter better than a lookup table on its own training records and on the capture?
 
-The drafter is run teacher-forced (``evidence.replay``) on each training record's own aux states
+The drafter is run teacher-forced (``drafter.replay``) on each training record's own aux states
 (its loss mask counts, as the trainers count acc_1) and on the capture's trained wiring, and its
 step-1 acceptance is compared on the very same rows with three baselines that need no drafter
-(``evidence.baseline``). Not better beyond two standard errors: ``drafter-no-better-than-baseline``,
+(``drafter.baseline``). Not better beyond two standard errors: ``drafter-no-better-than-baseline``,
 with what the weights show (``checks.drafterweights``: missing or never-trained parts) as its likely
 reason. Fewer than ``MIN_ROWS`` counted rows are reported, never judged.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ForensicsError
-from ..evidence.baseline import MIN_ROWS, BigramTable, Judgement, judge, pooled, step1_rows
+from ..drafter.baseline import MIN_ROWS, BigramTable, Judgement, judge, pooled, step1_rows
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register
@@ -41,9 +41,9 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
     skipped = [] if skipped is None else skipped
     import torch
 
-    from ..evidence.replay import DraftForward
+    from ..drafter.replay import DraftForward
     from ..io.drafter import load_drafter, load_target
-    from ..replay import _capture_inputs, _record_sequence
+    from ..replay import capture_inputs, record_sequence
 
     i = art.inputs
     drafter = load_drafter(i.drafter, target=i.target)
@@ -57,7 +57,7 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
     records = art.records[:MAX_RECORDS] if art.available("train") else []
     for rec in records:
         try:  # a record replay cannot read as the trained wiring (a list layout of unnamed states) is left out
-            seq, aux_rows, y, _ = _record_sequence(rec, spec, head, "cpu")
+            seq, aux_rows, y, _ = record_sequence(rec, spec, head, "cpu")
         except ForensicsError as exc:
             skipped.append(f"{rec.path}: {exc.detail}")
             continue
@@ -67,7 +67,7 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
         fitted.append(rows)
     out = [judge("records", fitted, table)] if fitted else []
     if art.available("capture"):
-        inp = _capture_inputs(art.capture, spec, head, records[0] if records else None, [], None, None, None, None,
+        inp = capture_inputs(art.capture, spec, head, records[0] if records else None, [], None, None, None, None,
                               "cpu", None, 0.0, i.allow_unsafe)
         jobs = [j for j in inp.jobs if "trained" in j[0].sources] or inp.jobs[:1]
         if jobs:

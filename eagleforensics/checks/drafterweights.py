@@ -28,7 +28,7 @@ from .rowcompare import compare_rows, init_signature, sample_rows
 
 SOURCE = ("transformers PreTrainedModel._init_weights (normal(0, initializer_range)); torch nn.Linear.reset_parameters "
           "(kaiming_uniform a=sqrt(5)); lightseekorg/TorchSpec#38, sgl-project/sglang#27908 (a strict=False load "
-          "leaves a fresh init); failure catalogue row 11")
+          "leaves a fresh init); docs/causes.md row 11")
 # a matrix whose spread and shape match an init's within a few standard errors of the sample (and i.i.d.) never left it
 STD_SLACK, KURT_SLACK = 0.005, 0.1  # beyond 4 SE: bf16 rounding and the sample's own noise
 LAYER_MATRICES = tuple(p for p in LAYER_PARTS if p.endswith("proj.weight"))

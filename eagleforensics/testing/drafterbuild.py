@@ -148,7 +148,7 @@ def fit_drafter(model: torch.nn.Module, spec: Any, w: dict[str, torch.Tensor], p
     only on text it has seen (as ``scripts/train_drafter.py`` does for the samples). Returns the trained weights."""
     import torch.nn.functional as F
 
-    from ..evidence.replay import DraftForward
+    from ..drafter.replay import DraftForward
 
     seqs = fit_sequences(model)
     with torch.no_grad():

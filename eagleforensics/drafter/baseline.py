@@ -147,7 +147,7 @@ def pooled(found: list[Judgement]) -> Judgement:
 
 
 def step1_rows(fwd: Any, aux_rows: Any, ids: Any, y: Any, mask: Any, *, fitted: bool) -> Rows:
-    """The drafter's step-1 draft on every counted row of one sequence (``evidence.replay``'s forward and counting)."""
+    """The drafter's step-1 draft on every counted row of one sequence (``drafter.replay``'s forward and counting)."""
     import torch
 
     from .replay import _ahead, _shift, counted_rows, replay_chain
