@@ -19,6 +19,7 @@ import pytest
 from eagleforensics import causes as C
 from eagleforensics.checks.base import DoctorInputs
 from eagleforensics.doctor import diagnose
+from eagleforensics.errors import ForensicsError
 from eagleforensics.report.doctorreport import causes_table, checks_table
 from eagleforensics.results import Finding
 from eagleforensics.testing.defects import DEFECTS, SAMPLES, plant, vllm_log
@@ -213,10 +214,15 @@ def test_a_new_code_joins_a_cause_with_one_line(monkeypatch: pytest.MonkeyPatch)
         "accept-len-one", "train-shorter-than-served"]
 
 
-def test_swapped_record_and_capture_are_one_unjudged_wiring_not_a_miswired_engine() -> None:
-    """align's notes on evidence it cannot place are one cause, and not the engine-layers cause."""
-    report = diagnose(DoctorInputs(train=str(CAPTURE), capture=str(RECORD)))
-    check_one_voice(report)
-    assert [c.key for c in report.causes] == ["wiring-unjudged"]
-    assert {"possibly-swapped", "no-confident-match"} <= set(report.causes[0].codes)
-    assert report.verdict.startswith("PROBLEM: 1 likely cause of low acceptance: wiring-unjudged (")
+def test_swapped_record_and_capture_are_refused_with_the_swap_named() -> None:
+    """--train CAPTURE --capture RECORD is not a miswired engine, nor a cause at all: the inputs are swapped, and the
+    doctor says so in one line (exit 2) naming both paths, before any cause is counted."""
+    from click.testing import CliRunner
+
+    from eagleforensics.cli import main
+
+    with pytest.raises(ForensicsError, match="look swapped") as err:
+        diagnose(DoctorInputs(train=str(CAPTURE), capture=str(RECORD)))
+    assert str(CAPTURE.name) in str(err.value) and str(RECORD.name) in str(err.value)
+    res = CliRunner().invoke(main, ["doctor", "--train", str(CAPTURE), "--capture", str(RECORD)])
+    assert res.exit_code == 2 and "look swapped" in res.output and len(res.output.strip().splitlines()) == 1
