@@ -69,7 +69,7 @@ class DoctorReport:
 
     def __post_init__(self) -> None:
         ranked = rank(self.outcomes)
-        found = {o.name for o in self.outcomes if o.status == FOUND}
+        found = self.cause_rows
         flagged = [r for r in ranked if r.finding.severity in FLAGGED and r.check in found]
         floors = {o.name: SEVERITY_OF_LEVEL[o.data["level"]] for o in self.outcomes
                   if o.status == FOUND and o.data.get("level") in SEVERITY_OF_LEVEL}
@@ -90,8 +90,14 @@ class DoctorReport:
     def flagged(self) -> list[RankedFinding]:
         """The errors and warnings of rows that found something (a pipeline row's own verdict decides whether its
         warnings count: align can warn about a capture and still judge the wiring OK)."""
-        found = {o.name for o in self.outcomes if o.status == FOUND}
+        found = self.cause_rows
         return [r for r in self.findings if r.finding.severity in FLAGGED and r.check in found]
+
+    @property
+    def cause_rows(self) -> set[str]:
+        """The rows whose errors and warnings count as causes: those that found something, except replay's, which
+        measures and is never a cause by itself (its warnings are about the replay, its symptom is info)."""
+        return {o.name for o in self.outcomes if o.status == FOUND and o.name not in SYMPTOM_ROWS}
 
     @property
     def nothing_ran(self) -> bool:
@@ -189,9 +195,7 @@ def render_text(report: DoctorReport) -> str:
     if context:  # the checks' info lines; align's and replay's own are in their JSON (--json)
         lines += ["", "context:"] + [f"  - {r.finding.code}: {printable(r.finding.message)}" for r in context]
     head = ("check", "status", "what")
-    rows = [(o.name, o.status, (o.status == FOUND and ", ".join(sorted({f.code for f in o.findings
-                                                                        if f.severity in FLAGGED})))
-             or printable(o.note or o.reason)) for o in report.rows()]
+    rows = [(o.name, o.status, _what(o, report.cause_rows)) for o in report.rows()]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head[:2])]
     lines += ["", "checks:", "  " + "  ".join(h.ljust(w) for h, w in zip(head, widths + [0])).rstrip(),
               "  " + "  ".join("-" * w for w in widths) + "  " + "-" * 4]
@@ -310,12 +314,26 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
             result.to_dict(), verdict.level)
 
 
+def _what(o: CheckOutcome, cause_rows: set[str]) -> str:
+    """A checks-table row's last column: the codes of a row that names causes; for a row that found only what it
+    states (a symptom, context), its codes and its note; else the note or why it did not run."""
+    if o.status == FOUND:
+        causes = sorted({f.code for f in o.findings if f.severity in FLAGGED}) if o.name in cause_rows else []
+        if causes:
+            return ", ".join(causes)
+        codes = ", ".join(sorted({f.code for f in o.findings}))
+        return printable(f"{codes}: {o.note}" if codes and o.note else codes or o.note)
+    return printable(o.note or o.reason)
+
+
 REPLAY_TITLE = "replay: the drafter's accept length per wiring (trained, engine, as served)"
+SYMPTOM_ROWS = ("replay",)  # rows that measure: their findings never make a cause (``DoctorReport.cause_rows``)
 def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str]:
     """Replay's accept length per wiring on the capture, and, when the engine ignores a flag the drafter uses,
     the "as served" variant that drops it: the cost of ``flag-ignored`` (and of any wiring) as a number.
 
-    Informative, never a cause by itself: the row is clean, its numbers in the note and the JSON's ``replay``.
+    Informative, never a cause by itself: its numbers are in the note and the JSON's ``replay``; the row is clean
+    unless the drafter accepts almost nothing even as trained (``replay-accepts-nothing``, info: a symptom).
     A drafter replay cannot run (a refusal of its own: an unsupported layer, a map out of range) is "not run"
     with replay's reason; the other checks say what is wrong with it.
     """
@@ -351,8 +369,26 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                      f"{trained.accept_length:.2f} as trained ({served.accept_length - trained.accept_length:+.2f})")
     findings = tuple(Finding(f.code, f.severity, f.message, source="replay (the drafter run offline on the capture)")
                      for f in rep.findings)
-    return CheckOutcome("replay", REPLAY_TITLE, CLEAN, findings, "; ".join(parts),
+    nothing = accepts_nothing(trained, rep.steps)
+    if nothing is not None:  # not "clean" beside an accept length near 1: a symptom the causes above explain
+        findings += (nothing,)
+    return CheckOutcome("replay", REPLAY_TITLE, FOUND if nothing is not None else CLEAN, findings, "; ".join(parts),
                         data={"served_without": dropped}), summary, OK
+
+
+def accepts_nothing(trained: Any, steps: int) -> Finding | None:
+    """``replay-accepts-nothing`` (info) when the trained wiring's accept length gains no more over 1 than
+    ``causes.COLLAPSE_GAIN`` of the chain (the bar the causes use for a collapse): a symptom, not a cause; the causes
+    and the drafter-baseline row say why."""
+    from .causes import COLLAPSE_GAIN
+
+    if trained is None or not steps or trained.accept_length - 1.0 > COLLAPSE_GAIN * steps:
+        return None
+    return Finding("replay-accepts-nothing", "info", (
+        f"replayed on the wiring it was trained on ({trained.label}), the drafter accepts almost nothing: accept length "
+        f"{trained.accept_length:.2f} for a chain of {steps} steps (no more than {COLLAPSE_GAIN:g} x {steps} over 1); "
+        "a symptom: the causes, and the drafter-baseline row, say why"),
+        source="replay (the drafter run offline on the capture)")
 
 
 def add_paired_se(summary: dict[str, Any], rep: Any) -> None:
@@ -407,7 +443,7 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
         outcomes.append(outcome)
         summaries[outcome.name] = summary
         extra = max(extra, level, key=_LEVEL_RANK.__getitem__)
-    outcomes = settle_baseline(join_replay(outcomes, art.memoised("replay-report")))
+    outcomes = settle_baseline(join_replay(outcomes, art.memoised("replay-report")), SYMPTOM_ROWS)
     if art.memoised("train-skipped"):
         outcomes.append(inputs_row(art.memoised("train-skipped")))
     return DoctorReport(inputs, outcomes, align=summaries.get("wiring"), replay=summaries.get("replay"),

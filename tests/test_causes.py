@@ -226,3 +226,17 @@ def test_swapped_record_and_capture_are_refused_with_the_swap_named() -> None:
     assert str(CAPTURE.name) in str(err.value) and str(RECORD.name) in str(err.value)
     res = CliRunner().invoke(main, ["doctor", "--train", str(CAPTURE), "--capture", str(RECORD)])
     assert res.exit_code == 2 and "look swapped" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_the_replay_row_is_not_clean_beside_an_accept_length_near_one(planted: dict) -> None:
+    """The README's example (a random embedding) replays at accept length ~1.03 even as trained: the row says so as
+    an info symptom (found, not clean) and adds no cause; the clean sample drafter's row stays clean."""
+    report = _doctor(planted["embedding-random"])
+    row = next(o for o in report.outcomes if o.name == "replay")
+    t, _, _ = _replay_numbers(report.replay)
+    assert t is not None and t - 1.0 <= C.COLLAPSE_GAIN * report.replay["steps"]
+    assert row.status == "found" and {f.severity for f in row.findings if f.code == "replay-accepts-nothing"} == {"info"}
+    assert "replay-accepts-nothing" not in {code for c in report.causes for code in c.codes}
+    clean = diagnose(DoctorInputs(drafter=str(SAMPLES / "drafter"), target=str(SAMPLES / "target"), train=str(RECORD),
+                                  capture=str(CAPTURE)))
+    assert next(o for o in clean.outcomes if o.name == "replay").status == "clean"

@@ -116,21 +116,23 @@ CHECK = register(Check("drafter-baseline", "replay judged: the drafter against b
                        ("drafter-no-better-than-baseline",), ("drafter", "train|capture"), run, order=16))
 
 
-def settle(outcomes: list[Any]) -> list[Any]:
-    """One cause is one cause: where another check (not the weights, which say why) already names a cause, the
-    drafter's failing against the baselines is that cause's measured symptom, kept as context that names it."""
+def settle(outcomes: list[Any], symptom_rows: tuple[str, ...] = ()) -> list[Any]:
+    """One cause is one cause: where another check (not the weights, which say why, nor the ``symptom_rows`` that
+    only measure, such as replay's) already names a cause, the drafter's failing against the baselines is that
+    cause's measured symptom, kept as context that names it."""
     from dataclasses import replace
 
-    from .base import CLEAN, FLAGGED, FOUND
+    from .base import FLAGGED, FOUND
 
-    others = sorted({f.code for o in outcomes if o.name not in (CHECK.name, "drafter-weights") and o.status == FOUND
+    others = sorted({f.code for o in outcomes if o.name not in (CHECK.name, "drafter-weights", *symptom_rows)
+                     and o.status == FOUND
                      for f in o.findings if f.severity in FLAGGED})  # a clean row's warnings name no cause
     if not others:
         return outcomes
     out = []
     for o in outcomes:
         if o.name == CHECK.name and any(f.code == "drafter-no-better-than-baseline" for f in o.findings):
-            o = replace(o, status=CLEAN, findings=tuple(
+            o = replace(o, status=FOUND, findings=tuple(  # found, as info: not "clean" beside what it says
                 replace(f, severity="info", message=f"{f.message}; explained by {', '.join(others)}", fix="",
                         impact="") for f in o.findings))
         out.append(o)

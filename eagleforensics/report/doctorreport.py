@@ -103,7 +103,7 @@ def checks_table(report: DoctorReport) -> pd.DataFrame:
         for name in c.checks:
             worst.setdefault(name, c)
     for o in report.rows():
-        flagged = [f for f in o.findings if f.severity in FLAGGED]
+        flagged = [f for f in o.findings if f.severity in FLAGGED] if o.name in report.cause_rows else []
         shown = flagged or [f for f in o.findings if o.name != "wiring"]  # align's info lines stay in its section
         cause = worst.get(o.name)
         severity = cause.severity if cause is not None else "-"
@@ -111,7 +111,7 @@ def checks_table(report: DoctorReport) -> pd.DataFrame:
             what = f"not run: {o.reason}"
         else:
             what = " | ".join(f"{f.code}: {f.message}" for f in shown) or o.note
-            if o.note and shown and o.status != "found":
+            if o.note and shown and (o.status != "found" or not flagged):
                 what = f"{o.note} | {what}"
         rows.append({"check": o.name, "status": o.status.replace("-", " "), "severity": severity,
                      "impact": cause.cost.label if cause is not None else "-", "what": what,
