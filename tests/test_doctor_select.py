@@ -58,3 +58,21 @@ def test_cli_accepts_repeats_and_commas_and_the_readme_documents_the_options() -
     assert skipped == {"embedding", "rope", "sizes"} and doc["inputs"]["skip"] == ["embedding", "rope", "sizes"]
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "--skip CHECK" in readme and "--only CHECK" in readme and "--device cuda" in readme
+
+
+def test_the_report_runs_the_doctor_with_the_same_skip_only_and_device(tmp_path: Path) -> None:
+    """doctor --report executes notebooks/doctor.ipynb: it must receive --skip / --only / --device (papermill said
+    'Passed unknown parameter' and the page's doctor ran every check), as a process, with a timeout."""
+    import subprocess
+    import sys
+
+    from eagleforensics.report.provenance import read_report
+
+    out = tmp_path / "doctor.html"
+    proc = subprocess.run([sys.executable, "-m", "eagleforensics", "doctor", "--drafter", FULL["drafter"], "--target",
+                           FULL["target"], "--skip", "replay", "--report", str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "unknown parameter" not in proc.stderr
+    rows = {r["name"]: r for r in read_report(out)["summary"]["checks"]}
+    assert rows["replay"]["status"] == "not-run" and "--skip replay" in rows["replay"]["reason"]

@@ -36,7 +36,9 @@ class DoctorParams:
     title: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self.inputs), "title": self.title}
+        """The notebook's parameters: JSON values (the check-name tuples as lists, as papermill carries them)."""
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.inputs).items()}
+        return {**values, "title": self.title}
 
     @property
     def heading(self) -> str:
@@ -59,6 +61,10 @@ def validate_params(title: Any = None, **values: Any) -> DoctorParams:
             continue
         if name in PATH_PARAMS:
             clean[name] = input_path(value, name, want_file=PATH_PARAMS[name])
+        elif name in ("skip", "only"):  # check names: papermill hands a tuple over as a list
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ForensicsError(f"parameter {name} must be a list of check names, got {value!r}")
+            clean[name] = tuple(value)
         else:
             clean[name] = value
     served = clean.get("served_len")
