@@ -252,7 +252,8 @@ STATS_INTERVALS: tuple[StatsInterval, ...] = (
 
 # --- lookups -----------------------------------------------------------------------------------
 
-def _engine(engine: str) -> str:
+def engine_name(engine: str) -> str:
+    """``engine`` as the release tables name it (sglang, vllm); another name is one line (the log-read engines)."""
     eng = str(engine).strip().lower()
     if eng not in ENGINES:
         raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -261,7 +262,7 @@ def _engine(engine: str) -> str:
 
 def _pick(rows: Sequence, engine: str, version: str | None, **match: object):
     """The row with the greatest ``since`` <= version (None: the newest) among this engine's matching rows."""
-    eng = _engine(engine)
+    eng = engine_name(engine)
     ver = parse_version(version if version is not None else NEWEST[eng])
     return row_at([r for r in rows if r.engine == eng and all(
         (getattr(r, k) == v if not isinstance(getattr(r, k), tuple) else (not getattr(r, k) or v in getattr(r, k)))

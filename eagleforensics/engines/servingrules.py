@@ -26,10 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import ForensicsError
+from .launchrules import engine_name
 from .rules import NEWEST, family_of, parse_version, row_at
 
-ENGINES = ("sglang", "vllm")
 TOPICS = ("penalty", "generation-config", "lora", "dp-attention", "verify")
 
 
@@ -172,17 +171,10 @@ SERVING_RULES: tuple[ServingRule, ...] = (
 )
 
 
-def _engine(engine: str) -> str:
-    eng = str(engine).strip().lower()
-    if eng not in ENGINES:
-        raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    return eng
-
-
 def _rows(topic: str, engine: str, model_type: str | None) -> list[ServingRule]:
     if topic not in TOPICS:
         raise ValueError(f"unknown serving topic {topic!r}")
-    eng = _engine(engine)
+    eng = engine_name(engine)
     fam = family_of(model_type) if model_type else None
     return [r for r in SERVING_RULES if r.topic == topic and r.engine == eng
             and (not r.families or (fam is not None and fam in r.families))]
@@ -193,7 +185,7 @@ def serving_rule(topic: str, engine: str, version: str | None = None,
     """The row for ``topic`` on ``engine`` at ``version`` (None: the newest known); None before any row or when
     the rows are for other families (a family-bound row needs ``model_type``)."""
     rows = _rows(topic, engine, model_type)
-    return row_at(rows, str(parse_version(version or NEWEST[_engine(engine)])), until=False)
+    return row_at(rows, str(parse_version(version or NEWEST[engine_name(engine)])), until=False)
 
 
 def rules_between(topic: str, engine: str, first: str, last: str | None,
@@ -201,7 +193,7 @@ def rules_between(topic: str, engine: str, first: str, last: str | None,
     """Every row that holds somewhere in releases ``first`` .. ``last`` (None: the newest known), oldest first:
     what a log whose exact release is unknown may be running."""
     rows = sorted(_rows(topic, engine, model_type), key=lambda r: parse_version(r.since))
-    lo, hi = parse_version(first), parse_version(last or NEWEST[_engine(engine)])
+    lo, hi = parse_version(first), parse_version(last or NEWEST[engine_name(engine)])
     out = []
     for i, r in enumerate(rows):
         end = parse_version(rows[i + 1].since) if i + 1 < len(rows) else None
