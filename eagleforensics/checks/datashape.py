@@ -6,8 +6,7 @@ holds, so the drafter never saw those positions and acceptance falls with contex
 """
 from __future__ import annotations
 
-from ..dataaudit.audit import AuditSummary, length_findings
-from ..dataaudit.audit import shape_line
+from ..dataaudit.audit import AuditSummary, length_findings, shape_line
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 
