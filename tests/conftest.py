@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from eagleforensics.evidence import kernelcache
+
 from .realdata import SAMPLES, Run, forward
 
 # Every notebook run in the suite stops a cell after this many seconds, well inside pytest-timeout's 600 s
@@ -23,3 +25,13 @@ def llama() -> Run:
 @pytest.fixture(scope="session")
 def samples() -> Path:
     return SAMPLES
+
+
+@pytest.fixture(autouse=True)
+def no_background_compile(monkeypatch):
+    """No test starts numba's detached compile by chance (a large input in auto mode): it would outlive the
+    test and load the machine. A test that means the kernels forces them (``fused._MODE = "1"``);
+    ``tests/test_kernelcache.py`` puts the real function back where it tests it."""
+    def refuse() -> bool:
+        raise AssertionError("a test started the kernels' detached compile: force the kernels or mark the cache")
+    monkeypatch.setattr(kernelcache, "start_compiling", refuse)

@@ -31,8 +31,13 @@ FIELDS = ("score", "rel_diff", "max_abs", "norm_ratio", "per_token")
 
 @pytest.fixture(autouse=True)
 def always_compiled(monkeypatch):
-    """Test captures are small: below ``MIN_BYTES`` a fresh process would leave them to torch."""
+    """Test captures are small: below ``MIN_BYTES`` a fresh process would leave them to torch. The kernels
+    compile in this process (``EAGLEFORENSICS_FUSED=1``), whether or not this machine's cache is marked."""
     monkeypatch.setattr(fused, "MIN_BYTES", 0)
+    monkeypatch.setattr(fused, "_MODE", "1")
+
+
+MARKED = "from eagleforensics.evidence import kernelcache\nkernelcache.mark_compiled()\n"  # with KERNEL_DIR set
 
 
 def _slots(run, dtype, nan_row=7):
@@ -377,6 +382,7 @@ def test_fitted_columns_and_max_abs_come_from_the_one_pass_when_guessed(tmp_path
     assert calls["fit_equations"] == match.FIT_CANDIDATES and calls["max_abs"] == 4, calls
     monkeypatch.undo()
     monkeypatch.setattr(fused, "MIN_BYTES", 0)
+    monkeypatch.setattr(fused, "_MODE", "1")
     monkeypatch.setattr(match, "PREVIEW_TOKENS", 3)  # a guess from 3 of 26 tokens
     few = match.score_slots(slots, fit, cap.positions, cap, *window)
     monkeypatch.setattr(fused, "AVAILABLE", False)
@@ -460,8 +466,9 @@ def test_a_small_align_loads_no_kernels_and_a_large_one_starts_loading_them(tmp_
     host = ("import gc\nfrom eagleforensics.evidence import fused\n"
             "t = fused.preload(fused.MIN_BYTES)\nassert t is not None\nt.join()\n"
             "assert gc.get_freeze_count() == 0 and gc.isenabled()\nprint('ok')")
-    for code in (cli, host):
-        res = _child(code, {"PYTHONPATH": str(ROOT)}, tmp_path, drop=("EAGLEFORENSICS_FUSED",))
+    for code in (cli, host):  # this machine's cache marked as holding the kernels (``kernelcache``)
+        res = _child(MARKED + code, {"PYTHONPATH": str(ROOT), "EAGLEFORENSICS_KERNEL_DIR": str(tmp_path)}, tmp_path,
+                     drop=("EAGLEFORENSICS_FUSED",))
         assert res.returncode == 0 and res.stdout.split()[-1] == "ok", res.stderr[-2000:]
 
 
@@ -473,7 +480,8 @@ def test_a_command_freezes_numbas_objects_before_the_collector_comes_back(tmp_pa
             "gc.freeze = lambda: (seen.append(gc.isenabled()), real())\n"
             "t = fused.preload(fused.MIN_BYTES)\nt.join()\n"
             "assert seen == [False], seen\nassert gc.isenabled() and gc.get_freeze_count() > 10_000\nprint('ok')")
-    res = _child(code, {"PYTHONPATH": str(ROOT)}, tmp_path, drop=("EAGLEFORENSICS_FUSED",))
+    res = _child(MARKED + code, {"PYTHONPATH": str(ROOT), "EAGLEFORENSICS_KERNEL_DIR": str(tmp_path)}, tmp_path,
+                 drop=("EAGLEFORENSICS_FUSED",))
     assert res.returncode == 0 and res.stdout.split()[-1] == "ok", res.stderr[-2000:]
 
 

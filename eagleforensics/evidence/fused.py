@@ -30,9 +30,11 @@ A file cut short (or truncated while it is read) gives a short read, which the k
 and ``Stored.check`` turns into a one-line error naming the file.
 
 Without numba (or for small captures, or off POSIX) the numpy path in ``match`` runs instead (CUDA: ``gpu``). The
-compiled code is cached next to this file, or in numba's user cache; where neither is
-writable (a read-only install) it is compiled in memory at each start instead. ``align`` starts
-loading them on a background thread while it reads the inputs (``preload``).
+compiled code is cached next to this file, or in numba's user cache (``kernelcache`` says where). A
+machine whose cache does not hold it yet gets the numpy path while one detached process compiles it
+(``compile_into_cache``): no command waits for the compiler. Where no cache can be written (a read-only
+install) the numpy path stays. ``align`` starts loading the cached code on a background thread while it
+reads the inputs (``preload``).
 """
 from __future__ import annotations
 
@@ -50,9 +52,11 @@ from .. import process
 from ..arrays import BF16 as BF16_NP, as_array, dtype_name, f32
 from ..errors import ForensicsError
 from ..io.guards import open_regular_fd
+from . import kernelcache
 
 prange = range  # numba.prange once ``kernels()`` has imported numba (0.3 s, paid only when they are used)
 _pread: Any = None  # libc's pread as numba calls it, set by ``kernels()``
+_IN_MEMORY: list[str] = []  # kernels numba could not cache (no folder it may write): compiled per process
 LOCK = threading.RLock()  # one launch at a time: numba's workqueue pool takes no concurrent launches
 
 _MODE = os.environ.get("EAGLEFORENSICS_FUSED", "auto")  # 0: never, 1: always, auto: by size
@@ -74,6 +78,7 @@ def _jit(numba: Any, fn: Callable[..., Any], parallel: bool = True) -> Any:
     try:
         return numba.njit(cache=True, **opts)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
+        _IN_MEMORY.append(fn.__name__)
         return numba.njit(cache=False, **opts)(fn)
 
 
@@ -655,10 +660,17 @@ def kernels() -> types.SimpleNamespace:
 
 
 def wanted(nbytes: int) -> bool:
-    """Whether to score ``nbytes`` of stored values with the kernels: numba present and allowed, and
-    the work large enough to pay for loading them. By size alone, never by what ran before in the
-    process, so one input always gets the same numbers (the two paths differ in the last bits)."""
-    return AVAILABLE and nbytes >= MIN_BYTES
+    """Whether to score ``nbytes`` of stored values with the kernels: numba present and allowed, the work
+    large enough to pay for loading them, and their machine code already in this machine's cache
+    (``kernelcache``; else its compile starts in another process and numpy answers meanwhile).
+    Never by what ran before in the process: one input gets the same numbers from any process once the
+    cache is filled (the two paths differ in the last bits). ``EAGLEFORENSICS_FUSED=1`` compiles here."""
+    if not AVAILABLE or nbytes < MIN_BYTES:
+        return False
+    if _MODE == "1" or kernelcache.ready():
+        return True
+    kernelcache.start_compiling()
+    return False
 
 
 # ---- arrays and files as the kernels' uint16 views ----------------------------------------------
@@ -892,16 +904,17 @@ def _one_position_work(lw: int) -> tuple[int, int, np.ndarray]:
 
 
 def fit_equations(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
-                  y_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                  y_ok: np.ndarray, load_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(sum u*y, sum u*u) per dimension over the aligned tokens (float64 [H] each): position g
-    against training rows ``y`` [Lw, H] of slot ``col`` (see ``_fit_equations``)."""
+    against training rows ``y`` [Lw, H] of slot ``col`` (see ``_fit_equations``). ``load_only``: see ``_launch``."""
     kern, yv = kernels(), Rows(y)
     rows, work, err = _one_position_work(lw)
     acc_n, acc_d = (st.buffers(work, st.h, dtype=np.float64, name=n) for n in ("num", "den"))
     zs = st.buffers(1, st.h * (2 if yv.kind == F32 else 1), zero=True)[0]
-    kern.fit_equations(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef,
-                       yv.off, yv.row, yv.kind, y_ok, col, work, acc_n, acc_d, _row_buffers(st, rows, work), zs, err)
-    st.check(err, g)
+    args = (int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
+            yv.kind, y_ok, col, work, acc_n, acc_d, _row_buffers(st, rows, work), zs, err)
+    if _launch(kern.fit_equations, args, load_only):
+        st.check(err, g)
     return acc_n.sum(0), acc_d.sum(0)
 
 
@@ -924,29 +937,32 @@ def fit_scores(st: Stored, gs: list[int], y: Any, col: int, cs: int, lw: int, xx
 
 
 def max_abs(st: Stored, g: int, y: Any, col: int, cs: int, lw: int, xx: np.ndarray, bad: np.ndarray,
-            y_ok: np.ndarray, gain: np.ndarray | None, vj: int | None, f: int) -> np.ndarray:
+            y_ok: np.ndarray, gain: np.ndarray | None, vj: int | None, f: int, load_only: bool = False) -> np.ndarray:
     """Per aligned token, max |training - capture| (float32 [Lw]) of slot ``col`` (rows ``y``) against
-    position g, or its fitted column ``vj`` (slot ``f`` of the fit) where ``vj`` is given."""
+    position g, or its fitted column ``vj`` (slot ``f`` of the fit) where ``vj`` is given. ``load_only``:
+    see ``_launch``."""
     kern, yv = kernels(), Rows(y)
     out = np.zeros(lw, np.float32)
-    if lw == 0:
+    if lw == 0 and not load_only:
         return out
     rows, work, err = _one_position_work(lw)
     fitted = vj is not None and gain is not None
     g_arr = gain if fitted else np.zeros((1, 1, st.h), np.float32)
-    kern.max_abs(int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
-                 yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, _row_buffers(st, rows, work), err)
-    st.check(err, g)
+    args = (int(st.gfd[g]), int(st.offs[g]), st.h, st.kind, cs, lw, xx, bad, g, yv.base, yv.basef, yv.off, yv.row,
+            yv.kind, y_ok, col, g_arr, vj or 0, f, fitted, out, rows, work, _row_buffers(st, rows, work), err)
+    if _launch(kern.max_abs, args, load_only):
+        st.check(err, g)
     return out
 
 
 # ---- loading the kernels ahead of their first use ---------------------------------------------
 
-def _warm() -> None:
+def _warm(every: bool = False) -> None:
     """Load the kernels a large align always uses, in the order it needs them, for argument types built
     as the scorer builds them (zero-sized). ``row_stats`` runs once (under ``LOCK``, as every launch;
     it also starts numba's thread pool); ``direct`` and ``fit_scores`` are only loaded, without
-    ``LOCK``, so the record's norms (and then the direct pass) can run while the next kernel loads."""
+    ``LOCK``, so the record's norms (and then the direct pass) can run while the next kernel loads.
+    ``every``: also ``fit_equations`` and ``max_abs`` (compiling them all into the cache)."""
     from .sums import Sums
 
     h, k = 8, 4
@@ -961,6 +977,35 @@ def _warm() -> None:
     assert sums.gain is not None
     fit_scores(st, [0], slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, [0], 0, sums.fdot, sums.fpp,
                load_only=True)
+    if every:
+        fit_equations(st, 0, slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, load_only=True)
+        max_abs(st, 0, slots[0][:0], 0, 0, 0, sums.xx, sums.bad, sums.y_ok, sums.gain, 0, 0, load_only=True)
+
+
+def compile_into_cache() -> None:
+    """The detached process ``kernelcache.start_compiling`` starts: compile every kernel into numba's cache,
+    then write the mark that lets later processes use them. At low priority, one such process per cache
+    folder at a time (a lock), ended by an alarm past ``kernelcache.COMPILE_LIMIT_S``."""
+    import fcntl
+    import signal
+
+    global _MODE
+    _MODE = "1"  # this process compiles: ``wanted`` must not wait for the mark it is about to write
+    signal.alarm(kernelcache.COMPILE_LIMIT_S)
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    lock_path = kernelcache.folder() / "eagleforensics-kernels.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # another process is compiling them
+        if kernelcache.stamp().is_file():
+            return
+        _warm(every=True)
+        if not _IN_MEMORY:  # else later processes would compile them again: the numpy path stays theirs
+            kernelcache.mark_compiled()
 
 
 @contextlib.contextmanager

@@ -31,6 +31,8 @@ How the capture is walked (the sums themselves live in ``sums``):
 from __future__ import annotations
 
 import math
+import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -184,10 +186,11 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
                     progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
     """numpy: one position at a time, read and reduced in token chunks; then the fitted columns, at
     the candidate positions as the compiled path chooses them (every one with ``fit_candidates=None``,
-    fitted while the position is read)."""
+    fitted while the position is read). Positions run on threads (``each``): the reads and numpy's
+    loops release the GIL, and each position's sums are its own, so the numbers are those of one thread."""
     h, cs, lw, t = sums.h, sums.cs, sums.lw, src.t
     lc = max(1, CHUNK_BYTES // max(1, h * 4 * max(1, sums.k)))
-    yb = np.empty((lc, sums.k, h), np.float32)
+    local = threading.local()  # each thread's buffer of training rows
     virt_of = {g: j for j, g in enumerate(sums.virt)}
     every = fit_candidates is None
     segs = _segments(t, cs, lw, lc)
@@ -196,6 +199,10 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
         x = f32(src.rows(pos, a, a + n), copy=True)
         if not (cs <= a < cs + lw):
             return x, None
+        yb = getattr(local, "yb", None)
+        if yb is None:
+            yb = local.yb = np.empty((lc, sums.k, h), np.float32)
+        # every thread records the same norms of these training rows (``prep_y``): equal values
         return x, sums.prep_y(_fill_y(yb[:n], slots, ts + a - cs), a - cs)
 
     def score_fitted(g: int) -> None:
@@ -206,17 +213,14 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
                 assert y is not None
                 sums.pass2(sums.unit(x, g, a), virt_of[g], a, y[:, sums.fit_idx])
 
-    for g, pos in enumerate(positions):
+    def direct(g: int) -> None:
         for a, b, _ in segs:
-            x, y = block(pos, a, b - a)
+            x, y = block(positions[g], a, b - a)
             sums.pass1(x, g, a, y, fit=every and g in virt_of)
         if every and g in virt_of and lw:
             score_fitted(g)
-        if progress is not None:
-            progress(pos)
-    if every or not sums.virt or not lw:
-        return
-    for j in _candidates(sums, fit_candidates):
+
+    def fitted(j: int) -> None:
         g = sums.virt[j]
         for a, b, win in segs:
             if win:
@@ -224,6 +228,36 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
                 assert y is not None
                 sums.accumulate(sums.unit(x, g, a), g, y[:, sums.fit_idx])
         score_fitted(g)
+
+    each(direct, range(len(positions)), None if progress is None else lambda g: progress(positions[g]))
+    if every or not sums.virt or not lw:
+        return
+    each(fitted, _candidates(sums, fit_candidates))
+
+
+def each(work: Callable[[int], None], items: Iterable[int], done: Callable[[int], None] | None = None) -> None:
+    """``work(i)`` for every item, on up to one thread per usable core; ``done(i)`` in the caller's thread, in
+    the items' order, as each finishes. The first error is raised once the running items end; the rest
+    are dropped."""
+    items = list(items)
+    workers = min(len(items), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers <= 1:
+        for i in items:
+            work(i)
+            if done is not None:
+                done(i)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eagleforensics-positions")
+    try:
+        futures = [pool.submit(work, i) for i in items]
+        for i, fut in zip(items, futures):
+            fut.result()
+            if done is not None:
+                done(i)
+    finally:  # on an error or Ctrl-C the queued items are dropped; the running ones finish their position
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _candidates(sums: Sums, m: int) -> list[int]:
