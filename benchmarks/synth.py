@@ -4,7 +4,9 @@ Each position is a random-walk step from the previous one (neighbouring layers s
 ~0.99, as in trained models), token 0 carries a massive activation in two dimensions from
 p=2 on, and the post-norm final is an RMSNorm with a random gain of the last raw state. The
 file is the capture helper's safetensors format (``hidden.0..N``, ``final_norm``,
-``input_ids``, metadata), written without ever holding the sweep in memory. The training
+``input_ids``, metadata), written without ever holding the sweep in memory. ``last="raw"`` leaves
+``final_norm`` out: the sweep ends with the raw last state, as speculators' records and engines' hooks
+write it, so align places the record's post-norm final by fitting the norm's gain. The training
 record holds three positions and the post-norm final, bf16, written three times: in SpecForge's
 layout as its ``.ckpt`` (``input_ids``, ``loss_mask``, ``hidden_state`` [1, S, H], ``aux_hidden_state``
 [1, S, 3H], as ``torch.save`` writes it), and in the list layout as ``.pt`` and as safetensors.
@@ -64,8 +66,11 @@ def record_positions(n: int) -> tuple[int, int, int]:
     return (3, n // 2 + 1, n - 2)
 
 
-def _header(n: int, t: int, h: int) -> tuple[bytes, list[str]]:
-    names = [f"hidden.{p}" for p in range(n + 1)] + ["final_norm"]
+LASTS = ("postnorm", "raw")  # what a sweep's last entry is: the post-norm final, or the raw last state
+
+
+def _header(n: int, t: int, h: int, last: str = "postnorm") -> tuple[bytes, list[str]]:
+    names = [f"hidden.{p}" for p in range(n + 1)] + (["final_norm"] if last == "postnorm" else [])
     header: dict[str, object] = {}
     offset = 0
     for name in names:
@@ -81,17 +86,19 @@ def _header(n: int, t: int, h: int) -> tuple[bytes, list[str]]:
     return struct.pack("<Q", len(raw)) + raw, names
 
 
-def write_sweep(folder: Path, shape: str, tokens: int, seed: int = 0) -> Sweep:
-    """Write ``{shape}-T{tokens}.safetensors`` and its training record into ``folder`` (reused if present)."""
+def write_sweep(folder: Path, shape: str, tokens: int, seed: int = 0, last: str = "postnorm") -> Sweep:
+    """Write ``{shape}-T{tokens}.safetensors`` (``-rawlast`` for ``last="raw"``) and its training record into
+    ``folder`` (reused if present). The record is the same for both kinds of sweep."""
     n, h = SHAPES[shape]
-    cap = folder / f"{shape}-T{tokens}.safetensors"
-    rec = folder / f"{shape}-T{tokens}.record.pt"
+    stem = f"{shape}-T{tokens}" + ("" if last == "postnorm" else "-rawlast")
+    cap = folder / f"{stem}.safetensors"
+    rec = folder / f"{stem}.record.pt"
     aux = record_positions(n)
     sweep = Sweep(cap, rec, n, h, tokens, aux)
     if cap.exists() and rec.exists() and sweep.record_safetensors.exists() and sweep.record_ckpt.exists():
         return sweep
     gen = torch.Generator().manual_seed(seed)
-    head, names = _header(n, tokens, h)
+    head, names = _header(n, tokens, h, last)
     ids = torch.randint(3, 32000, (tokens,), generator=gen)
     ids[0] = 1
     kept: dict[int, torch.Tensor] = {}
@@ -111,9 +118,10 @@ def write_sweep(folder: Path, shape: str, tokens: int, seed: int = 0) -> Sweep:
                 kept[p] = xb.clone()
         gain = 1.0 + 0.5 * torch.randn(h, generator=gen)
         final = (gain * x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()).to(torch.bfloat16)
-        fh.write(final.view(torch.uint8).numpy().tobytes())
+        if last == "postnorm":
+            fh.write(final.view(torch.uint8).numpy().tobytes())
         fh.write(ids.to(torch.int64).numpy().tobytes())
-    assert names[-1] == "final_norm"
+    assert names[-1] == ("final_norm" if last == "postnorm" else f"hidden.{n}")
     states = [kept[p] for p in aux] + [final]
     torch.save({"hidden_states": states, "input_ids": ids.clone()}, rec)
     save_file({**{f"hidden_states.{i}": s.contiguous() for i, s in enumerate(states)}, "input_ids": ids.clone()},
