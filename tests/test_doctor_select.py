@@ -76,3 +76,32 @@ def test_the_report_runs_the_doctor_with_the_same_skip_only_and_device(tmp_path:
     assert "unknown parameter" not in proc.stderr
     rows = {r["name"]: r for r in read_report(out)["summary"]["checks"]}
     assert rows["replay"]["status"] == "not-run" and "--skip replay" in rows["replay"]["reason"]
+
+
+def test_the_capture_greedy_tokens_are_computed_once_and_replay_answers_as_when_it_computes_them(monkeypatch) -> None:
+    """One pass over the target's lm_head for the capture's greedy tokens, whichever check makes it first
+    (drafter-baseline's replay, else the coverage check): replay reads them (no second pass) and answers as when
+    it computes them itself."""
+    from eagleforensics import replay as replay_mod
+    from eagleforensics.checks import nexttokens
+
+    import inspect
+
+    real, real_cov = replay_mod._greedy_tokens, nexttokens.greedy
+    calls: list[str] = []
+
+    def capture_pass(*a, **k):  # replay's pass over the lm_head for the capture (not a record's own rows)
+        if inspect.stack()[1].function == "target_next_tokens":
+            calls.append("replay")
+        return real(*a, **k)
+    monkeypatch.setattr(replay_mod, "_greedy_tokens", capture_pass)
+    monkeypatch.setattr(nexttokens, "greedy", lambda *a, **k: calls.append("coverage") or real_cov(*a, **k))
+    runs = {}
+    for skip, want in (((), ["replay", "coverage"]), (("drafter-baseline",), ["coverage"]),
+                       (("drafter-baseline", "vocab-coverage"), ["replay"])):
+        calls.clear()
+        runs[skip] = diagnose(DoctorInputs(**FULL, skip=skip)).replay
+        assert calls == want, (skip, calls)  # "replay": drafter-baseline's pass, or replay's own when it is alone
+    first = runs[()]
+    for rep in runs.values():
+        assert rep["wirings"] == first["wirings"] and rep["greedy_share"] == first["greedy_share"]

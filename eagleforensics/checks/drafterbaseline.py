@@ -17,7 +17,10 @@ from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 
-MAX_RECORDS = 4  # records replayed (each a step-1 forward over its whole sequence: cost like one replay wiring)
+MAX_RECORDS = 4  # records replayed (each a step-1 forward over its first MAX_ROWS rows)
+# rows of each record and of the capture replayed: a judgement needs hundreds of rows (MIN_ROWS, two SE), while a
+# Kimi-size drafter's step-1 forward and the target's lm_head cost ~7 GFLOP a row (at T=2048, 4 records: 70 TFLOP)
+MAX_ROWS = 512
 SOURCE = ("replay (the drafter teacher-forced on the same rows as the baselines: most frequent token, repeat the "
           "last token, bigram table fitted on the records' supervised rows, the drafter fed another row's states)")
 
@@ -45,19 +48,24 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
     from ..io.drafter import load_drafter, load_target
     from ..replay import capture_inputs, record_sequence
 
+    from ..io.drafter import check_finite
+
     i = art.inputs
-    drafter = load_drafter(i.drafter, target=i.target)
+    on_host = i.device == "cpu"  # as replay loads it: embeddings and lm_head left in their files, read as used
+    drafter = load_drafter(i.drafter, target=i.target, lazy=True, check_finite=on_host)
     spec = drafter.spec
     head = None if i.target is None else load_target(
         i.target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
-                                       "norm": (spec.target_hidden_size,)})
-    fwd = DraftForward.of(drafter)
+                                       "norm": (spec.target_hidden_size,)}, lazy=True)
+    fwd = DraftForward.of(drafter, i.device, consume=True)  # widened in place: no stored copy beside it
+    if not on_host:
+        check_finite(fwd.w, i.drafter)
     table = BigramTable()
     fitted: list[Any] = []
     records = art.records[:MAX_RECORDS] if art.available("train") else []
     for rec in records:
         try:  # a record replay cannot read as the trained wiring (a list layout of unnamed states) is left out
-            seq, aux_rows, y, _ = record_sequence(rec, spec, head, "cpu")
+            seq, aux_rows, y, _ = record_sequence(rec, spec, head, i.device, MAX_ROWS)
         except ForensicsError as exc:
             skipped.append(f"{rec.path}: {exc.detail}")
             continue
@@ -68,7 +76,7 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
     out = [judge("records", fitted, table)] if fitted else []
     if art.available("capture"):
         inp = capture_inputs(art.capture, spec, head, records[0] if records else None, [], None, None, None, None,
-                              "cpu", None, 0.0, i.allow_unsafe)
+                              i.device, MAX_ROWS, 0.0, i.allow_unsafe)
         jobs = [j for j in inp.jobs if "trained" in j[0].sources] or inp.jobs[:1]
         if jobs:
             w, reader, label = jobs[0]

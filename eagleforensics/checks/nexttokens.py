@@ -16,6 +16,7 @@ import numpy as np
 
 from ..arrays import f32
 from ..errors import ForensicsError
+from ..io.capture import greedy_key
 from ..io.modeldir import ModelDir
 from ..evidence.norms import looks_post_norm, row_summary, unit_rms
 from ..positions import Position
@@ -200,8 +201,13 @@ def _greedy_sources(art: Artifacts) -> dict[str, Any]:
                  out["capture"][0] if out.get("capture") is not None else None]
         sizes = [0 if p is None else p.shape[0] for p in parts]
         if head is not None and sum(sizes):
-            tokens = greedy(np.concatenate([f32(p) for p in parts if p is not None]), head, art.inputs.device)
+            x = np.concatenate([f32(p) for p in parts if p is not None])
+            tokens = greedy(x, head, art.inputs.device)
             out["greedy"] = (tokens[: sizes[0]], tokens[sizes[0]:])
+            shared = getattr(art.capture, "greedy", None) if parts[1] is not None else None
+            if shared is not None:  # replay needs the same tokens of the capture's rows: one pass serves both
+                ok = np.isfinite(x[sizes[0]:]).all(-1)
+                shared[greedy_key(head.model.path, head.name)] = np.where(ok, tokens[sizes[0]:], -1)
         return out
     return art.memo("next-token-greedy", make)
 

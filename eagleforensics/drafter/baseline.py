@@ -159,7 +159,7 @@ def step1_rows(fwd: Any, aux_rows: Any, ids: Any, y: Any, mask: Any, *, fitted: 
         with torch.no_grad():
             h0, valid = fwd.project_rows(reader, total)
             pre = fwd.prefix(h0, ids, valid=None if bool(valid.all()) else valid)
-        return replay_chain(fwd, pre, 1).drafts[0], valid
+        return replay_chain(fwd, pre, 1).drafts[0].cpu(), valid.cpu()  # counted on the host
 
     drafts, valid = run(aux_rows)
     shift = total // 2
@@ -176,7 +176,7 @@ def step1_rows(fwd: Any, aux_rows: Any, ids: Any, y: Any, mask: Any, *, fitted: 
         return torch.cat(parts)
 
     shuffled = run(rolled)[0] if shift > 0 else None
-    rows = counted_rows(total, 1, y, valid.cpu(), mask).acc[0]
+    rows = counted_rows(total, 1, y.cpu(), valid, mask).acc[0]
     prev, want = _shift(ids, 1), _ahead(y.cpu(), 1)
     return Rows(prev[rows].numpy(), want[rows].numpy(), drafts[rows].numpy(), fitted,
                 None if shuffled is None else shuffled[rows].numpy())

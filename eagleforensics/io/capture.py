@@ -76,6 +76,9 @@ class Capture(SweepHeader):
     # what the positions' labels rest on (LABEL_KINDS): a full sweep's structure, stored integers read as
     # positions, or list indices that cannot be positions (evidence.labels checks each against content)
     label_kind: str = "sweep"
+    # the target's greedy next token after each of rows [0, n) (-1 where the final state is NaN/Inf), per target
+    # lm_head (``greedy_key``): the first pass over the lm_head fills it (doctor's coverage), later ones read it
+    greedy: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def positions(self) -> list[Position]:
@@ -98,6 +101,11 @@ class Capture(SweepHeader):
     def streams(self) -> bool:
         """True when every position's rows can be read without loading the whole position."""
         return all(isinstance(s, PositionSource) and s.streams for s in self.readers.values())
+
+
+def greedy_key(target_dir: str | Path, head_name: str) -> str:
+    """Which target lm_head a ``Capture.greedy`` entry came from: the target folder (resolved) and the tensor."""
+    return f"{Path(target_dir).resolve()}::{head_name}"
 
 
 def _stored(t: Any) -> bool:
