@@ -429,6 +429,10 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
     art = Artifacts(inputs)
     if aligned is not None:
         art.memo("aligned", lambda: aligned)
+    if inputs.device != "cpu" and inputs.drafter is not None:  # the checks that use the GPU come after reads
+        from .drafter.replay import start_cuda
+
+        start_cuda(inputs.device)
     outcomes = [CheckOutcome(c.name, c.title, NOT_RUN, reason=selected(c.name, inputs)) if selected(c.name, inputs)
                 else run_check(c, art) for c in checks]
     summaries: dict[str, dict[str, Any] | None] = {}

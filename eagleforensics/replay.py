@@ -655,12 +655,13 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     with those ``io.served.SERVED_FEATURES`` dropped.
     """
     from .engines.crosscheck import check_request
-    from .drafter.replay import DraftForward, TargetSide, replay_wiring
+    from .drafter.replay import DraftForward, TargetSide, replay_wiring, start_cuda
     from .io.capture import load_capture
     from .io.drafter import check_finite, load_drafter, load_target, probe_target
 
     drop = tuple(dict.fromkeys(served_without))
     _check_options(steps, cost_ratio, device, temperature, top_p, topk, draft_tokens, drop)
+    start_cuda(device)  # overlaps the reads below
     given = [parse_wiring(w) for w in wirings]
     if engine is not None and draft_config is None:
         draft_config = Path(drafter_dir) / "config.json"  # the drafter's own config is what a server reads

@@ -67,3 +67,24 @@ def test_fingerprint_on_gpu_matches_cpu(tmp_path):
         sa, sb = _decode(ea["sketch"], "cpu").astype(np.float32), _decode(eb["sketch"], "gpu").astype(np.float32)
         assert np.allclose(sa, sb, atol=2e-3, equal_nan=True)
 
+
+
+def test_doctor_and_replay_on_cuda_give_the_cpu_answers():
+    """``doctor --device cuda`` and ``replay --device cuda`` on the samples (a real drafter, target and capture): the
+    same rows, findings and verdict as on the CPU; replay's accept lengths within 0.02 and acc@k within 0.01
+    (float order differs between devices); the target's lm_head reaches the GPU whole and checked."""
+    from eagleforensics.checks.base import DoctorInputs
+    from eagleforensics.doctor import diagnose
+    from eagleforensics.replay import run_replay
+
+    full = dict(drafter=str(SAMPLES / "drafter"), target=str(SAMPLES / "target"),
+                train=str(SAMPLES / "record_layer_outputs.pt"), capture=str(SAMPLES / "capture.pt"))
+    cpu, gpu = (diagnose(DoctorInputs(**full, device=d)) for d in ("cpu", "cuda"))
+    assert [(o.name, o.status, [f.code for f in o.findings]) for o in gpu.outcomes] == \
+        [(o.name, o.status, [f.code for f in o.findings]) for o in cpu.outcomes]
+    assert gpu.exit_code == cpu.exit_code
+    reps = [run_replay(full["drafter"], full["capture"], target=full["target"], train=full["train"], device=d)
+            for d in ("cpu", "cuda")]
+    for a, b in zip(reps[0].results, reps[1].results, strict=True):
+        assert a.label == b.label and abs(a.accept_length - b.accept_length) <= 0.02
+        assert max(abs(x - y) for x, y in zip(a.acc, b.acc)) <= 0.01

@@ -428,6 +428,22 @@ def _rows_of(aux: torch.Tensor | AuxRows) -> AuxRows:
     return aux
 
 
+def start_cuda(device: str) -> None:
+    """Start creating the CUDA context on a daemon thread (1-3 s on a GPU host) while the caller reads its inputs on
+    the CPU; the first CUDA call waits for it (torch's own lazy-init lock). Nothing for another device."""
+    if torch.device(device).type != "cuda" or torch.cuda.is_initialized():
+        return
+    import threading
+
+    def init() -> None:
+        try:
+            torch.cuda.init()
+            torch.empty(1, device=device)  # the context and the caching allocator of that device
+        except Exception:  # noqa: BLE001 - the first real CUDA call meets the error again and reports it
+            pass
+    threading.Thread(target=init, name="eagleforensics-cuda-init", daemon=True).start()
+
+
 _HEAD_ON_DEVICE: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> (host lm_head, its device copy)
 
 
@@ -441,12 +457,10 @@ def head_on(lm_head: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     held = _HEAD_ON_DEVICE.get(key)
     if held is None or held[0] is not lm_head:
         _HEAD_ON_DEVICE.pop(key, None)  # one head per device: the previous one is freed first
-        if isinstance(lm_head, DiskRows):  # block by block from the file, each checked on the device
-            moved = torch.empty(tuple(lm_head.shape), dtype=lm_head.dtype, device=dev)
-            for a, w in lm_head.blocks():
-                moved[a:a + w.shape[0]] = w.to(dev, non_blocking=False)
-                if not bool(torch.isfinite(moved[a:a + w.shape[0]]).all()):
-                    raise ForensicsError(f"target tensor {lm_head.name} holds NaN or Inf", path=lm_head.path)
+        if isinstance(lm_head, DiskRows):  # from the file, then checked on the device (one pass there)
+            moved = lm_head.to(dev)
+            if not bool(torch.isfinite(moved).all()):
+                raise ForensicsError(f"target tensor {lm_head.name} holds NaN or Inf", path=lm_head.path)
         else:
             moved = lm_head.to(dev)
         _HEAD_ON_DEVICE[key] = (lm_head, moved)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..arrays import to_torch
+from ..arrays import as_array, to_torch
 from ..errors import ForensicsError
 from .filerows import FileRows
 
@@ -94,9 +94,32 @@ class DiskRows:
         dev = torch.device(device) if device is not None else self.device
         if dev.type == "cpu" and (dtype is None or dtype == self.dtype):
             return self
+        if dev.type == "cuda" and (dtype is None or dtype == self.dtype):
+            return self._to_cuda(dev)
         out = torch.empty(tuple(self.shape), dtype=dtype or self.dtype, device=dev)
         for a, w in self.blocks():
             out[a:a + w.shape[0]] = w.to(dev)
+        return out
+
+    def _to_cuda(self, dev: torch.device, size: int = BLOCK_ROWS) -> torch.Tensor:
+        """The whole matrix on a CUDA device in its stored dtype: each block read from the file into one of two
+        pinned buffers while the other one's copy runs (a read of block k+1 overlaps the copy of block k; a copy
+        from pageable memory stages through the driver and waits for it). 2.35 GB: one read at the file's rate."""
+        out = torch.empty(tuple(self.shape), dtype=self.dtype, device=dev)
+        n = min(size, self.shape[0])
+        bufs = [torch.empty((n, self.shape[1]), dtype=self.dtype, pin_memory=True) for _ in range(2)]
+        done: list[Any] = [None, None]
+        stream = torch.cuda.current_stream(dev)
+        for k, a in enumerate(range(0, self.shape[0], size)):
+            i, b = k % 2, min(self.shape[0], a + size)
+            if done[i] is not None:
+                done[i].synchronize()  # that buffer's last copy has left it
+            buf = bufs[i][: b - a]
+            self._rows.read(a, b, out=as_array(buf))
+            out[a:b].copy_(buf, non_blocking=True)
+            done[i] = torch.cuda.Event()
+            done[i].record(stream)
+        stream.synchronize()
         return out
 
     def float(self) -> torch.Tensor:
