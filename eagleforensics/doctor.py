@@ -287,18 +287,7 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     missing = art.missing(("train", "capture"))
     if missing:
         return _not_run("wiring", WIRING_TITLE, missing), None, OK
-    from .alignment import align
-
-    i = art.inputs
-    engine = art.engine
-    draft = (i.draft_config or i.drafter) if engine is not None else None
-
-    def run_align() -> AlignmentResult:
-        return align(art.record_paths[0], art.capture, engine=engine, draft_config=draft,
-                     engine_version=art.engine_version if engine else None,
-                     model_type=art.model_type if engine else None,
-                     vllm_runner=art.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe)
-    result = art.memo("aligned", run_align)
+    result: AlignmentResult = art.aligned()
     verdict = result.judge()
     snippets = [f"{a.engine} {a.ids} in {a.key}" for a in verdict.actions if a.snippet]
     fix = ("; ".join(verdict.todo) if verdict.level == PROBLEM else

@@ -129,6 +129,18 @@ class Artifacts:
         """What ``memo(key, ...)`` computed earlier in this run, or None."""
         return self._memo.get(key)
 
+    def aligned(self) -> Any:
+        """align's result on the first training record against the capture (with the engine's cross-check when an
+        engine is known), computed once: the wiring row judges it, drafter-baseline and replay read its wiring."""
+        from ..alignment import align
+
+        i, engine = self.inputs, self.engine
+        draft = (i.draft_config or i.drafter) if engine is not None else None
+        return self.memo("aligned", lambda: align(
+            self.record_paths[0], self.capture, engine=engine, draft_config=draft,
+            engine_version=self.engine_version if engine else None, model_type=self.model_type if engine else None,
+            vllm_runner=self.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe))
+
     # ------------------------------------------------------------------ which inputs are there
     def available(self, name: str) -> bool:
         """True when input ``name`` was given or can be derived from what was given."""

@@ -75,7 +75,14 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
         fitted.append(rows)
     out = [judge("records", fitted, table)] if fitted else []
     if art.available("capture"):
-        inp = capture_inputs(art.capture, spec, head, records[0] if records else None, [], None, None, None, None,
+        # the trained wiring from the wiring row's alignment (computed once per run), as replay reads it
+        trained: Any = records[0] if records else None
+        if records and art.record_paths:
+            try:
+                trained = art.aligned()
+            except ForensicsError:  # the wiring row says why; the record is aligned here without the engine's check
+                pass
+        inp = capture_inputs(art.capture, spec, head, trained, [], None, None, None, None,
                               i.device, MAX_ROWS, 0.0, i.allow_unsafe)
         jobs = [j for j in inp.jobs if "trained" in j[0].sources] or inp.jobs[:1]
         if jobs:

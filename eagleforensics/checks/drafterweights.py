@@ -15,6 +15,7 @@ head of SpecForge (trained from scratch) is therefore not flagged, only one that
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -102,10 +103,13 @@ def head_is_target_copy(art: Artifacts, stored: str) -> bool:
 
 
 def random_parts(art: Artifacts) -> tuple[list[str], dict[str, Any]]:
-    """The parts (``fc``, ``lm_head``, ``midlayer``) whose matrices all sit at an init, and each matrix's figures."""
+    """The parts (``fc``, ``lm_head``, ``midlayer``) whose matrices all sit at an init, and each matrix's figures.
+    Computed once per doctor run (this row and drafter-baseline's reason both ask), the matrices on threads."""
+    return art.memo("drafter-random-parts", lambda: _random_parts(art))
+
+
+def _random_parts(art: Artifacts) -> tuple[list[str], dict[str, Any]]:
     names, cfg = art.drafter.tensors, art.drafter.config
-    data: dict[str, Any] = {}
-    flagged: list[str] = []
     parts: dict[str, list[str]] = {}
     for canon in ("fc.weight", "lm_head.weight"):
         stored = drafter_tensor(names, canon)
@@ -116,15 +120,22 @@ def random_parts(art: Artifacts) -> tuple[list[str], dict[str, Any]]:
         layer = [prefix + p for p in LAYER_MATRICES if prefix + p in names]
         if layer:
             parts[prefix.rstrip(".")] = layer
+    every = [name for stored in parts.values() for name in stored]
+    samples = {name: _sample(art, name) for name in every}  # the reads, in order
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(every), os.cpu_count() or 1))) as pool:  # numpy frees the GIL
+        figures = dict(zip(every, pool.map(lambda n: None if samples[n] is None else at_init(samples[n], cfg), every)))
+    data: dict[str, Any] = {}
+    flagged: list[str] = []
     for part, stored in parts.items():
         verdicts = []
         for name in stored:
-            rows = _sample(art, name)
-            if rows is None:
+            got = figures[name]
+            if got is None:
                 verdicts.append(False)
                 continue
-            fresh, init, figures = at_init(rows, cfg)
-            data[name] = figures
+            fresh, _init, data[name] = got
             verdicts.append(fresh)
         if verdicts and all(verdicts):
             flagged.append(part)

@@ -46,6 +46,9 @@ from .steps import Steps, lower_neighbours, steps_from
 from .sums import Sums
 
 CHUNK_BYTES = 4 << 20  # float32 block [L, K, H] of training rows reduced at once on the numpy path
+# numpy path: the aligned training rows are widened once for all positions up to this size (Kimi-K2, T=2048, four
+# slots: 235 MB), else again for each position (as the compiled path never needs: it widens in registers)
+Y_BUDGET = 256 << 20
 FIT_CANDIDATES = 4  # compiled path: fitted columns at the raw positions each post-norm slot resembles most
 PREVIEW_TOKENS = 64  # compiled path: aligned tokens scored first, to guess what the pass computes besides the sums
 PREVIEW_SPARE = 2  # positions guessed beyond FIT_CANDIDATES for each fitted slot
@@ -195,10 +198,18 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
     every = fit_candidates is None
     segs = _segments(t, cs, lw, lc)
 
+    # the aligned training rows, widened and checked once for every position (``prep_y``), when they fit the budget
+    whole = np.empty((lw, sums.k, h), np.float32) if 0 < lw * sums.k * h * 4 <= Y_BUDGET else None
+    for a, b, win in segs if whole is not None else ():
+        if win:
+            sums.prep_y(_fill_y(whole[a - cs:b - cs], slots, ts + a - cs), a - cs)
+
     def block(pos: Position, a: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         x = f32(src.rows(pos, a, a + n), copy=True)
         if not (cs <= a < cs + lw):
             return x, None
+        if whole is not None:
+            return x, whole[a - cs:a - cs + n]
         yb = getattr(local, "yb", None)
         if yb is None:
             yb = local.yb = np.empty((lc, sums.k, h), np.float32)
