@@ -513,7 +513,12 @@ class TestStrict:
         strict = subprocess.run(args + ["-p", "strict", "True"], capture_output=True, text=True, timeout=300)
         assert strict.returncode != 0 and "VerdictNotOK: PROBLEM: miswired" in strict.stderr
         for done in (loose, strict):
-            assert "KeyboardInterrupt" not in done.stderr and "[IPKernelApp] ERROR" not in done.stderr
+            # plain papermill keeps jupyter_client's SIGINT before the kernel's shutdown: landing while the kernel
+            # handles a message it logs this one line (seen under load). The report's own kernel manager sends
+            # none (test_kernel_shutdown_sends_no_interrupt); anything else is an interrupt inside a cell.
+            err = "\n".join(line for line in done.stderr.splitlines()
+                            if not line.rstrip().endswith("[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel."))
+            assert "KeyboardInterrupt" not in err and "[IPKernelApp] ERROR" not in err
 
     def test_strict_is_on_in_report_and_off_by_default(self, layout_run: ReportRun) -> None:
         nb = nbformat.read(str(ROOT / "notebooks" / "align.ipynb"), as_version=4)

@@ -133,7 +133,9 @@ def _agreement_rows(record: Any, audit: TargetAudit, real: int, runs: list[tpl.R
         return "no supervised tokens"
     data = as_array(final)
     live = data[:real]
-    ok = np.isfinite(f32(live)).all(-1) & (f32(live) != 0).any(-1)
+    wide = f32(live)  # widened once (a Kimi-size record's final is 58 MB as float32)
+    ok = np.isfinite(wide).all(-1) & (wide != 0).any(-1)
+    del wide
     post, why = audit.scorer.state_kind(live[ok])
     rows = f32(data[pos], copy=True)
     keep = np.isfinite(rows).all(-1)
