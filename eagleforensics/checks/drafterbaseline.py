@@ -17,10 +17,12 @@ from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register
 
-MAX_RECORDS = 4  # records replayed (each a step-1 forward over its first MAX_ROWS rows)
-# rows of each record and of the capture replayed: a judgement needs hundreds of rows (MIN_ROWS, two SE), while a
-# Kimi-size drafter's step-1 forward and the target's lm_head cost ~7 GFLOP a row (at T=2048, 4 records: 70 TFLOP)
-MAX_ROWS = 512
+MAX_RECORDS = 4  # records replayed (each a step-1 forward over its first RECORD_ROWS rows)
+# rows replayed: a judgement needs hundreds of rows (MIN_ROWS, two SE), while a Kimi-size drafter's step-1 forward
+# (twice: the drafter's own states and another row's) and the target's lm_head cost ~6 GFLOP a row: all rows of
+# 4 records and the capture at T=2048 were 60 TFLOP, 10 minutes of a 2-core machine
+RECORD_ROWS = 128  # of each record (512 over four)
+CAPTURE_ROWS = 512
 SOURCE = ("replay (the drafter teacher-forced on the same rows as the baselines: most frequent token, repeat the "
           "last token, bigram table fitted on the records' supervised rows, the drafter fed another row's states)")
 
@@ -65,7 +67,7 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
     records = art.records[:MAX_RECORDS] if art.available("train") else []
     for rec in records:
         try:  # a record replay cannot read as the trained wiring (a list layout of unnamed states) is left out
-            seq, aux_rows, y, _ = record_sequence(rec, spec, head, i.device, MAX_ROWS)
+            seq, aux_rows, y, _ = record_sequence(rec, spec, head, i.device, RECORD_ROWS)
         except ForensicsError as exc:
             skipped.append(f"{rec.path}: {exc.detail}")
             continue
@@ -83,7 +85,7 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
             except ForensicsError:  # the wiring row says why; the record is aligned here without the engine's check
                 pass
         inp = capture_inputs(art.capture, spec, head, trained, [], None, None, None, None,
-                              i.device, MAX_ROWS, 0.0, i.allow_unsafe)
+                              i.device, CAPTURE_ROWS, 0.0, i.allow_unsafe)
         jobs = [j for j in inp.jobs if "trained" in j[0].sources] or inp.jobs[:1]
         if jobs:
             w, reader, label = jobs[0]
