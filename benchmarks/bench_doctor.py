@@ -15,7 +15,8 @@ as the commands read it) and the float32 matmul rate (a [rows, 7168] x [7168, 81
 commands use). ``roofline = bytes needed / read rate + FLOPs needed / matmul rate`` where the bytes are the
 target's lm_head once, the drafter's weights but its embedding (rows are gathered), the capture and the
 records, and the FLOPs are the lm_head products (coverage's sampled rows, the audit's scored tokens, replay's
-greedy tokens) plus the drafter's forward (fc per wiring; decoder layer and draft lm_head per step and row).
+greedy tokens, drafter-baseline's record rows) plus the drafter's forward (fc per wiring; decoder layer and draft
+lm_head per step and row; drafter-baseline's step 1, twice, on its 128 rows a record and 512 of the capture).
 ``ratio = roofline / wall``: 1.0 would be a run that does nothing but the necessary reads and products.
 """
 from __future__ import annotations
@@ -181,9 +182,15 @@ def doctor_work(case: dict, tokens: int, records: int, doc: dict | None) -> dict
     drafter_bytes = 2 * (3 * H * H + layer + kimicase.DRAFT_VOCAB * H)
     cap_bytes = case["capture"].stat().st_size
     rec_bytes = sum(p.stat().st_size for p in case["train"].glob("*.ckpt"))
+    # drafter-baseline: the step-1 forward (fc, layer, head) twice (own states, another row's) on its rows, and the
+    # target's greedy tokens of the records' rows (the capture's are shared with coverage and replay)
+    base_rec = min(records, 4) * min(tokens, 128)
+    base_rows = base_rec + min(tokens, 512)
+    draft += 2 * base_rows * 2 * (3 * H * H + layer + kimicase.DRAFT_VOCAB * H)
     return {"bytes": 2 * H * V + drafter_bytes + cap_bytes + rec_bytes,
-            "lm_head_flops": head * (cov_rows + audit_rows), "greedy_flops": head * tokens, "draft_flops": draft,
-            "cov_rows": cov_rows, "audit_rows": audit_rows, "wirings": wirings, "steps": steps}
+            "lm_head_flops": head * (cov_rows + audit_rows + base_rec), "greedy_flops": head * tokens,
+            "draft_flops": draft, "cov_rows": cov_rows + base_rec, "audit_rows": audit_rows, "wirings": wirings,
+            "steps": steps}
 
 
 def replay_summary(doc: dict | None) -> dict[str, tuple[float, list[float]]]:

@@ -201,13 +201,19 @@ def _greedy_sources(art: Artifacts) -> dict[str, Any]:
                  out["capture"][0] if out.get("capture") is not None else None]
         sizes = [0 if p is None else p.shape[0] for p in parts]
         if head is not None and sum(sizes):
-            x = np.concatenate([f32(p) for p in parts if p is not None])
-            tokens = greedy(x, head, art.inputs.device)
-            out["greedy"] = (tokens[: sizes[0]], tokens[sizes[0]:])
+            # the capture's greedy tokens are shared with replay (``Capture.greedy``): whoever passes over the
+            # lm_head first (drafter-baseline's replay, this check, replay) keeps them for the others
             shared = getattr(art.capture, "greedy", None) if parts[1] is not None else None
-            if shared is not None:  # replay needs the same tokens of the capture's rows: one pass serves both
+            key = greedy_key(head.model.path, head.name)
+            held = shared.get(key) if shared is not None else None
+            held = held[: sizes[1]] if held is not None and held.shape[0] >= sizes[1] else None
+            use = [f32(p) for p in (parts if held is None else parts[:1]) if p is not None]
+            x = np.concatenate(use) if use else np.zeros((0, head.hidden), np.float32)
+            tokens = greedy(x, head, art.inputs.device) if x.shape[0] else np.zeros(0, np.int64)
+            out["greedy"] = (tokens[: sizes[0]], tokens[sizes[0]:] if held is None else held)
+            if shared is not None and held is None:
                 ok = np.isfinite(x[sizes[0]:]).all(-1)
-                shared[greedy_key(head.model.path, head.name)] = np.where(ok, tokens[sizes[0]:], -1)
+                shared[key] = np.where(ok, tokens[sizes[0]:], -1)
         return out
     return art.memo("next-token-greedy", make)
 
