@@ -315,7 +315,7 @@ def target_next_tokens(cap: Capture, rows: int, target: Any | None, device: str,
         name = getattr(target.lm_head, "name", None)  # a tensor kept in its file (replay's own: always)
         key = greedy_key(target.path, name) if name else None
         held = cap.greedy.get(key) if key else None
-        if held is not None and held.shape[0] >= rows:  # the doctor's coverage check computed them
+        if held is not None and held.shape[0] >= rows:  # an earlier pass of the doctor's (coverage, drafter-baseline)
             y = torch.from_numpy(np.ascontiguousarray(held[:rows], dtype=np.int64))
         else:
             y = _greedy_tokens(final, rows, target, device)
@@ -398,8 +398,8 @@ def _pair_record(cap: Capture, rows: int, rec: TrainingRecord) -> Sequence:
     return seq
 
 
-def record_sequence(rec: TrainingRecord, spec: Any, head: TargetHead | None, device: str,
-                    max_rows: int | None = None) -> tuple[Sequence, Callable[[int, int], torch.Tensor], torch.Tensor, str]:
+def record_sequence(rec: TrainingRecord, spec: Any, head: TargetHead | None, device: str, max_rows: int | None = None
+                    ) -> tuple[Sequence, Callable[[int, int], torch.Tensor], torch.Tensor, str]:
     """A training record given as the capture: its ids and mask, its own aux states, the target tokens from its final
     (its first ``max_rows`` rows only, when given)."""
     from .drafter.replay import rms_norm

@@ -47,10 +47,8 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
     import torch
 
     from ..drafter.replay import DraftForward
-    from ..io.drafter import load_drafter, load_target
+    from ..io.drafter import check_finite, load_drafter, load_target
     from ..replay import capture_inputs, record_sequence
-
-    from ..io.drafter import check_finite
 
     i = art.inputs
     on_host = i.device == "cpu"  # as replay loads it: embeddings and lm_head left in their files, read as used
