@@ -153,3 +153,16 @@ def test_the_numpy_path_gives_the_numbers_of_one_thread_on_any_number(tmp_path, 
         for name in ("score", "rel_diff", "max_abs", "norm_ratio", "per_token"):
             a, b = getattr(got[1], name), getattr(got[4], name)
             assert np.array_equal(a, b, equal_nan=True), (fc, name)
+
+
+def test_no_folder_for_the_mark_reads_as_not_compiled(marks, monkeypatch):
+    """No home directory (``Path.home()`` raises) is no error for align: the numpy path answers."""
+    monkeypatch.delenv(kernelcache.DIR_ENV)
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(kernelcache.os, "access", lambda path, mode: False)
+
+    def no_home() -> None:
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(kernelcache.Path, "home", staticmethod(no_home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert not kernelcache.ready() and not fused.wanted(10**9)

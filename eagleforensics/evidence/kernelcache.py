@@ -78,9 +78,13 @@ def stamp() -> Path:
 
 
 def ready() -> bool:
-    """Whether the kernels were compiled into the cache for this machine (seen once, remembered)."""
+    """Whether the kernels were compiled into the cache for this machine (seen once, remembered). No folder
+    for the mark (no home directory, say) reads as not compiled: the numpy path answers."""
     if not _state.get("ready"):
-        _state["ready"] = stamp().is_file()
+        try:
+            _state["ready"] = stamp().is_file()
+        except (OSError, RuntimeError):  # RuntimeError: Path.home() with no HOME and no passwd entry
+            return False
     return _state["ready"]
 
 
