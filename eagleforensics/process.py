@@ -38,3 +38,11 @@ def small_pages_for_arrays() -> None:
         switch = getattr(multiarray, "_set_madvise_hugepage", None)
         if switch is not None:
             switch(False)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, else the machine's count):
+    how many threads a numpy loop that releases the GIL can keep busy."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1

@@ -15,12 +15,12 @@ head of SpecForge (trained from scratch) is therefore not flagged, only one that
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 
 from ..io.drafter import LAYER_PARTS
+from ..process import usable_cores
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .drafterfacts import drafter_tensor
@@ -124,7 +124,7 @@ def _random_parts(art: Artifacts) -> tuple[list[str], dict[str, Any]]:
     samples = {name: _sample(art, name) for name in every}  # the reads, in order
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(every), os.cpu_count() or 1))) as pool:  # numpy frees the GIL
+    with ThreadPoolExecutor(max_workers=max(1, min(len(every), usable_cores()))) as pool:  # numpy frees the GIL
         figures = dict(zip(every, pool.map(lambda n: None if samples[n] is None else at_init(samples[n], cfg), every)))
     data: dict[str, Any] = {}
     flagged: list[str] = []

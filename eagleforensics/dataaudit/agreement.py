@@ -21,7 +21,6 @@ logits block. Sums (``Agreement``) merge across records and scan workers.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np
 from ..arrays import as_array, f32
 from ..errors import ForensicsError
 from ..io.modeldir import ModelDir
+from ..process import usable_cores
 from .scoresums import finish_scores
 from ..evidence.norms import looks_post_norm, token_norms
 
@@ -269,7 +269,7 @@ PARALLEL_MIN = 1 << 16  # logits in a block below which the temperatures run in 
 def _each(fn: Any, count: int, size: int) -> None:
     """``fn(g)`` for g < count, on threads when the block is large: numpy's exp and sums release the GIL, and each
     g writes only its own columns, so the sums are exactly those of the plain loop, in a fraction of the time."""
-    workers = min(count, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    workers = min(count, usable_cores())
     if size < PARALLEL_MIN or workers < 2:
         for g in range(count):
             fn(g)

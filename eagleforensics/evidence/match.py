@@ -31,7 +31,6 @@ How the capture is walked (the sums themselves live in ``sums``):
 from __future__ import annotations
 
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -41,6 +40,7 @@ import numpy as np
 from ..arrays import as_array, dtype_name, f32, is_float, numpy_dtype
 from ..errors import ForensicsError
 from ..positions import Position
+from ..process import usable_cores
 from . import fused
 from .steps import Steps, lower_neighbours, steps_from
 from .sums import Sums
@@ -251,7 +251,7 @@ def each(work: Callable[[int], None], items: Iterable[int], done: Callable[[int]
     the items' order, as each finishes. The first error is raised once the running items end; the rest
     are dropped."""
     items = list(items)
-    workers = min(len(items), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    workers = min(len(items), usable_cores())
     if workers <= 1:
         for i in items:
             work(i)

@@ -77,7 +77,8 @@ class Capture(SweepHeader):
     # positions, or list indices that cannot be positions (evidence.labels checks each against content)
     label_kind: str = "sweep"
     # the target's greedy next token after each of rows [0, n) (-1 where the final state is NaN/Inf), per target
-    # lm_head (``greedy_key``): the first pass over the lm_head fills it (doctor's coverage), later ones read it
+    # lm_head (``greedy_key``): the doctor's first pass over the lm_head fills it (drafter-baseline's replay, the
+    # coverage check or replay, whichever runs first), the later ones read it
     greedy: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
