@@ -107,6 +107,7 @@ def test_the_detached_compile_fills_the_cache_with_every_kernel_and_then_marks_i
 
 
 def test_each_runs_on_threads_reports_in_order_and_raises_the_first_error(monkeypatch):
+    """On threads when asked (in order here when not), reported in order, the first error raised."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
     names: set[str] = set()
     seen: list[int] = []
@@ -128,11 +129,18 @@ def test_each_runs_on_threads_reports_in_order_and_raises_the_first_error(monkey
     with pytest.raises(ValueError, match="position 1"):
         match.each(fails, range(8))
 
+    names.clear()
+    order: list[int] = []
+    match.each(lambda i: order.append(i) or names.add(threading.current_thread().name), range(5), threads=False)
+    assert order == [0, 1, 2, 3, 4] and names == {threading.current_thread().name}
+
 
 def test_the_numpy_path_gives_the_numbers_of_one_thread_on_any_number(tmp_path, monkeypatch):
     """A real sweep (bf16) and record slots, every fitted column and the candidate ones: scores on one
     thread and on four are equal bit for bit, and four threads did run."""
     monkeypatch.setattr(fused, "AVAILABLE", False)
+    small = match.THREAD_BYTES
+    monkeypatch.setattr(match, "THREAD_BYTES", 0)  # a test capture is far below the size that gets threads
     run = forward("qwen3")
     path = tmp_path / "cap.safetensors"
     write_capture(path, run.sweep, _model("qwen3", 0), dtype="bfloat16")
@@ -153,6 +161,10 @@ def test_the_numpy_path_gives_the_numbers_of_one_thread_on_any_number(tmp_path, 
         for name in ("score", "rel_diff", "max_abs", "norm_ratio", "per_token"):
             a, b = getattr(got[1], name), getattr(got[4], name)
             assert np.array_equal(a, b, equal_nan=True), (fc, name)
+    monkeypatch.setattr(match, "THREAD_BYTES", small)  # as shipped: a capture this small stays in one thread
+    threads.clear()
+    match.score_slots(slots, [False, False, False, True], cap.positions, cap, 3, 5, 20)
+    assert threads == {threading.current_thread().name}
 
 
 def test_no_folder_for_the_mark_reads_as_not_compiled(marks, monkeypatch):

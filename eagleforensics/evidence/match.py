@@ -49,6 +49,9 @@ CHUNK_BYTES = 4 << 20  # float32 block [L, K, H] of training rows reduced at onc
 # numpy path: the aligned training rows are widened once for all positions up to this size (Kimi-K2, T=2048, four
 # slots: 235 MB), else again for each position (as the compiled path never needs: it widens in registers)
 Y_BUDGET = 256 << 20
+# numpy path: positions run on threads from this many float32 bytes of capture on (a thread pool costs ~8 ms an
+# align, half of what scoring the samples takes)
+THREAD_BYTES = 16 << 20
 FIT_CANDIDATES = 4  # compiled path: fitted columns at the raw positions each post-norm slot resembles most
 PREVIEW_TOKENS = 64  # compiled path: aligned tokens scored first, to guess what the pass computes besides the sums
 PREVIEW_SPARE = 2  # positions guessed beyond FIT_CANDIDATES for each fitted slot
@@ -189,8 +192,9 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
                     progress: Callable[[Position], None] | None, fit_candidates: int | None) -> None:
     """numpy: one position at a time, read and reduced in token chunks; then the fitted columns, at
     the candidate positions as the compiled path chooses them (every one with ``fit_candidates=None``,
-    fitted while the position is read). Positions run on threads (``each``): the reads and numpy's
-    loops release the GIL, and each position's sums are its own, so the numbers are those of one thread."""
+    fitted while the position is read). Positions of a large capture (``THREAD_BYTES``) run on threads
+    (``each``): the reads and numpy's loops release the GIL, and each position's sums are its own, so the
+    numbers are those of one thread."""
     h, cs, lw, t = sums.h, sums.cs, sums.lw, src.t
     lc = max(1, CHUNK_BYTES // max(1, h * 4 * max(1, sums.k)))
     local = threading.local()  # each thread's buffer of training rows
@@ -240,18 +244,20 @@ def _position_major(src: _Source, positions: list[Position], sums: Sums, slots: 
                 sums.accumulate(sums.unit(x, g, a), g, y[:, sums.fit_idx])
         score_fitted(g)
 
-    each(direct, range(len(positions)), None if progress is None else lambda g: progress(positions[g]))
+    threads = len(positions) * t * h * 4 >= THREAD_BYTES
+    each(direct, range(len(positions)), None if progress is None else lambda g: progress(positions[g]), threads)
     if every or not sums.virt or not lw:
         return
-    each(fitted, _candidates(sums, fit_candidates))
+    each(fitted, _candidates(sums, fit_candidates), threads=threads)
 
 
-def each(work: Callable[[int], None], items: Iterable[int], done: Callable[[int], None] | None = None) -> None:
-    """``work(i)`` for every item, on up to one thread per usable core; ``done(i)`` in the caller's thread, in
-    the items' order, as each finishes. The first error is raised once the running items end; the rest
-    are dropped."""
+def each(work: Callable[[int], None], items: Iterable[int], done: Callable[[int], None] | None = None,
+         threads: bool = True) -> None:
+    """``work(i)`` for every item, on up to one thread per usable core (``threads``; else in order here);
+    ``done(i)`` in the caller's thread, in the items' order, as each finishes. The first error is raised once
+    the running items end; the rest are dropped."""
     items = list(items)
-    workers = min(len(items), usable_cores())
+    workers = min(len(items), usable_cores()) if threads else 1
     if workers <= 1:
         for i in items:
             work(i)
