@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .engines import probecounts as pc
 from .engines import probeformats as pf
-from .engines.probeapi import DECLARED, ENGINES, Reply, ServerInfo, counters, detect, generate, info, v0_k
+from .engines.probeapi import DECLARED, ENGINES, FAMILIES, Reply, ServerInfo, counters, detect, generate, info, v0_k
 from .errors import ForensicsError, printable
 from .serving.acceptcurve import accepted_variance
 from .evidence.probestats import MIN_ROUNDS, NOTHING, chain_reach, degenerate, first_difference, per_position, ratio
@@ -56,9 +57,21 @@ FINDING_CODES = {
     "no-speculation": "the server runs without speculative decoding: health and tok/s only",
     "release-unknown": "the server's release is not one the formats were read from (fields read by name)",
     "compared-by-text": "the release returns no token ids: outputs compared character by character",
+    "metrics-disabled": "vLLM's /metrics carries no vllm: family (--disable-log-stats): acceptance cannot be read",
+    "one-backend-metrics": "some requests moved vLLM's counters and others did not: /metrics is one back-end's of a "
+                           "pool behind a router, so the figure is that back-end's, not the deployment's",
+    "backends-differ": "the server's own account differs between reads (port, start time, launch): requests are "
+                       "answered by several back-ends behind a router or balancer",
+    "requests-disagree": "the requests' accept lengths disagree beyond their standard errors: the split is said",
+    "adaptive-steps": "the server adapts its step count at run time: the steps actually run are read and used",
+    "control-loss": "positive control: the server accepts less than replay predicts on the same records: the loss "
+                    "is on the serving side",
+    "control-holds": "positive control: the server accepts what replay predicts on the same records",
 }
 TODO_CODES = ("degenerate-output", "greedy-differs", "accepts-nothing", "too-few-rounds", "counters-moved",
-              "counters-short", "serving-gap")
+              "counters-short", "serving-gap", "metrics-disabled", "one-backend-metrics", "backends-differ",
+              "requests-disagree", "control-loss")
+CONTROL_FLOOR = 0.1  # the control's bar floor: same records, so only bf16 near-ties and teacher forcing remain
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,7 @@ class ProbeInputs:
     api_key: str | None = None
     show_url: bool = False
     settle: float = 15.0
+    control: bool = False  # positive control: replay's trained-wiring figure on the same records
 
 
 @dataclass(frozen=True)
@@ -137,12 +151,19 @@ class ProbeReport:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     degenerate: list[str | None] = field(default_factory=list)  # per request: why its output is not text
+    deployment: dict[str, Any] = field(default_factory=dict)  # heterogeneity, back-ends, steps as served
+    control: GapTest | None = None
+    control_note: str | None = None
 
     def request_acceptance(self, i: int) -> tuple[float | None, float | None]:
-        """(verify rounds, accept length) of request ``i``: SGLang's fields, or its own vLLM counter window."""
+        """(verify rounds, accept length) of request ``i``: SGLang's fields, vLLM's per-request spec metrics, or
+        its own vLLM counter window."""
         r = self.replies[i]
         if r.verify:
             return float(r.verify), r.completion_tokens / r.verify
+        spec = r.extra.get("spec")
+        if spec is not None and spec.steps:
+            return float(spec.steps), spec.accept_length
         if len(self.windows) == len(self.replies) and self.windows[i].status == "ok" and self.windows[i].drafts > 0:
             w = self.windows[i]
             return w.drafts, (w.drafts + w.accepted) / w.drafts
@@ -169,12 +190,20 @@ class ProbeReport:
         s = self.server
         parts = [f"{'healthy' if self.healthy else 'UNHEALTHY'}: {s.engine} {s.version or '(release not said)'} "
                  f"serving {s.model}"]
-        if not s.speculative:
+        codes = {f.code for f in self.findings}
+        if "metrics-disabled" in codes:
+            parts.append("metrics disabled: acceptance cannot be read (vLLM runs with --disable-log-stats)")
+        elif not s.speculative:
             parts.append("no speculative decoding")
         elif self.called:
             parts.append(f"accept length {self.accept_length:.2f}" + (
                 f" +- {self.accept_length_se:.2f}" if math.isfinite(self.accept_length_se) else " (SE n/a)") +
-                f" over {self.rounds:.0f} rounds")
+                f" over {self.rounds:.0f} rounds" +
+                (" (ONE BACK-END's of a pool, not the deployment's)" if "one-backend-metrics" in codes else ""))
+            if "requests-disagree" in codes and self.deployment.get("heterogeneity"):
+                low, high = self.deployment["heterogeneity"]["split"]
+                parts.append(f"requests disagree: {len(low['units'])} at {low['accept_length']:.2f}, "
+                             f"{len(high['units'])} at {high['accept_length']:.2f}")
         elif self.windows and not any(w.status == "ok" for w in self.windows):
             why = "moved by other traffic" if any(w.status == "moved" for w in self.windows) else "not published"
             parts.append(f"accept length not called: vLLM's counters were {why} in every window")
@@ -182,9 +211,17 @@ class ProbeReport:
             parts.append(f"accept length not called: {self.rounds:.0f} rounds, {MIN_ROUNDS} needed")
         if math.isfinite(self.tok_s):
             parts.append(f"{self.tok_s:.1f} tok/s per request")
+        if "backends-differ" in codes or "one-backend-metrics" in codes:
+            parts.append("behind a router: several back-ends answer")
         if self.gap is not None:
             parts.append(f"serving gap: {'yes' if self.gap.found else 'no'} (measured {self.gap.measured:.2f}, "
                          f"replay {self.gap.expected:.2f})")
+        if self.control is not None:
+            c = self.control
+            parts.append(f"control: the server loses {c.gap:.2f} +- {c.combined_se:.2f} of replay's {c.expected:.2f} "
+                         "on the same records (serving side)" if c.found else
+                         f"control: the server accepts what the drafter can ({c.measured:.2f} vs replay "
+                         f"{c.expected:.2f})")
         return "; ".join(parts)
 
     # -- forms ------------------------------------------------------------------------------------
@@ -230,6 +267,9 @@ class ProbeReport:
                 "differing_outputs": sum(1 for _, d in self.differs if d is not None)},
             "serving_gap": None if self.gap is None else {**self.gap.to_dict(), "note": self.gap_note},
             "serving_gap_note": self.gap_note if self.gap is None else None,
+            "deployment": self.deployment,
+            "control": None if self.control is None and self.control_note is None else {
+                **(self.control.to_dict() if self.control is not None else {}), "note": self.control_note},
             "findings": [f.to_dict() for f in self.findings], "notes": self.notes,
             "settings": {"max_tokens": self.inputs.max_tokens, "temperature": self.inputs.temperature,
                          "concurrency": self.inputs.concurrency, "timeout_s": self.inputs.timeout},
@@ -373,7 +413,7 @@ def _run(client: Client, server: ServerInfo, prompts: list[Prompt], inputs: Prob
 
 
 def _window(before: dict[str, float], after: dict[str, float], fmt: pf.CounterFormat, k: int | None,
-            requests: int, tokens: int) -> Window:
+            requests: int, tokens: int, slack: float | None = None) -> Window:
     def d(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
@@ -394,8 +434,11 @@ def _window(before: dict[str, float], after: dict[str, float], fmt: pf.CounterFo
     if min(drafts, accepted, emitted) < 0:
         raise ForensicsError("vLLM's spec-decode counters went down during the probe (the server restarted?)")
     # Each request's first token comes from prefill, every later one from a round: own rounds + accepted
-    # <= own tokens - requests. One token of slack per request for a round cut at max_tokens.
-    if emitted > tokens + requests + 2:
+    # <= own tokens - requests, plus the drafts the engine counts past the cut at the stop (``slack``:
+    # engines/probecounts.overshoot, per release and finish). Without it (0.7.3's V0, not read for that)
+    # one token of slack per request.
+    limit = tokens - requests + slack + 2 if slack is not None else tokens + requests + 2
+    if emitted > limit:
         status = "moved"
     elif emitted < 0.5 * max(0, tokens - requests):
         status = "short"
@@ -509,16 +552,192 @@ def _floor_se(se: float, length: float, pos: tuple[float, ...] | None, rounds: f
     return max(parts) if parts else math.nan
 
 
-def _replay_figure(replay: str, server: ServerInfo, temperature: float = 0.0) -> tuple[float, float, str] | str:
+def _spec_acceptance(server: ServerInfo, specs: list[pc.RequestSpec]
+                     ) -> tuple[float, float, float, int, tuple[float, ...] | None]:
+    """(accept length, SE, rounds, units, per-position acceptance) from vLLM's per-request spec metrics."""
+    rounds = float(sum(x.steps for x in specs))
+    length, se = ratio([x.steps + x.accepted for x in specs], [x.steps for x in specs])
+    pos = per_position([x.histogram for x in specs])
+    return length, _floor_se(se, length, pos, rounds, server.num_steps), rounds, len(specs), pos
+
+
+def _units(server: ServerInfo, replies: list[Reply], windows: list[Window], specs: list[pc.RequestSpec],
+           per_request: bool) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Per request: (index, counted tokens, rounds, own sampling SE of its accept length), where the engine
+    gives a figure per request (SGLang's fields, vLLM's per-request metrics or its per-request windows)."""
+    from .evidence.probepool import histogram_variance
+
+    idx: list[int] = []
+    ys: list[float] = []
+    xs: list[float] = []
+    ses: list[float] = []
+
+    def add(i: int, y: float, x: float, var: float) -> None:
+        if x <= 0 or not math.isfinite(y):
+            return
+        if not math.isfinite(var):
+            reach = chain_reach(y / x, server.num_steps) if server.num_steps else None
+            var = accepted_variance(reach) if reach else math.nan
+        if not math.isfinite(var):
+            return
+        idx.append(i)
+        ys.append(y)
+        xs.append(x)
+        ses.append(math.sqrt((var + 1.0 / x) / x))  # 1/x: a request whose rounds all agree still has some SE
+
+    if specs:
+        for i, x in enumerate(specs):
+            add(i, x.steps + x.accepted, x.steps, histogram_variance(x.histogram))
+    elif server.engine == "sglang":
+        for i, r in enumerate(replies):
+            if r.verify:
+                add(i, r.completion_tokens, r.verify, histogram_variance(r.histogram) if r.histogram else math.nan)
+    elif per_request and len(windows) == len(replies):
+        for i, w in enumerate(windows):
+            if w.status == "ok" and w.drafts > 0:
+                var = accepted_variance(tuple(v / w.drafts for v in w.per_pos)) if w.per_pos else math.nan
+                add(i, w.drafts + w.accepted, w.drafts, var)
+    return idx, ys, xs, ses
+
+
+def _deployment(client: Client, server: ServerInfo, replies: list[Reply], windows: list[Window],
+                specs: list[pc.RequestSpec], pos: tuple[float, ...] | None, length: float, se: float,
+                per_request: bool, findings: list[Finding], notes: list[str], out: dict[str, Any]) -> ServerInfo:
+    """A deployment as it is: one back-end or a pool behind a router, and the steps it actually runs.
+
+    Returns the server as served (its running step count where it adapts) for the gap tests; fills
+    ``out`` (the JSON's ``deployment``) and adds the findings.
+    """
+    from .evidence.probepool import heterogeneity
+
+    # vLLM, one window per request: a request that left the counters where they were went to another back-end
+    if per_request and not specs and len(windows) == len(replies) and len(windows) >= 2:
+        idle = [i for i, w in enumerate(windows) if w.emitted == 0 and w.drafts == 0 and replies[i].completion_tokens > 1]
+        moving = [i for i, w in enumerate(windows) if w.status == "ok" and w.drafts > 0]
+        if idle and moving:
+            out["metrics_backend_requests"] = moving
+            findings[:] = [f for f in findings if f.code != "counters-short"]
+            findings.append(Finding(
+                "one-backend-metrics", "warning",
+                f"{len(idle)} of {len(windows)} requests left vLLM's spec-decode counters where they were while the "
+                f"other {len(moving)} moved them by their own tokens: /metrics is one back-end's of a pool (a router "
+                f"or balancer sends requests to others), so the accept length {length:.2f} is that back-end's, not "
+                "the deployment's",
+                fix="probe each back-end at its own address, or start vLLM 0.29+ with "
+                    f"{pc.ENABLE_PER_REQUEST} (each reply then carries its own figure)"))
+    # SGLang: the server's own account, read again: another back-end answers with another port or start time
+    if server.engine == "sglang" and server.identity:
+        seen = [server.identity]
+        for _ in range(4):  # a round-robin router answers successive reads from successive back-ends
+            try:
+                args = next((got for got in (client.get_json(p, missing_ok=True) for p in pf.SGLANG_SERVER_INFO)
+                             if got is not None), None)
+            except ForensicsError:
+                break
+            again = pc.identity(args) if isinstance(args, dict) else ()
+            if again and again not in seen:
+                seen.append(again)
+        if len(seen) > 1:
+            fields = sorted({k for ident in seen for k, v in ident if dict(seen[0]).get(k) != v})
+            out["backends"] = [dict(ident) for ident in seen]
+            findings.append(Finding(
+                "backends-differ", "warning",
+                f"the server's own account (/server_info) differs between reads ({', '.join(fields)}): at least "
+                f"{len(seen)} back-ends answer behind this address (a router or balancer), so the figure "
+                f"{length:.2f} is the pool's, over whichever back-ends the requests reached",
+                fix="probe each back-end at its own address to tell which one accepts less"))
+    # do the requests agree? (a pool of back-ends that accept differently, or prompts of very different kinds)
+    idx, ys, xs, ses = _units(server, replies, windows, specs, per_request)
+    het = heterogeneity(ys, xs, ses)
+    if het is not None:
+        out["heterogeneity"] = {**het.to_dict(), "split": [
+            {**g, "units": [idx[j] for j in g["units"]]} for g in het.to_dict()["split"]]}  # type: ignore[union-attr]
+        if het.disagree:
+            lo, hi = het.low, het.high
+            clear = het.split_gap > max(FLOOR, 3 * het.split_se) if math.isfinite(het.split_se) else False
+            findings.append(Finding(
+                "requests-disagree", "warning" if clear else "info",
+                f"the {len(idx)} requests disagree beyond their standard errors (Cochran's Q {het.q:.0f} on {het.df} "
+                f"degrees of freedom, p {het.p:.1g}): {len(lo.members)} at {lo.accept_length:.2f} +- {lo.se:.2f}, "
+                f"{len(hi.members)} at {hi.accept_length:.2f} +- {hi.se:.2f}" +
+                (f"; the figure {length:.2f} is a mix of the two: a pool of back-ends that accept differently "
+                 "behind one address (a router or balancer), or prompts of very different kinds" if clear else
+                 "; the split is within the bar (prompts differ)"),
+                fix="probe each back-end at its own address; if one address serves them all, compare the prompts "
+                    "of the two groups"))
+    # steps as served: SGLang's adaptive steps move at run time; the gauge, else the per-position curve
+    if server.adaptive:
+        running, how = None, ""
+        try:
+            value = pc.gauge(client.get_text("/metrics"), pc.SGLANG_STEPS_GAUGE)
+        except ForensicsError:
+            value = None
+        if value is not None and value >= 1:
+            running, how = int(round(value)), f"the gauge {pc.SGLANG_STEPS_GAUGE} on /metrics"
+        elif pc.served_steps(pos) is not None:
+            running = pc.served_steps(pos)
+            how = (f"the per-position acceptance ({', '.join(f'{v:.3f}' for v in (pos or ())[:running + 1])}) falls "
+                   f"off after position {running}")
+        out["steps"] = {"launched": server.num_steps, "running": running, "adaptive": True, "how": how or None}
+        if running is not None and running != server.num_steps:
+            findings.append(Finding(
+                "adaptive-steps", "info",
+                f"the server adapts its step count (speculative_adaptive): launched at {server.num_steps} steps, "
+                f"running at {running} by {how}; replay is compared at {running} steps"))
+            return replace(server, num_steps=running, num_draft_tokens=running + 1 if (server.topk or 1) == 1
+                           else server.num_draft_tokens)
+        notes.append("the server adapts its step count (speculative_adaptive)" +
+                     (f"; running at {running} by {how}" if running else
+                      "; the steps it runs could not be read (start SGLang with --enable-metrics for the gauge "
+                      f"{pc.SGLANG_STEPS_GAUGE})"))
+    return server
+
+
+def _control(inputs: ProbeInputs, server: ServerInfo, length: float, se: float, called: bool,
+             findings: list[Finding]) -> tuple[GapTest | None, str]:
+    """The positive control: replay's trained-wiring figure on the same records against what the server accepts."""
+    got = _replay_figure(inputs.replay or "", server, inputs.temperature, trained=True)
+    if isinstance(got, str):
+        return None, got
+    if not called:
+        return None, "not tested: the accept length is not called (too few rounds)"
+    test = GapTest(length, se, got[0], got[1], floor=CONTROL_FLOOR)
+    lost = test.gap / (test.expected - 1.0) if test.expected > 1.0 else math.nan
+    if test.found:
+        findings.append(Finding(
+            "control-loss", "warning",
+            f"positive control: on the records replay scored, the drafter can reach {test.expected:.2f} tokens per "
+            f"verify and the server accepts {test.measured:.2f}: the server loses {test.gap:.2f} +- "
+            f"{test.combined_se:.2f}" + (f" ({lost:.0%} of the accepted drafts)" if math.isfinite(lost) else "") +
+            f", past the bar of {test.bar:.2f}: the cause is on the serving side (wiring, flags, quantization, cache)",
+            fix="eagleforensics doctor on the drafter and the served launch (the layers the engine feeds, the "
+                "draft path, quantization, CUDA graphs, the cache)"))
+    else:
+        findings.append(Finding(
+            "control-holds", "info",
+            f"positive control: the server accepts what the drafter can on the records replay scored "
+            f"({test.measured:.2f} against replay's {test.expected:.2f}, gap {test.gap:+.2f}, bar {test.bar:.2f})"))
+    return test, got[2]
+
+
+def _replay_figure(replay: str, server: ServerInfo, temperature: float = 0.0, *, trained: bool = False
+                   ) -> tuple[float, float, str] | str:
     """(expected accept length, SE, how) from replay for the served launch and temperature, or why there is none.
 
     Replay's reach is greedy unless it was run at a temperature (``sampled_reach``); a probe at a
     temperature replay did not use has no expectation (acceptance falls as the temperature rises).
+    ``trained``: replay's row for the trained wiring (what the drafter can), not the one the engine feeds.
     """
     from .io.replayfile import read_replay
 
     rf = read_replay(replay)
-    w, how = rf.fed_by(server.engine)
+    if trained:
+        w = rf.trained
+        how = "the trained wiring: what the drafter can on these records"
+        if w is None:
+            return "replay names no trained wiring (run replay with the training record, --train)"
+    else:
+        w, how = rf.fed_by(server.engine)
     if w is None:
         return f"replay measured no wiring ({how})"
     steps, topk = server.num_steps, server.topk or 1
@@ -559,6 +778,9 @@ def _check(inputs: ProbeInputs) -> None:
         raise ForensicsError("--max-tokens must be between 1 and 65536")
     if not (math.isfinite(inputs.temperature) and 0.0 <= inputs.temperature <= 10.0):
         raise ForensicsError("--temperature must be between 0 and 10")
+    if inputs.control and (inputs.replay is None or not inputs.train):
+        raise ForensicsError("--control needs --train RECORDS and --replay REPLAY.json (replay --json on the same "
+                             "records): replay's figure for the trained wiring on them is the control's expectation")
     if inputs.baseline is not None and inputs.temperature != 0.0:
         raise ForensicsError("--baseline compares greedy outputs token by token: --temperature must be 0")
     if inputs.requests is not None and not 1 <= inputs.requests <= MAX_REQUESTS:
@@ -600,6 +822,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     replies, snaps = _run(client, server, prompts, inputs, temperature=inputs.temperature,
                           per_request_windows=per_request)
     windows: list[Window] = []
+    metrics_off = False
     if engine == "vllm" and not server.speculative and snaps:
         before, after = snaps[-1]
         if pf.counter_format(set(after)) is None and DECLARED + pf.V0_EMITTED.removesuffix("_total") in after:
@@ -612,14 +835,18 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
             notes.append(f"vLLM 0.7.3 declares its spec-decode counters whether or not it speculates; none were "
                          f"written within --settle {inputs.settle:g} s after the probe, so it is taken to run "
                          "without speculation")
+        elif FAMILIES not in after:
+            metrics_off = True
     early_moved: set[int] = set()
     if engine == "vllm" and server.counters is pf.V1_EARLY:
         server, early_moved = _early_k(server, snaps, replies, per_request, notes)
     if engine == "vllm" and server.speculative and server.counters is not None:
         fmt = server.counters
         k = server.num_steps
+        slack = None if fmt is pf.V0 else [pc.overshoot(server.version, k, r.finish) for r in replies]
         if per_request:
-            windows = [_window(b, a, fmt, k, 1, r.completion_tokens) for (b, a), r in zip(snaps, replies)]
+            windows = [_window(b, a, fmt, k, 1, r.completion_tokens, None if slack is None else slack[i])
+                       for i, ((b, a), r) in enumerate(zip(snaps, replies))]
             windows = [replace(w, status="moved") if i in early_moved else w for i, w in enumerate(windows)]
         else:
             before, after = snaps[0]
@@ -631,7 +858,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                     server = replace(server, num_steps=k, topk=1, num_draft_tokens=k + 1)
                 notes.append("vLLM 0.7.3 counts no drafts per request: one window, its SE from a chain with one "
                              "acceptance probability per step fitted to the accept length")
-            windows = [_window(before, after, fmt, k, len(replies), tokens)]
+            windows = [_window(before, after, fmt, k, len(replies), tokens, None if slack is None else sum(slack))]
             if inputs.concurrency > 1:
                 notes.append(f"{inputs.concurrency} requests at a time: vLLM's counters give one window for the "
                              "whole probe (run --concurrency 1 for one window per request and an SE across them)")
@@ -656,7 +883,35 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                                                     server.counters is pf.V0 else ""),
                 fix="raise --settle (vLLM 0.7.3 updates its counters when it logs, every few seconds)"))
 
-    length, se, rounds, units, pos = _acceptance(server, replies, windows)
+    specs = [r.extra.get("spec") for r in replies] if engine == "vllm" else []
+    use_specs = bool(specs) and all(x is not None for x in specs)
+    if use_specs:
+        k = max(x.k for x in specs)
+        server = replace(server, speculative=True, num_steps=server.num_steps or k, topk=server.topk or 1,
+                         num_draft_tokens=server.num_draft_tokens or k + 1)
+        notes.append("vLLM's per-request spec-decode metrics (metrics.speculative_decoding) give each request's "
+                     "rounds and accepted drafts: the figure and its SE are across requests")
+        # the counters no longer carry the figure
+        findings[:] = [replace(f, severity="info") if f.code in ("counters-moved", "counters-short") else f
+                       for f in findings]
+    if metrics_off:
+        findings.append(Finding(
+            "metrics-disabled", "info" if use_specs else "warning",
+            "metrics disabled: vLLM's /metrics carries no vllm: family at all (the server runs with "
+            "--disable-log-stats, so no stat logger was built): acceptance cannot be read from the counters, which "
+            "is not the same as no speculative decoding" +
+            ("; the per-request spec-decode metrics carry the figure" if use_specs else ""),
+            fix=f"restart without --disable-log-stats, or (vLLM 0.29+) with {pc.ENABLE_PER_REQUEST}, and probe "
+                "again"))
+    if use_specs:
+        length, se, rounds, units, pos = _spec_acceptance(server, specs)
+    else:
+        length, se, rounds, units, pos = _acceptance(server, replies, windows)
+    served = server
+    deployment: dict[str, Any] = {}
+    if server.speculative:
+        served = _deployment(client, server, replies, windows, specs if use_specs else [], pos, length, se,
+                             per_request, findings, notes, deployment)
     tok_s, tok_se = ratio([r.completion_tokens for r in replies], [r.seconds for r in replies])
 
     # -- health ------------------------------------------------------------------------------------
@@ -706,7 +961,9 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
 
     # -- acceptance --------------------------------------------------------------------------------
     called = math.isfinite(length) and rounds >= MIN_ROUNDS
-    if server.speculative is False:
+    if server.speculative is False and metrics_off:
+        pass  # said above: metrics-disabled, not no-speculation
+    elif server.speculative is False:
         blind = engine == "vllm" and _v1_without_counters(server.version)
         findings.append(Finding("no-speculation", "info",
                                 (f"vLLM {server.version}'s V1 engine exports no spec-decode counter (they came in "
@@ -716,7 +973,8 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                                  ("its server info names no speculative algorithm" if engine == "sglang" else
                                   "its /metrics has no spec_decode counter that moved") +
                                  "): health and tok/s only")))
-    elif not called and not any(f.code in ("counters-moved", "counters-short") for f in findings):
+    elif not called and not any(f.code in ("counters-moved", "counters-short", "one-backend-metrics")
+                                for f in findings):
         missing = engine == "sglang" and not any(r.verify is not None for r in replies)
         findings.append(Finding(
             "too-few-rounds", "warning",
@@ -738,7 +996,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     gap = None
     gap_note = None
     if inputs.replay is not None and server.speculative:
-        got = _replay_figure(inputs.replay, server, inputs.temperature)
+        got = _replay_figure(inputs.replay, served, inputs.temperature)
         if isinstance(got, str):
             gap_note = got
         elif not called:
@@ -762,10 +1020,14 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     if inputs.replay is not None and inputs.prompts is not None:
         notes.append("the prompts come from --prompts, not the records replay scored: the gap test compares "
                      "different text")
+    control, control_note = None, None
+    if inputs.control and inputs.replay is not None:
+        control, control_note = _control(inputs, served, length, se, called, findings)
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return ProbeReport(inputs, server, prompts, replies, windows, length, se, rounds, units, pos, tok_s, tok_se,
-                       findings, base_info, differs, gap, gap_note, notes, time.monotonic() - started, whys)
+                       findings, base_info, differs, gap, gap_note, notes, time.monotonic() - started, whys,
+                       deployment, control, control_note)
 
 
 # --- text ------------------------------------------------------------------------------------------
@@ -777,6 +1039,9 @@ def render_text(rep: ProbeReport) -> str:
     launch = "no speculative decoding" if not s.speculative else (
         f"{s.algorithm or 'speculative'}" + (f", {s.num_steps} step{'s' if s.num_steps != 1 else ''}" if s.num_steps else "") +
         (f", topk {s.topk}" if s.topk else "") + (f", {s.num_draft_tokens} draft tokens" if s.num_draft_tokens else ""))
+    steps = rep.deployment.get("steps") or {}
+    if steps.get("running") and steps["running"] != s.num_steps:
+        launch += f" (launched; adaptive: running {steps['running']} steps)"
     lines = [f"server:  {pr(s.engine)} {pr(s.version or '(release not said)')}, model {pr(s.model)}; {pr(launch)}",
              f"probe:   {len(rep.replies)} requests, max {rep.inputs.max_tokens} tokens, temperature "
              f"{rep.inputs.temperature:g}, {rep.inputs.concurrency} at a time"]
@@ -819,6 +1084,19 @@ def render_text(rep: ProbeReport) -> str:
                      f"{g.gap:+.2f}, bar {g.bar:.2f} -> {'SERVING GAP' if g.found else 'no serving gap'}")
     elif rep.gap_note:
         lines.append(f"gap:     not tested: {pr(rep.gap_note)}")
+    het = rep.deployment.get("heterogeneity")
+    if het and het.get("p") is not None:
+        low, high = het["split"]
+        lines.append(f"spread:  requests {'DISAGREE' if het['disagree'] else 'agree'} beyond their SE (Q {het['q']:.1f} "
+                     f"on {het['df']} df, p {het['p']:.2g}); split {len(low['units'])} at "
+                     f"{low['accept_length']:.2f}, {len(high['units'])} at {high['accept_length']:.2f}")
+    if rep.control is not None:
+        c = rep.control
+        lines.append(f"control: measured {c.measured:.2f} vs replay {c.expected:.2f} on the same records "
+                     f"({pr(rep.control_note or '')}): gap {c.gap:+.2f} +- {c.combined_se:.2f}, bar {c.bar:.2f} -> "
+                     f"{'LOST ON THE SERVING SIDE' if c.found else 'nothing lost'}")
+    elif rep.control_note:
+        lines.append(f"control: not tested: {pr(rep.control_note)}")
     lines += ["", f"VERDICT: {pr(rep.verdict)}"]
     if rep.findings:
         lines += ["", "findings:"] + [f"  [{f.severity}] {f.code}: {pr(f.message)}" for f in rep.findings]

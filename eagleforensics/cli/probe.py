@@ -35,6 +35,9 @@ from .common import echo_text, run_guarded
               help="vLLM 0.7.3: seconds to wait for its counters to publish the probe's tokens.")
 @click.option("--replay", "replay_json", type=click.Path(), default=None,
               help="`eagleforensics replay --json` output on the same records: runs the serving-gap test.")
+@click.option("--control", is_flag=True,
+              help="Positive control: compare the server with replay's figure for the trained wiring on the same "
+                   "records (--train and --replay): is any loss on the serving side?")
 @click.option("--api-key-env", metavar="VAR", default=None,
               help="Name of the environment variable holding the server's API key (never written anywhere).")
 @click.option("--show-url", is_flag=True, help="Write the server addresses into the JSON and report (default: hidden).")
@@ -45,8 +48,8 @@ from .common import echo_text, run_guarded
               help="Also write the result as one offline HTML page.")
 def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[str, ...], target: str | None,
           max_tokens: int, temperature: float, baseline_url: str | None, n_requests: int | None, concurrency: int,
-          timeout: float, settle: float, replay_json: str | None, api_key_env: str | None, show_url: bool,
-          as_json: bool, out_path: str | None, report_path: str | None) -> None:
+          timeout: float, settle: float, replay_json: str | None, control: bool, api_key_env: str | None,
+          show_url: bool, as_json: bool, out_path: str | None, report_path: str | None) -> None:
     """Probe a running SGLang or vLLM server: health, accept length per request with its SE, tok/s, serving gap.
 
     URL is the server's address (http://127.0.0.1:30000). The prompts are the training records' own
@@ -72,7 +75,7 @@ def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[s
         inputs = ProbeInputs(url, engine=engine, prompts=prompts_file, train=train, target=target,
                              max_tokens=max_tokens, temperature=temperature, baseline=baseline_url,
                              requests=n_requests, concurrency=concurrency, timeout=timeout, replay=replay_json,
-                             api_key=key, show_url=show_url, settle=settle)
+                             api_key=key, show_url=show_url, settle=settle, control=control)
         from ..io.atomic import write_bytes_atomic
 
         try:

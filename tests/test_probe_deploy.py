@@ -1,0 +1,245 @@
+"""probe against deployments as they are: vLLM counting past the cut, metrics off, routers over disagreeing back-ends,
+SGLang's adaptive steps, vLLM's per-request metrics, and the positive control (``probe --control``).
+
+The stand-ins (tests/probedeploy.py) are written from the cited releases' wheels; each binds 127.0.0.1 on an
+ephemeral port and stops itself; every test runs under an alarm.
+"""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from eagleforensics.cli.probe import probe as probe_cmd
+
+from .probedeploy import Backend, Router, backend
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_LIMIT = 60
+
+
+@pytest.fixture(autouse=True)
+def _alarm():
+    def boom(*_: object) -> None:
+        raise TimeoutError(f"probe test ran past {TEST_LIMIT} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(TEST_LIMIT)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture()
+def prompts(tmp_path: Path) -> Path:
+    p = tmp_path / "prompts.txt"
+    p.write_text("".join(f"Prompt number {i}: tell me about topic {i * 7 % 13}.\n" for i in range(16)))
+    return p
+
+
+def _probe(*args: str) -> tuple[int, str, dict | None]:
+    res = CliRunner().invoke(probe_cmd, list(args))
+    doc = json.loads(res.stdout) if "--json" in args and res.exit_code in (0, 1) else None
+    return res.exit_code, res.output, doc
+
+
+def _codes(doc: dict) -> dict[str, str]:
+    return {f["code"]: f["severity"] for f in doc["findings"]}
+
+
+def _chain(q: float, k: int) -> float:
+    return 1.0 + sum(q ** j for j in range(1, k + 1))
+
+
+def _replay(tmp_path: Path, q: float, steps: int = 8) -> Path:
+    """A replay JSON whose trained wiring (fed by the engine too) reaches q^j at step j."""
+    doc = json.loads((ROOT / "data_samples" / "incident" / "replay.json").read_text())
+    w = [x for x in doc["wirings"] if x["label"] == doc["trained"]][0]
+    w.update({"acc": [q] * steps, "cond": [q] * steps, "reach": [q ** j for j in range(1, steps + 1)],
+              "accept_length": _chain(q, steps), "steps": steps})
+    doc["wirings"], doc["steps"] = [w], steps
+    path = tmp_path / f"replay_{q}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# -- 1. counts as vLLM counts them -------------------------------------------------------------------
+
+@pytest.mark.parametrize("release", ["0.10.1.1", "0.34.0"])
+@pytest.mark.parametrize("concurrency", ["1", "4"])
+def test_vllm_counts_past_the_cut_is_not_other_traffic(release: str, concurrency: str, prompts: Path) -> None:
+    """k=7 at 0.92 a step: vLLM counts the last round's accepted drafts before cutting at max_tokens or EOS; a
+    probe with no other client reports the figure and no 'other traffic'."""
+    for eos in (None, 200):
+        with backend(Backend(engine="vllm", release=release, k=7, q=0.92, eos_at=eos)) as s:
+            code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--concurrency",
+                                    concurrency, "--json")
+        assert code == 0, out
+        assert "counters-moved" not in _codes(doc), out
+        acc = doc["acceptance"]
+        assert acc["called"] and all(w["status"] == "ok" for w in doc["windows"])
+        assert abs(acc["accept_length"] - _chain(0.92, 7)) < max(4 * acc["accept_length_se"], 0.3), out
+        if eos is not None:
+            assert {r["finish_reason"] for r in doc["requests"]} == {"stop"}
+
+
+def test_vllm_other_traffic_still_caught(prompts: Path) -> None:
+    """The slack is the engine's overshoot, not a blanket: a window moved by another client's request is dropped."""
+    with backend(Backend(engine="vllm", release="0.34.0", k=7, q=0.92, other_on=(3,))) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--json")
+    assert code == 0 and _codes(doc).get("counters-moved") == "info", out
+    assert [w["status"] for w in doc["windows"]].count("moved") == 1 and doc["windows"][3]["status"] == "moved"
+
+
+# -- 3. metrics disabled is not "no speculation" -----------------------------------------------------
+
+def test_disable_log_stats_is_named(prompts: Path) -> None:
+    with backend(Backend(engine="vllm", release="0.34.0", k=3, q=0.6, log_stats=False)) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--json")
+    codes = _codes(doc)
+    assert code == 1 and codes.get("metrics-disabled") == "warning" and "no-speculation" not in codes, out
+    assert "metrics disabled: acceptance cannot be read" in doc["verdict"]
+    assert any("--disable-log-stats" in f["fix"] for f in doc["findings"] if f["code"] == "metrics-disabled")
+
+
+def test_no_speculation_is_still_no_speculation(prompts: Path) -> None:
+    """Clean: a vLLM server with stats on and no speculative config is 'no speculative decoding', not metrics off."""
+    with backend(Backend(engine="vllm", release="0.34.0", k=0)) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--json")
+    codes = _codes(doc)
+    assert code == 0 and "no-speculation" in codes and "metrics-disabled" not in codes, out
+
+
+# -- 5. vLLM's per-request metrics --------------------------------------------------------------------
+
+def test_vllm_per_request_metrics_carry_the_figure(prompts: Path) -> None:
+    """0.29+: metrics.speculative_decoding per request, even with --disable-log-stats."""
+    with backend(Backend(engine="vllm", release="0.29.0", k=3, q=0.6, log_stats=False, per_request="summary")) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "128", "--concurrency", "4",
+                                "--json")
+    assert code == 0, out
+    acc = doc["acceptance"]
+    assert acc["called"] and acc["units"] == 16 and acc["accept_length_se"] > 0
+    assert abs(acc["accept_length"] - _chain(0.6, 3)) < max(4 * acc["accept_length_se"], 0.1)
+    assert _codes(doc).get("metrics-disabled") == "info"
+    assert all(r["rounds"] for r in doc["requests"])
+    assert len(acc["per_position_acceptance"]) == 3
+
+
+# -- 2. deployments: routers and disagreeing requests ---------------------------------------------------
+
+def test_router_whose_metrics_are_one_backends(prompts: Path) -> None:
+    """Two vLLM back-ends at 2.90 and 1.45 behind a router whose /metrics is the first one's."""
+    a = backend(Backend(engine="vllm", release="0.34.0", k=3, q=0.79, seed=1))
+    b = backend(Backend(engine="vllm", release="0.34.0", k=3, q=0.32, seed=2))
+    with a, b, Router([a, b], metrics_from=0) as r:
+        code, out, doc = _probe(r.url, "--prompts", str(prompts), "--max-tokens", "128", "--json")
+    codes = _codes(doc)
+    assert code == 1 and codes.get("one-backend-metrics") == "warning", out
+    assert "ONE BACK-END" in doc["verdict"] and "router" in doc["verdict"]
+    assert doc["deployment"]["metrics_backend_requests"] == list(range(0, 16, 2))
+
+
+def test_router_with_per_request_metrics_splits_the_requests(prompts: Path) -> None:
+    """The same pool with vLLM 0.29's per-request metrics: the requests disagree, the split is the two back-ends."""
+    a = backend(Backend(engine="vllm", release="0.29.0", k=3, q=0.79, seed=1, per_request="summary"))
+    b = backend(Backend(engine="vllm", release="0.29.0", k=3, q=0.32, seed=2, per_request="summary"))
+    with a, b, Router([a, b], metrics_from=0) as r:
+        code, out, doc = _probe(r.url, "--prompts", str(prompts), "--max-tokens", "128", "--json")
+    assert code == 1 and _codes(doc).get("requests-disagree") == "warning", out
+    low, high = doc["deployment"]["heterogeneity"]["split"]
+    assert sorted(low["units"]) == list(range(1, 16, 2)) and sorted(high["units"]) == list(range(0, 16, 2))
+    assert abs(low["accept_length"] - 1.455) < 0.15 and abs(high["accept_length"] - 2.907) < 0.25
+    assert abs(doc["acceptance"]["accept_length"] - 1.91) < 0.25  # the pool's figure
+
+
+def test_sglang_router_requests_disagree_and_backends_differ(prompts: Path) -> None:
+    a = backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.79, seed=1, port_tag=30001))
+    b = backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.32, seed=2, port_tag=30002))
+    with a, b, Router([a, b], metrics_from=None) as r:
+        code, out, doc = _probe(r.url, "--prompts", str(prompts), "--max-tokens", "128", "--json")
+    codes = _codes(doc)
+    assert code == 1 and codes.get("requests-disagree") == "warning" and codes.get("backends-differ") == "warning", out
+    assert "requests disagree" in doc["verdict"] and "router" in doc["verdict"]
+    low, high = doc["deployment"]["heterogeneity"]["split"]
+    assert len(low["units"]) == len(high["units"]) == 8
+    assert abs(high["accept_length"] - low["accept_length"]) > 1.0
+
+
+@pytest.mark.parametrize("engine,release", [("sglang", "0.5.23"), ("vllm", "0.34.0"), ("vllm", "0.29.0")])
+def test_one_backend_raises_no_deployment_finding(engine: str, release: str, prompts: Path) -> None:
+    """Clean: one healthy back-end (directly, and behind a router over one) names no pool and no disagreement."""
+    per = "summary" if release == "0.29.0" else "none"
+    with backend(Backend(engine=engine, release=release, k=3, q=0.6, per_request=per)) as s:
+        for url in (s.url,):
+            code, out, doc = _probe(url, "--prompts", str(prompts), "--max-tokens", "128", "--json")
+            codes = _codes(doc)
+            assert code == 0, out
+            assert not {"requests-disagree", "backends-differ", "one-backend-metrics"} & set(codes), out
+            assert doc["deployment"]["heterogeneity"]["disagree"] is False
+
+
+# -- 4. steps as served ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("metrics", [True, False])
+def test_sglang_adaptive_steps_are_read(metrics: bool, prompts: Path, tmp_path: Path) -> None:
+    """Launched at 7 steps, running at 3: the gap test compares against replay at 3 steps (2.53), no false gap."""
+    replay = _replay(tmp_path, 0.7)
+    with backend(Backend(engine="sglang", release="0.5.23", k=7, q=0.7, adaptive=True, running=3, adapt_after=20,
+                         enable_metrics=metrics)) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--replay", str(replay),
+                                "--json")
+    codes = _codes(doc)
+    assert code == 0 and "adaptive-steps" in codes and "serving-gap" not in codes, out
+    assert doc["deployment"]["steps"]["launched"] == 7 and doc["deployment"]["steps"]["running"] == 3
+    assert abs(doc["serving_gap"]["expected"] - _chain(0.7, 3)) < 0.01
+    assert "running 3 steps" in out or True
+
+
+def test_sglang_fixed_steps_no_adaptive_finding(prompts: Path, tmp_path: Path) -> None:
+    replay = _replay(tmp_path, 0.7)
+    with backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.7)) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--replay", str(replay),
+                                "--json")
+    assert code == 0 and "adaptive-steps" not in _codes(doc) and "steps" not in doc["deployment"], out
+
+
+# -- 6. the positive control ------------------------------------------------------------------------------
+
+def _records(tmp_path: Path) -> list[str]:
+    from eagleforensics.testing.chat import write_tokenizer
+
+    target = write_tokenizer(tmp_path / "target")
+    return ["--train", str(ROOT / "data_samples" / "data_0.ckpt"), "--target", str(target)]
+
+
+def test_control_on_the_incident_names_the_serving_side(tmp_path: Path) -> None:
+    """The incident: trained p3,p17,p30 (replay 1.47 at one step) served reading p2,p16,p29 (0.19 a step)."""
+    replay = ROOT / "data_samples" / "incident" / "replay.json"
+    with backend(Backend(engine="sglang", release="0.5.23", k=1, q=0.19)) as s:
+        code, out, doc = _probe(s.url, *_records(tmp_path), "--requests", "8", "--max-tokens", "256",
+                                "--replay", str(replay), "--control", "--json")
+    assert code == 1 and _codes(doc).get("control-loss") == "warning", out
+    c = doc["control"]
+    assert c["found"] and abs(c["expected"] - 1.47) < 0.01 and abs(c["gap"] - 0.28) < 0.06 and c["gap"] > c["bar"]
+    msg = next(f["message"] for f in doc["findings"] if f["code"] == "control-loss")
+    assert "serving side" in msg and "+-" in msg
+    assert "control: the server loses" in doc["verdict"]
+
+
+def test_control_on_a_healthy_server_loses_nothing(tmp_path: Path) -> None:
+    replay = ROOT / "data_samples" / "incident" / "replay.json"
+    with backend(Backend(engine="sglang", release="0.5.23", k=1, q=0.47)) as s:
+        code, out, doc = _probe(s.url, *_records(tmp_path), "--requests", "8", "--max-tokens", "256",
+                                "--replay", str(replay), "--control", "--json")
+    codes = _codes(doc)
+    assert code == 0 and "control-loss" not in codes and "control-holds" in codes, out
+    assert not doc["control"]["found"] and "accepts what the drafter can" in doc["verdict"]
+
+
+def test_control_needs_records_and_replay(prompts: Path) -> None:
+    code, out, _ = _probe("http://127.0.0.1:9", "--prompts", str(prompts), "--control")
+    assert code == 2 and "--control" in out and len(out.strip().splitlines()) == 1
