@@ -717,7 +717,7 @@ def _control(inputs: ProbeInputs, server: ServerInfo, length: float, se: float, 
             "control-holds", "info",
             f"positive control: the server accepts what the drafter can on the records replay scored "
             f"({test.measured:.2f} against replay's {test.expected:.2f}, gap {test.gap:+.2f}, bar {test.bar:.2f})"))
-    return test, got[2]
+    return test, got[2] + "; replay must have scored these records (replay --json with the same --train files)"
 
 
 def _replay_figure(replay: str, server: ServerInfo, temperature: float = 0.0, *, trained: bool = False
@@ -1087,7 +1087,7 @@ def render_text(rep: ProbeReport) -> str:
     het = rep.deployment.get("heterogeneity")
     if het and het.get("p") is not None:
         low, high = het["split"]
-        lines.append(f"spread:  requests {'DISAGREE' if het['disagree'] else 'agree'} beyond their SE (Q {het['q']:.1f} "
+        lines.append(f"spread:  requests {'DISAGREE beyond' if het['disagree'] else 'agree within'} their SE (Q {het['q']:.1f} "
                      f"on {het['df']} df, p {het['p']:.2g}); split {len(low['units'])} at "
                      f"{low['accept_length']:.2f}, {len(high['units'])} at {high['accept_length']:.2f}")
     if rep.control is not None:
