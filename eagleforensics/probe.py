@@ -71,6 +71,7 @@ FINDING_CODES = {
 TODO_CODES = ("degenerate-output", "greedy-differs", "accepts-nothing", "too-few-rounds", "counters-moved",
               "counters-short", "serving-gap", "metrics-disabled", "one-backend-metrics", "backends-differ",
               "requests-disagree", "control-loss")
+ALTERNATES = 2.33  # runs-test z past which two groups alternate in arrival order (one-sided p 0.01)
 CONTROL_FLOOR = 0.1  # the control's bar floor: same records, so only bf16 near-ties and teacher forcing remain
 
 
@@ -432,7 +433,8 @@ def _window(before: dict[str, float], after: dict[str, float], fmt: pf.CounterFo
         drafts = d(pf.V0_DRAFT_TOKENS) / k if k else math.nan
         per_pos = None
     if min(drafts, accepted, emitted) < 0:
-        raise ForensicsError("vLLM's spec-decode counters went down during the probe (the server restarted?)")
+        raise ForensicsError("vLLM's spec-decode counters went down during the probe (the server restarted, or a "
+                             "router answers /metrics from different back-ends in turn: probe each back-end)")
     # Each request's first token comes from prefill, every later one from a round: own rounds + accepted
     # <= own tokens - requests, plus the drafts the engine counts past the cut at the stop (``slack``:
     # engines/probecounts.overshoot, per release and finish). Without it (0.7.3's V0, not read for that)
@@ -600,15 +602,15 @@ def _units(server: ServerInfo, replies: list[Reply], windows: list[Window], spec
     return idx, ys, xs, ses
 
 
-def _deployment(client: Client, server: ServerInfo, replies: list[Reply], windows: list[Window],
-                specs: list[pc.RequestSpec], pos: tuple[float, ...] | None, length: float, se: float,
+def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], replies: list[Reply],
+                windows: list[Window], specs: list[pc.RequestSpec], pos: tuple[float, ...] | None, length: float, se: float,
                 per_request: bool, findings: list[Finding], notes: list[str], out: dict[str, Any]) -> ServerInfo:
     """A deployment as it is: one back-end or a pool behind a router, and the steps it actually runs.
 
     Returns the server as served (its running step count where it adapts) for the gap tests; fills
     ``out`` (the JSON's ``deployment``) and adds the findings.
     """
-    from .evidence.probepool import heterogeneity
+    from .evidence.probepool import alternation_z, heterogeneity
 
     # vLLM, one window per request: a request that left the counters where they were went to another back-end
     if per_request and not specs and len(windows) == len(replies) and len(windows) >= 2:
@@ -655,16 +657,29 @@ def _deployment(client: Client, server: ServerInfo, replies: list[Reply], window
         if het.disagree:
             lo, hi = het.low, het.high
             clear = het.split_gap > max(FLOOR, 3 * het.split_se) if math.isfinite(het.split_se) else False
+            # prompts of different kinds also disagree; a pool shows itself by more: the same prompt on both
+            # sides, groups that alternate in arrival order (round robin), or the router seen otherwise
+            high = {idx[j] for j in hi.members}
+            payload = [json.dumps(p.payload) for p in prompts]
+            straddle = any(payload[i] == payload[j] for i in high for j in idx if j not in high)
+            z = alternation_z([i in high for i in idx])
+            routed = any(f.code in ("backends-differ", "one-backend-metrics") for f in findings)
+            why = [w for w, on in (("the same prompt lands in both groups", straddle),
+                                   (f"the groups alternate in arrival order (runs test z {z:.1f})",
+                                    math.isfinite(z) and z > ALTERNATES),
+                                   ("several back-ends answer (above)", routed)) if on]
+            out["heterogeneity"]["pool_evidence"] = why
+            pool = clear and bool(why)
             findings.append(Finding(
-                "requests-disagree", "warning" if clear else "info",
+                "requests-disagree", "warning" if pool else "info",
                 f"the {len(idx)} requests disagree beyond their standard errors (Cochran's Q {het.q:.0f} on {het.df} "
                 f"degrees of freedom, p {het.p:.1g}): {len(lo.members)} at {lo.accept_length:.2f} +- {lo.se:.2f}, "
                 f"{len(hi.members)} at {hi.accept_length:.2f} +- {hi.se:.2f}" +
-                (f"; the figure {length:.2f} is a mix of the two: a pool of back-ends that accept differently "
-                 "behind one address (a router or balancer), or prompts of very different kinds" if clear else
-                 "; the split is within the bar (prompts differ)"),
-                fix="probe each back-end at its own address; if one address serves them all, compare the prompts "
-                    "of the two groups"))
+                (f"; {'; '.join(why)}: the figure {length:.2f} is a mix over a pool of back-ends that accept "
+                 "differently behind one address (a router or balancer)" if pool else
+                 "; nothing ties the split to back-ends: prompts of different kinds" if clear else
+                 "; the split is within the bar of max(0.3, 3 SE)"),
+                fix="probe each back-end at its own address and compare"))
     # steps as served: SGLang's adaptive steps move at run time; the gauge, else the per-position curve
     if server.adaptive:
         running, how = None, ""
@@ -910,7 +925,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     served = server
     deployment: dict[str, Any] = {}
     if server.speculative:
-        served = _deployment(client, server, replies, windows, specs if use_specs else [], pos, length, se,
+        served = _deployment(client, server, prompts, replies, windows, specs if use_specs else [], pos, length, se,
                              per_request, findings, notes, deployment)
     tok_s, tok_se = ratio([r.completion_tokens for r in replies], [r.seconds for r in replies])
 

@@ -68,6 +68,7 @@ class Backend:
     adapt_after: int = 20  # ... after this many verify passes
     enable_metrics: bool = True  # SGLang --enable-metrics
     port_tag: int = 30000  # SGLang: the port its arguments name
+    q_code: float | None = None  # SGLang: prompts that mention "code" accept with this q instead (another kind)
     other_on: tuple[int, ...] = ()  # vLLM: generations (0-based) during which another client's request is counted
     seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -286,12 +287,13 @@ class SglangBackend(_Running):
             n = int(body["sampling_params"]["max_new_tokens"])
             rng = random.Random(_seed(prompt, b.seed))
             ids = [rng.randrange(10, 500) for _ in range(n)]
+            q = b.q_code if b.q_code is not None and "code" in str(prompt) else b.q
             left, hist, verify = n - 1, [], 0
             while left > 0:
                 with self.lock:
                     k = self.steps_now()
                     self.passes += 1
-                a = min(_accepted(rng, k, b.q), left - 1)
+                a = min(_accepted(rng, k, q), left - 1)
                 if len(hist) <= a:
                     hist.extend([0] * (a + 1 - len(hist)))
                 hist[a] += 1

@@ -182,6 +182,19 @@ def test_one_backend_raises_no_deployment_finding(engine: str, release: str, pro
             assert doc["deployment"]["heterogeneity"]["disagree"] is False
 
 
+def test_prompts_of_two_kinds_disagree_without_a_pool(tmp_path: Path) -> None:
+    """Clean for the pool: one back-end, prose then code prompts that accept differently: the requests disagree
+    (said, info), but nothing ties the split to back-ends, so no warning and exit 0."""
+    p = tmp_path / "kinds.txt"
+    p.write_text("".join(f"Tell a story about place {i}.\n" for i in range(8)) +
+                 "".join(f"Write code that sorts list {i}.\n" for i in range(8)))
+    with backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.32, q_code=0.79)) as s:
+        code, out, doc = _probe(s.url, "--prompts", str(p), "--max-tokens", "128", "--json")
+    assert code == 0 and _codes(doc).get("requests-disagree") == "info", out
+    assert doc["deployment"]["heterogeneity"]["pool_evidence"] == []
+    assert "backends-differ" not in _codes(doc)
+
+
 # -- 4. steps as served ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("metrics", [True, False])
@@ -243,3 +256,28 @@ def test_control_on_a_healthy_server_loses_nothing(tmp_path: Path) -> None:
 def test_control_needs_records_and_replay(prompts: Path) -> None:
     code, out, _ = _probe("http://127.0.0.1:9", "--prompts", str(prompts), "--control")
     assert code == 2 and "--control" in out and len(out.strip().splitlines()) == 1
+
+
+def test_probepool_units() -> None:
+    """The arithmetic on its own: the chi-square tail, the runs test, the split, served steps, the slack."""
+    from eagleforensics.engines.probecounts import has_vllm_family, overshoot, request_spec, served_steps
+    from eagleforensics.evidence.probepool import alternation_z, chi2_tail, heterogeneity, histogram_variance
+
+    assert abs(chi2_tail(30.58, 15) - 0.01) < 0.002 and abs(chi2_tail(7.26, 15) - 0.95) < 0.01
+    assert alternation_z([True, False] * 8) > 3 and alternation_z([True] * 8 + [False] * 8) < -3
+    assert histogram_variance([1, 0, 1]) == 1.0
+    het = heterogeneity([300, 290, 150, 145], [100, 100, 100, 100], [0.05] * 4)
+    assert het is not None and het.disagree and het.low.members == (2, 3) and het.high.members == (0, 1)
+    assert not heterogeneity([300, 302, 298, 301], [100] * 4, [0.05] * 4).disagree
+    assert heterogeneity([1, 2, 3], [1, 1, 1], [0.1] * 3) is None  # too few units
+    assert served_steps((0.69, 0.49, 0.34, 0.004, 0.002)) == 3 and served_steps((0.47, 0.22, 0.10, 0.05)) is None
+    assert overshoot("0.10.1.1", 7, "length") == 7 and overshoot("0.34.0", 7, "length") == 6
+    assert overshoot("0.34.0", 7, "stop") == 7 and overshoot("0.34.0", None, "stop") == 0
+    assert has_vllm_family("# TYPE vllm:num_requests_running gauge\n") and not has_vllm_family("python_info 1\n")
+    good = {"metrics": {"speculative_decoding": {"acceptance_histogram": [1, 2, 3], "num_spec_steps": 6,
+                                                 "num_accepted_draft_tokens": 8, "num_draft_tokens": 12,
+                                                 "num_spec_tokens": 2}}}
+    spec = request_spec(good)
+    assert spec is not None and abs(spec.accept_length - (1 + 8 / 6)) < 1e-9
+    good["metrics"]["speculative_decoding"]["num_spec_steps"] = 7  # does not add up: not read
+    assert request_spec(good) is None and request_spec({"metrics": None}) is None

@@ -117,3 +117,18 @@ def histogram_variance(hist: Sequence[int]) -> float:
         return math.nan
     mean = sum(j * c for j, c in enumerate(hist)) / n
     return sum(c * (j - mean) ** 2 for j, c in enumerate(hist)) / n
+
+
+def alternation_z(labels: Sequence[bool]) -> float:
+    """Wald-Wolfowitz runs test on two labels in arrival order: z of the number of runs (large and positive
+    when the labels alternate more than chance would, as a round-robin router's back-ends do); NaN when one
+    label is missing."""
+    n1 = sum(1 for x in labels if x)
+    n2 = len(labels) - n1
+    n = n1 + n2
+    if n1 == 0 or n2 == 0 or n < 3:
+        return math.nan
+    runs = 1 + sum(1 for a, b in zip(labels, labels[1:]) if a != b)
+    mu = 2.0 * n1 * n2 / n + 1.0
+    var = (mu - 1.0) * (mu - 2.0) / (n - 1.0)
+    return (runs - mu) / math.sqrt(var) if var > 0 else math.nan
