@@ -95,6 +95,7 @@ class ProbeInputs:
     show_url: bool = False
     settle: float = 15.0
     control: bool = False  # positive control: replay's trained-wiring figure on the same records
+    since: str | None = None  # an earlier probe JSON: the traffic between its end and this probe's start
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ class ProbeReport:
     deployment: dict[str, Any] = field(default_factory=dict)  # heterogeneity, back-ends, steps as served
     control: GapTest | None = None
     control_note: str | None = None
+    server_counters: dict[str, Any] | None = None  # cumulative counters at the probe's start and end
+    between: dict[str, Any] | None = None  # --since: the window from the earlier probe's end to this one's start
 
     def request_acceptance(self, i: int) -> tuple[float | None, float | None]:
         """(verify rounds, accept length) of request ``i``: SGLang's fields, vLLM's per-request spec metrics, or
@@ -268,7 +271,7 @@ class ProbeReport:
                 "differing_outputs": sum(1 for _, d in self.differs if d is not None)},
             "serving_gap": None if self.gap is None else {**self.gap.to_dict(), "note": self.gap_note},
             "serving_gap_note": self.gap_note if self.gap is None else None,
-            "deployment": self.deployment,
+            "deployment": self.deployment, "server_counters": self.server_counters, "between_runs": self.between,
             "control": None if self.control is None and self.control_note is None else {
                 **(self.control.to_dict() if self.control is not None else {}), "note": self.control_note},
             "findings": [f.to_dict() for f in self.findings], "notes": self.notes,
@@ -708,6 +711,49 @@ def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], repli
     return server
 
 
+def _snapshot(client: Client, engine: str) -> dict[str, float] | None:
+    """The server-wide cumulative counters a window's accept length comes from, or None where there are none:
+    vLLM's drafts and accepted drafts; SGLang's generated tokens and verify passes (``--enable-metrics``)."""
+    if engine == "vllm":
+        values = counters(client)
+        keep = {k: values[k] for k in (pf.V1_DRAFTS, pf.V1_ACCEPTED) if k in values}
+        return keep if len(keep) == 2 else None
+    try:
+        text = client.get_text("/metrics")
+    except ForensicsError:  # 404 without --enable-metrics
+        return None
+    gen, calls = (pc.gauge(text, n, combine=sum) for n in (pc.SGLANG_GENERATED, pc.SGLANG_VERIFY_CALLS))
+    return None if gen is None or calls is None else {pc.SGLANG_GENERATED: gen, pc.SGLANG_VERIFY_CALLS: calls}
+
+
+def _between(earlier: dict[str, Any], now: dict[str, float] | None, now_time: float, engine: str,
+             steps: int | None) -> dict[str, Any]:
+    """The accept length of the traffic between an earlier probe's last read and this probe's first."""
+    seconds = now_time - earlier["end_time"]
+    before = earlier["end"]
+    if now is None or before is None:
+        return {"note": "not measured: the server's cumulative counters are not on /metrics (SGLang: start it with "
+                        "--enable-metrics; vLLM: the V1 counters with drafts)", "seconds": seconds}
+    if engine == "vllm":
+        rounds = now[pf.V1_DRAFTS] - before.get(pf.V1_DRAFTS, math.nan)
+        tokens = rounds + now[pf.V1_ACCEPTED] - before.get(pf.V1_ACCEPTED, math.nan)
+    else:
+        rounds = now[pc.SGLANG_VERIFY_CALLS] - before.get(pc.SGLANG_VERIFY_CALLS, math.nan)
+        tokens = now[pc.SGLANG_GENERATED] - before.get(pc.SGLANG_GENERATED, math.nan)
+    if not (math.isfinite(rounds) and math.isfinite(tokens)) or rounds < 0 or tokens < 0 or seconds < 0:
+        return {"note": "not measured: the counters went down since the earlier probe (the server restarted, or "
+                        "another server answered)", "seconds": seconds}
+    if rounds < MIN_ROUNDS:
+        return {"note": f"not called: {rounds:.0f} verify rounds ran between the two probes ({MIN_ROUNDS} needed)",
+                "seconds": seconds, "rounds": rounds}
+    length = tokens / rounds
+    reach = chain_reach(length, steps) if steps else None
+    se = math.sqrt(accepted_variance(reach) / rounds) if reach else None
+    return {"accept_length": length, "accept_length_se": se, "rounds": rounds, "tokens": tokens, "seconds": seconds,
+            "note": "one window of every request the server finished between the two probes (SE: the rounds' own "
+                    "sampling error, a chain fitted to the figure; no spread across requests)"}
+
+
 def _control(inputs: ProbeInputs, server: ServerInfo, length: float, se: float, called: bool,
              findings: list[Finding]) -> tuple[GapTest | None, str]:
     """The positive control: replay's trained-wiring figure on the same records against what the server accepts."""
@@ -822,6 +868,14 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     client = Client(inputs.url, timeout=inputs.timeout, api_key=inputs.api_key, what="the server")
     engine = inputs.engine or detect(client)
     server = info(client, engine)
+    earlier = None
+    if inputs.since is not None:
+        from .io.proberun import read_probe_counters
+
+        earlier = read_probe_counters(inputs.since)
+        if earlier["engine"] != engine:
+            raise ForensicsError(f"--since: that probe ran against {earlier['engine']}, this server is {engine}")
+    start_counts, start_time = _snapshot(client, engine), time.time()
     findings: list[Finding] = []
     notes: list[str] = []
     note = pf.release_note(engine, server.version)
@@ -898,6 +952,10 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                                                     server.counters is pf.V0 else ""),
                 fix="raise --settle (vLLM 0.7.3 updates its counters when it logs, every few seconds)"))
 
+    end_counts, end_time = _snapshot(client, engine), time.time()
+    server_counters = None if start_counts is None and end_counts is None else {
+        "start": start_counts, "end": end_counts, "start_time": start_time, "end_time": end_time}
+    between = None if earlier is None else _between(earlier, start_counts, start_time, engine, server.num_steps)
     specs = [r.extra.get("spec") for r in replies] if engine == "vllm" else []
     use_specs = bool(specs) and all(x is not None for x in specs)
     if use_specs:
@@ -1042,7 +1100,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return ProbeReport(inputs, server, prompts, replies, windows, length, se, rounds, units, pos, tok_s, tok_se,
                        findings, base_info, differs, gap, gap_note, notes, time.monotonic() - started, whys,
-                       deployment, control, control_note)
+                       deployment, control, control_note, server_counters, between)
 
 
 # --- text ------------------------------------------------------------------------------------------
@@ -1099,6 +1157,13 @@ def render_text(rep: ProbeReport) -> str:
                      f"{g.gap:+.2f}, bar {g.bar:.2f} -> {'SERVING GAP' if g.found else 'no serving gap'}")
     elif rep.gap_note:
         lines.append(f"gap:     not tested: {pr(rep.gap_note)}")
+    b = rep.between
+    if b is not None:
+        lines.append("between: " + (
+            f"accept length {b['accept_length']:.3f}" + (f" +- {b['accept_length_se']:.3f}" if b.get(
+                'accept_length_se') is not None else "") + f" over {b['rounds']:.0f} rounds in the "
+            f"{b['seconds']:.0f} s since the earlier probe (other clients' traffic)"
+            if b.get("accept_length") is not None else pr(b["note"])))
     het = rep.deployment.get("heterogeneity")
     if het and het.get("p") is not None:
         low, high = het["split"]

@@ -255,6 +255,14 @@ class SglangBackend(_Running):
         self.lock = threading.Lock()
         self.passes = 0  # verify passes served so far (adaptive steps move after adapt_after)
         self.started = 1_765_000_000.0 + b.port_tag
+        self.registry = CollectorRegistry()  # observe_one_finished_request's counters (--enable-metrics)
+        self.generated = Counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
+                                 ["model_name", "is_streaming"], registry=self.registry)
+        self.verify_calls = Counter("sglang:spec_verify_calls_total",
+                                    "Number of speculative decoding verification calls.", ["model_name"],
+                                    registry=self.registry)
+        self.steps_gauge = Gauge("sglang:spec_num_steps", "Currently active speculative_num_steps.", ["model_name"],
+                                 registry=self.registry)
         super().__init__(self.route)
 
     def steps_now(self) -> int:
@@ -278,10 +286,8 @@ class SglangBackend(_Running):
         if method == "GET" and path == "/metrics":
             if not b.enable_metrics:
                 return _json({"detail": "Not Found"}, 404)
-            reg = CollectorRegistry()
-            Gauge("sglang:spec_num_steps", "Currently active speculative_num_steps.", ["model_name"],
-                  registry=reg).labels(MODEL).set(self.steps_now())
-            return 200, generate_latest(reg), "text/plain; version=0.0.4"
+            self.steps_gauge.labels(MODEL).set(self.steps_now())
+            return 200, generate_latest(self.registry), "text/plain; version=0.0.4"
         if method == "POST" and path == "/generate" and body is not None:
             prompt = body.get("input_ids", body.get("text"))
             n = int(body["sampling_params"]["max_new_tokens"])
@@ -300,6 +306,8 @@ class SglangBackend(_Running):
                 verify += 1
                 left -= a + 1
             correct = sum(j * c for j, c in enumerate(hist))
+            self.generated.labels(MODEL, "false").inc(n)
+            self.verify_calls.labels(MODEL).inc(verify)
             meta = {"id": f"r{len(b.seen)}", "finish_reason": {"type": "length", "length": n},
                     "prompt_tokens": len(prompt) if isinstance(prompt, list) else 8, "completion_tokens": n,
                     "cached_tokens": 0, "spec_accept_rate": correct / (verify * k),

@@ -129,6 +129,46 @@ def test_vllm_per_request_metrics_carry_the_figure(prompts: Path) -> None:
     assert len(acc["per_position_acceptance"]) == 3
 
 
+def _other_client(url: str, engine: str, n: int) -> None:
+    """Another client's requests, straight to the server (not through probe)."""
+    import urllib.request
+
+    for i in range(n):
+        body = ({"text": f"another client {i}", "sampling_params": {"max_new_tokens": 200}} if engine == "sglang" else
+                {"model": "m", "prompt": f"another client {i}", "max_tokens": 200})
+        req = urllib.request.Request(url + ("/generate" if engine == "sglang" else "/v1/completions"),
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=10).read()
+
+
+@pytest.mark.parametrize("engine,release", [("sglang", "0.5.23"), ("vllm", "0.34.0")])
+def test_window_between_two_probe_runs(engine: str, release: str, prompts: Path, tmp_path: Path) -> None:
+    """SGLang's own averages are since start: --since differences the earlier probe's last read of the server-wide
+    counters and this probe's first, so the figure is the traffic between the two runs only."""
+    first = tmp_path / "first.json"
+    with backend(Backend(engine=engine, release=release, k=3, q=0.6)) as s:
+        code, out, _ = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--out", str(first))
+        assert code == 0, out
+        s.b.q = 0.3  # the server got worse after the first probe: the traffic between runs accepts less
+        _other_client(s.url, engine, 12)
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--since", str(first),
+                                "--json")
+    assert code == 0, out
+    b = doc["between_runs"]
+    assert b["accept_length"] is not None and b["rounds"] > 200, b
+    assert abs(b["accept_length"] - _chain(0.3, 3)) < max(4 * b["accept_length_se"], 0.05), b
+    assert abs(doc["acceptance"]["accept_length"] - _chain(0.3, 3)) < 0.15  # this probe's own, after the change
+
+
+def test_since_without_counters_is_said(prompts: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first.json"
+    with backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.6, enable_metrics=False)) as s:
+        code, out, _ = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--out", str(first))
+        assert code == 0, out
+        code, out, _ = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--since", str(first))
+    assert code == 2 and "--enable-metrics" in out and len(out.strip().splitlines()) == 1
+
+
 # -- 2. deployments: routers and disagreeing requests ---------------------------------------------------
 
 def test_router_whose_metrics_are_one_backends(prompts: Path) -> None:

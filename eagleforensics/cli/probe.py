@@ -38,6 +38,9 @@ from .common import echo_text, run_guarded
 @click.option("--control", is_flag=True,
               help="Positive control: compare the server with replay's figure for the trained wiring on the same "
                    "records (--train and --replay): is any loss on the serving side?")
+@click.option("--since", "since", type=click.Path(), default=None, metavar="EARLIER.json",
+              help="An earlier probe's --out file of this server: also the accept length of all the traffic between "
+                   "its end and this probe's start (server-wide counters; SGLang needs --enable-metrics).")
 @click.option("--api-key-env", metavar="VAR", default=None,
               help="Name of the environment variable holding the server's API key (never written anywhere).")
 @click.option("--show-url", is_flag=True, help="Write the server addresses into the JSON and report (default: hidden).")
@@ -48,7 +51,8 @@ from .common import echo_text, run_guarded
               help="Also write the result as one offline HTML page.")
 def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[str, ...], target: str | None,
           max_tokens: int, temperature: float, baseline_url: str | None, n_requests: int | None, concurrency: int,
-          timeout: float, settle: float, replay_json: str | None, control: bool, api_key_env: str | None,
+          timeout: float, settle: float, replay_json: str | None, control: bool, since: str | None,
+          api_key_env: str | None,
           show_url: bool, as_json: bool, out_path: str | None, report_path: str | None) -> None:
     """Probe a running SGLang or vLLM server: health, accept length per request with its SE, tok/s, serving gap.
 
@@ -75,7 +79,8 @@ def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[s
         inputs = ProbeInputs(url, engine=engine, prompts=prompts_file, train=train, target=target,
                              max_tokens=max_tokens, temperature=temperature, baseline=baseline_url,
                              requests=n_requests, concurrency=concurrency, timeout=timeout, replay=replay_json,
-                             api_key=key, show_url=show_url, settle=settle, control=control)
+                             api_key=key, show_url=show_url, settle=settle, control=control,
+                             since=since)
         from ..io.atomic import write_bytes_atomic
 
         try:

@@ -21,6 +21,11 @@ metrics, SGLang's adaptive steps. Read from the released wheels (``/work/wheels/
   ``num_spec_tokens``, ``mean_acceptance_length`` (``vllm/v1/metrics/stats.py``
   ``RequestSpecDecodeMetrics.to_dict``). Counted in the same place as the counters, so they carry
   the same overshoot.
+* SGLang's own averages are since start (``internal_states.avg_spec_accept_length``); with
+  ``--enable-metrics`` 0.5.23 counts, per finished request, ``sglang:generation_tokens_total`` and
+  ``sglang:spec_verify_calls_total`` (``srt/observability/metrics_collector.py``
+  ``observe_one_finished_request``): their differences between two reads are a window's accept
+  length (``probe --since`` differences one probe's last read and the next one's first).
 * SGLang 0.5.23 adaptive steps: ``speculative_adaptive`` and ``speculative_adaptive_config`` are
   server arguments (``srt/arg_groups/field_order.py``), so ``/server_info`` (which returns the
   resolved arguments, ``srt/entrypoints/http_server.py``) says the launch's steps, not the running
@@ -48,6 +53,10 @@ PER_REQUEST_METRICS_FROM = Version("0.29.0")  # vllm/config/observability.py per
 ENABLE_PER_REQUEST = "--per-request-spec-decode-metrics summary"
 ENABLE_STATS = "drop --disable-log-stats (vLLM builds its /metrics stat loggers only when stats are logged)"
 SGLANG_STEPS_GAUGE = "sglang:spec_num_steps"
+# SGLang 0.5.23 srt/observability/metrics_collector.py observe_one_finished_request: per finished request,
+# its completion tokens and its verify passes (--enable-metrics); their ratio over a window is the accept length
+SGLANG_GENERATED = "sglang:generation_tokens_total"
+SGLANG_VERIFY_CALLS = "sglang:spec_verify_calls_total"
 CLIFF = 0.05  # a position accepted under this share of the one before it was (almost) never drafted
 
 
@@ -133,8 +142,9 @@ def served_steps(per_pos: tuple[float, ...] | None) -> int | None:
     return None
 
 
-def gauge(text: str, name: str) -> float | None:
-    """The value of one gauge on a Prometheus page (the largest over its label sets), or None when absent."""
+def gauge(text: str, name: str, combine: Any = max) -> float | None:
+    """The value of one sample name on a Prometheus page, combined over its label sets (``max`` for a gauge
+    repeated per DP rank, ``sum`` for a counter split by labels), or None when absent."""
     from prometheus_client.parser import text_string_to_metric_families
 
     keep = "\n".join(line for line in text.splitlines()
@@ -143,8 +153,8 @@ def gauge(text: str, name: str) -> float | None:
     try:
         for family in text_string_to_metric_families(keep + "\n" if keep else ""):
             for s in family.samples:
-                if s.name == name and math.isfinite(s.value):  # one per DP rank: the largest
-                    total = s.value if total is None else max(total, s.value)
+                if s.name == name and math.isfinite(s.value):
+                    total = s.value if total is None else combine((total, s.value))
     except (ValueError, KeyError, TypeError, IndexError):
         return None
     return total
