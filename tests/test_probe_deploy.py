@@ -293,6 +293,29 @@ def test_control_on_a_healthy_server_loses_nothing(tmp_path: Path) -> None:
     assert not doc["control"]["found"] and "accepts what the drafter can" in doc["verdict"]
 
 
+def test_control_replays_the_drafter_on_the_records_it_sends(tmp_path: Path) -> None:
+    """--control --drafter: the CLI replays the drafter on the record (its trained wiring, the target's lm_head:
+    2.375 at 3 steps) and probe sends the same record: a server that accepts as the drafter can holds, one at
+    0.2 a step loses past the bar."""
+    from eagleforensics.testing.chat import write_tokenizer
+
+    target = tmp_path / "target"  # a target directory as a user has it: weights and tokenizer together
+    target.mkdir()
+    for f in (ROOT / "data_samples" / "target").iterdir():
+        (target / f.name).symlink_to(f)
+    write_tokenizer(target)
+    args = ["--train", str(ROOT / "data_samples" / "data_0.ckpt"), "--target", str(target), "--drafter", str(ROOT / "data_samples" / "drafter"), "--requests", "8",
+            "--max-tokens", "256", "--control", "--json"]
+    with backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.675)) as s:
+        code, out, doc = _probe(s.url, *args)
+    assert code == 0 and "control-holds" in _codes(doc), out
+    assert abs(doc["control"]["expected"] - 2.375) < 0.02 and not doc["control"]["found"]
+    with backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.2)) as s:
+        code, out, doc = _probe(s.url, *args)
+    assert code == 1 and _codes(doc).get("control-loss") == "warning", out
+    assert doc["control"]["gap"] > doc["control"]["bar"] > 0
+
+
 def test_control_needs_records_and_replay(prompts: Path) -> None:
     code, out, _ = _probe("http://127.0.0.1:9", "--prompts", str(prompts), "--control")
     assert code == 2 and "--control" in out and len(out.strip().splitlines()) == 1
