@@ -6,7 +6,7 @@ Written from the released wheels under /work/wheels/src (not from probe's own ta
   request's first token comes from prefill; every later step verifies k drafts, accepts a of them
   and emits a + 1 tokens; the step is counted (``make_spec_decoding_stats``: one draft, k draft
   tokens, a accepted, per position i accepted when a > i) *before* ``_update_request_with_output``
-  cuts the new tokens at the stop token or ``max_tokens``. 0.34.0 proposes no drafts in a step that
+  cuts the new tokens at the stop token or ``max_tokens``. 0.33.0 and 0.34.0 propose no drafts in a step that
   samples the request's last token under ``max_tokens`` (``_drafts_unused``): that step is a plain one,
   not counted. Counters as ``SpecDecodingProm`` declares them (``vllm/v1/spec_decode/metrics.py``:
   ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
@@ -184,7 +184,7 @@ class VllmBackend(_Running):
             if stop:
                 break
             left = max_tokens - len(out)
-            if b.k == 0 or (b.release == "0.34.0" and left == 1):  # _drafts_unused: no drafts for the last token under max_tokens
+            if b.k == 0 or (b.release in ("0.33.0", "0.34.0") and left == 1):  # _drafts_unused: none for the last token
                 out.append(stream[len(out)])
                 continue
             a = _accepted(rng, b.k, b.q)

@@ -336,6 +336,7 @@ def test_probepool_units() -> None:
     assert served_steps((0.69, 0.49, 0.34, 0.004, 0.002)) == 3 and served_steps((0.47, 0.22, 0.10, 0.05)) is None
     assert overshoot("0.10.1.1", 7, "length") == 7 and overshoot("0.34.0", 7, "length") == 6
     assert overshoot("0.34.0", 7, "stop") == 7 and overshoot("0.34.0", None, "stop") == 0
+    assert overshoot("0.33.0", 7, "length") == 6 and overshoot("0.29.0", 7, "length") == 7
     assert has_vllm_family("# TYPE vllm:num_requests_running gauge\n") and not has_vllm_family("python_info 1\n")
     good = {"metrics": {"speculative_decoding": {"acceptance_histogram": [1, 2, 3], "num_spec_steps": 6,
                                                  "num_accepted_draft_tokens": 8, "num_draft_tokens": 12,

@@ -2,13 +2,15 @@
 metrics, SGLang's adaptive steps. Read from the released wheels (``/work/wheels/src/<pkg>-<version>``).
 
 * vLLM counts a verify round's accepted drafts *before* the output is cut at a stop token or at
-  ``max_tokens`` (0.10.1.1 and 0.34.0, ``vllm/v1/core/sched/scheduler.py``, ``update_from_output``:
-  ``make_spec_decoding_stats`` runs before ``_update_request_with_output`` trims the new tokens).
-  A request's last round can so count up to k accepted drafts whose tokens were never returned:
-  a request's counted tokens (rounds + accepted) may pass its own tokens - 1 by up to k. From 0.34.0
-  no drafts are proposed in a step that samples a request's last token under ``max_tokens``
-  (``_drafts_unused``, same file), so a request cut at ``max_tokens`` overshoots by at most k - 1;
-  a stop token cannot be known in advance, so k stays the bound there.
+  ``max_tokens`` (``vllm/v1/core/sched/scheduler.py``, ``update_from_output``: the spec-decode
+  stats are made before the new tokens are appended and trimmed at the stop; read in 0.9.2, 0.10.0,
+  0.10.1.1, 0.11.0, 0.11.1, 0.12.0, 0.14.0, 0.14.1, 0.25.0, 0.29.0, 0.33.0, 0.34.0). A request's
+  last round can so count up to k accepted drafts whose tokens were never returned: a request's
+  counted tokens (rounds + accepted) may pass its own tokens - 1 by up to k. From 0.33.0 (read in
+  0.33.0 and 0.34.0; 0.30-0.32 not read) no drafts are proposed in a step that samples a request's
+  last token under ``max_tokens`` (``_drafts_unused``, same file), so a request cut at
+  ``max_tokens`` overshoots by at most k - 1; a stop token cannot be known in advance, so k stays
+  the bound there. Releases not read get k, the larger bound.
 * ``--disable-log-stats`` builds no stat logger at all (0.10.1.1 and 0.34.0,
   ``vllm/v1/engine/async_llm.py``: ``StatLoggerManager`` only ``if self.log_stats``), so /metrics
   carries no ``vllm:`` family: acceptance cannot be read, which is not "no speculation".
@@ -46,9 +48,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 # vLLM releases whose scheduler was read for the overshoot, and what was found
-OVERSHOOT_READ = {"0.10.1.1": "vllm/v1/core/sched/scheduler.py (update_from_output)",
-                  "0.34.0": "vllm/v1/core/sched/scheduler.py (update_from_output, _drafts_unused)"}
-NO_DRAFT_AT_LAST_TOKEN = Version("0.34.0")  # the earliest release read that proposes no drafts for the last token
+OVERSHOOT_READ = ("0.9.2", "0.10.0", "0.10.1.1", "0.11.0", "0.11.1", "0.12.0", "0.14.0", "0.14.1", "0.25.0", "0.29.0",
+                  "0.33.0", "0.34.0")  # vllm/v1/core/sched/scheduler.py update_from_output: counted before the cut
+NO_DRAFT_AT_LAST_TOKEN = Version("0.33.0")  # the earliest release read with _drafts_unused (0.30-0.32 not read)
 PER_REQUEST_METRICS_FROM = Version("0.29.0")  # vllm/config/observability.py per_request_spec_decode_metrics
 ENABLE_PER_REQUEST = "--per-request-spec-decode-metrics summary"
 ENABLE_STATS = "drop --disable-log-stats (vLLM builds its /metrics stat loggers only when stats are logged)"
@@ -70,7 +72,7 @@ def _version(version: str | None) -> Version | None:
 def overshoot(version: str | None, k: int | None, finish: str | None) -> int:
     """Most accepted drafts vLLM may count past what one request returned (its last round, cut at the stop).
 
-    k per request; k - 1 for a request cut at ``max_tokens`` from 0.34.0 (no drafts for its last
+    k per request; k - 1 for a request cut at ``max_tokens`` from 0.33.0 (no drafts for its last
     token). k unknown: 0 (the caller has no bound, and says so by the window's status).
     """
     if not k:
