@@ -606,8 +606,8 @@ def _units(server: ServerInfo, replies: list[Reply], windows: list[Window], spec
 
 
 def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], replies: list[Reply],
-                windows: list[Window], specs: list[pc.RequestSpec], pos: tuple[float, ...] | None, length: float, se: float,
-                per_request: bool, findings: list[Finding], notes: list[str], out: dict[str, Any]) -> ServerInfo:
+                windows: list[Window], specs: list[pc.RequestSpec], pos: tuple[float, ...] | None, length: float,
+                se: float, per_request: bool, findings: list[Finding], notes: list[str], out: dict[str, Any]) -> ServerInfo:
     """A deployment as it is: one back-end or a pool behind a router, and the steps it actually runs.
 
     Returns the server as served (its running step count where it adapts) for the gap tests; fills
@@ -617,7 +617,8 @@ def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], repli
 
     # vLLM, one window per request: a request that left the counters where they were went to another back-end
     if per_request and not specs and len(windows) == len(replies) and len(windows) >= 2:
-        idle = [i for i, w in enumerate(windows) if w.emitted == 0 and w.drafts == 0 and replies[i].completion_tokens > 1]
+        idle = [i for i, w in enumerate(windows)
+                if w.emitted == 0 and w.drafts == 0 and replies[i].completion_tokens > 1]
         moving = [i for i, w in enumerate(windows) if w.status == "ok" and w.drafts > 0]
         if idle and moving:
             out["metrics_backend_requests"] = moving
@@ -1167,7 +1168,8 @@ def render_text(rep: ProbeReport) -> str:
     het = rep.deployment.get("heterogeneity")
     if het and het.get("p") is not None:
         low, high = het["split"]
-        lines.append(f"spread:  requests {'DISAGREE beyond' if het['disagree'] else 'agree within'} their SE (Q {het['q']:.1f} "
+        verb = "DISAGREE beyond" if het["disagree"] else "agree within"
+        lines.append(f"spread:  requests {verb} their SE (Q {het['q']:.1f} "
                      f"on {het['df']} df, p {het['p']:.2g}); split {len(low['units'])} at "
                      f"{low['accept_length']:.2f}, {len(high['units'])} at {high['accept_length']:.2f}")
     if rep.control is not None:

@@ -33,6 +33,7 @@ seconds whatever the test does.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import itertools
@@ -89,7 +90,7 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-class _Running:
+class _Running(contextlib.AbstractContextManager):
     """An HTTP server on 127.0.0.1 (ephemeral port) answering with ``route``; stops itself after LIFETIME."""
 
     def __init__(self, route: Callable[[str, str, dict[str, Any] | None], tuple[int, bytes, str]]) -> None:
@@ -132,9 +133,6 @@ class _Running:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5)
-
-    def __enter__(self) -> "_Running":
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -150,7 +150,7 @@ def gauge(text: str, name: str, combine: Any = max) -> float | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     keep = "\n".join(line for line in text.splitlines()
-                     if line.startswith(name) or line.startswith(f"# HELP {name} ") or line.startswith(f"# TYPE {name} "))
+                     if line.startswith((name, f"# HELP {name} ", f"# TYPE {name} ")))
     total = None
     try:
         for family in text_string_to_metric_families(keep + "\n" if keep else ""):
