@@ -170,6 +170,17 @@ def test_router_whose_metrics_are_one_backends(prompts: Path) -> None:
     assert doc["deployment"]["metrics_backend_requests"] == list(range(0, 16, 2))
 
 
+def test_router_whose_metrics_are_one_backends_four_at_a_time(prompts: Path) -> None:
+    """The same pool probed 4 at a time: one window, holding about half of the probe's tokens."""
+    a = backend(Backend(engine="vllm", release="0.34.0", k=3, q=0.79, seed=1))
+    b = backend(Backend(engine="vllm", release="0.34.0", k=3, q=0.32, seed=2))
+    with a, b, Router([a, b], metrics_from=0) as r:
+        code, out, doc = _probe(r.url, "--prompts", str(prompts), "--max-tokens", "128", "--concurrency", "4",
+                                "--json")
+    assert code == 1 and _codes(doc).get("one-backend-metrics") == "warning", out
+    assert 0.3 < doc["deployment"]["metrics_share_of_probe_tokens"] < 0.7
+
+
 def test_router_with_per_request_metrics_splits_the_requests(prompts: Path) -> None:
     """The same pool with vLLM 0.29's per-request metrics: the requests disagree, the split is the two back-ends."""
     a = backend(Backend(engine="vllm", release="0.29.0", k=3, q=0.79, seed=1, per_request="summary"))
