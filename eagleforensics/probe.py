@@ -196,7 +196,7 @@ class ProbeReport:
         parts = [f"{'healthy' if self.healthy else 'UNHEALTHY'}: {s.engine} {s.version or '(release not said)'} "
                  f"serving {s.model}"]
         codes = {f.code for f in self.findings}
-        if "metrics-disabled" in codes:
+        if any(f.code == "metrics-disabled" and f.severity == "warning" for f in self.findings):
             parts.append("metrics disabled: acceptance cannot be read (vLLM runs with --disable-log-stats)")
         elif not s.speculative:
             parts.append("no speculative decoding")
@@ -233,6 +233,7 @@ class ProbeReport:
     def run_record(self) -> dict[str, Any]:
         """The part ``plan`` reads: this server as one run (accept length, tok/s, its launch)."""
         s = self.server
+        running = (self.deployment.get("steps") or {}).get("running")  # adaptive: the steps actually run
         return {"engine": s.engine, "speculative": bool(s.speculative), "requests": len(self.replies),
                 "rounds": self.rounds, "accept_length": _num(self.accept_length) if self.called else None,
                 "accept_length_se": _num(self.accept_length_se) if self.called else None,
@@ -240,8 +241,10 @@ class ProbeReport:
                 "batch": max(1, min(self.inputs.concurrency, len(self.replies))),
                 "per_position_acceptance": list(self.per_pos) if self.per_pos and self.called else None,
                 "server_args": {"engine": s.engine, "version": s.version, "model": s.model, "draft": s.draft,
-                                "algorithm": s.algorithm, "num_steps": s.num_steps, "topk": s.topk,
-                                "num_draft_tokens": s.num_draft_tokens, "cuda_graph": s.cuda_graph,
+                                "algorithm": s.algorithm, "num_steps": running or s.num_steps, "topk": s.topk,
+                                "launch_num_steps": s.num_steps,
+                                "num_draft_tokens": running + 1 if running and (s.topk or 1) == 1 else
+                                s.num_draft_tokens, "cuda_graph": s.cuda_graph,
                                 "prefix_cache": s.prefix_cache}}
 
     def to_dict(self) -> dict[str, Any]:

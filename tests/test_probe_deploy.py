@@ -111,7 +111,7 @@ def test_vllm_per_request_metrics_carry_the_figure(prompts: Path) -> None:
     acc = doc["acceptance"]
     assert acc["called"] and acc["units"] == 16 and acc["accept_length_se"] > 0
     assert abs(acc["accept_length"] - _chain(0.6, 3)) < max(4 * acc["accept_length_se"], 0.1)
-    assert _codes(doc).get("metrics-disabled") == "info"
+    assert _codes(doc).get("metrics-disabled") == "info" and "metrics disabled" not in doc["verdict"]
     assert all(r["rounds"] for r in doc["requests"])
     assert len(acc["per_position_acceptance"]) == 3
 
@@ -246,6 +246,7 @@ def test_sglang_adaptive_steps_are_read(metrics: bool, prompts: Path, tmp_path: 
     codes = _codes(doc)
     assert code == 0 and "adaptive-steps" in codes and "serving-gap" not in codes, out
     assert doc["deployment"]["steps"]["launched"] == 7 and doc["deployment"]["steps"]["running"] == 3
+    assert doc["run"]["server_args"]["num_steps"] == 3 and doc["run"]["server_args"]["launch_num_steps"] == 7
     assert abs(doc["serving_gap"]["expected"] - _chain(0.7, 3)) < 0.01
     msg = next(f["message"] for f in doc["findings"] if f["code"] == "adaptive-steps")
     assert ("sglang:spec_num_steps" in msg) == metrics and ("per-position" in msg) != metrics
