@@ -346,3 +346,20 @@ def test_probepool_units() -> None:
     assert spec is not None and abs(spec.accept_length - (1 + 8 / 6)) < 1e-9
     good["metrics"]["speculative_decoding"]["num_spec_steps"] = 7  # does not add up: not read
     assert request_spec(good) is None and request_spec({"metrics": None}) is None
+
+
+def test_plan_reads_the_steps_an_adaptive_server_runs(prompts: Path, tmp_path: Path) -> None:
+    """plan takes the probe run at the steps actually run (3), not the launch's 7: no false serving gap there."""
+    from eagleforensics.cli.plan import plan as plan_cmd
+
+    replay = _replay(tmp_path, 0.7)
+    run = tmp_path / "adaptive.json"
+    with backend(Backend(engine="sglang", release="0.5.23", k=7, q=0.7, adaptive=True, running=3)) as s:
+        code, out, _ = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "256", "--out", str(run))
+    assert code == 0, out
+    res = CliRunner().invoke(plan_cmd, [f"spec={run}", "--replay", str(replay), "--max-topk", "1", "--json"])
+    assert res.exit_code in (0, 1), res.output
+    doc = json.loads(res.stdout)
+    served = next(r for r in doc["runs"] if r["label"] == "spec")
+    assert served["config"]["steps"] == 3
+    assert doc["serving_gap"] is not None and not doc["serving_gap"]["found"]
