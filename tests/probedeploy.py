@@ -1,6 +1,6 @@
 """Stand-in deployments for probe: vLLM and SGLang back-ends as the cited releases count and reply, and routers.
 
-Written from the released wheels under /work/wheels/src (not from probe's own tables):
+Written from the released wheels (pip download --no-deps, unzipped; not from probe's own tables):
 
 * vLLM 0.10.1.1 / 0.29.0 / 0.34.0 (``vllm/v1/core/sched/scheduler.py``, ``update_from_output``): a
   request's first token comes from prefill; every later step verifies k drafts, accepts a of them

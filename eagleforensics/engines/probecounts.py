@@ -1,5 +1,6 @@
 """How each release counts what ``probe`` reads: the slack of vLLM's counters, metrics off, per-request spec
-metrics, SGLang's adaptive steps. Read from the released wheels (``/work/wheels/src/<pkg>-<version>``).
+metrics, SGLang's adaptive steps. Read from the released wheels (``pip download --no-deps sglang==X
+vllm==Y``, unzipped).
 
 * vLLM counts a verify round's accepted drafts *before* the output is cut at a stop token or at
   ``max_tokens`` (``vllm/v1/core/sched/scheduler.py``, ``update_from_output``: the spec-decode
