@@ -97,6 +97,7 @@ class ProbeInputs:
     settle: float = 15.0
     control: bool = False  # positive control: replay's trained-wiring figure on the same records
     since: str | None = None  # an earlier probe JSON: the traffic between its end and this probe's start
+    log: str | None = None  # the server's log: with ``since``, its decode lines between the two probes
 
 
 @dataclass(frozen=True)
@@ -749,12 +750,20 @@ def _snapshot(client: Client, engine: str) -> dict[str, float] | None:
 
 def _between(earlier: dict[str, Any], now: dict[str, float] | None, now_time: float, engine: str,
              steps: int | None) -> dict[str, Any]:
-    """The accept length of the traffic between an earlier probe's last read and this probe's first."""
+    """The accept length of the traffic between an earlier probe's last read and this probe's first (the keys
+    ``accept_length``, ``accept_length_se``, ``rounds``, ``tokens``, ``seconds``, ``note``; None where unknown)."""
+    return {"accept_length": None, "accept_length_se": None, "rounds": None, "tokens": None,
+            **_between_counts(earlier, now, now_time, engine, steps)}
+
+
+def _between_counts(earlier: dict[str, Any], now: dict[str, float] | None, now_time: float, engine: str,
+                    steps: int | None) -> dict[str, Any]:
     seconds = now_time - earlier["end_time"]
     before = earlier["end"]
     if now is None or before is None:
         return {"note": "not measured: the server's cumulative counters are not on /metrics (SGLang: start it with "
-                        "--enable-metrics; vLLM: the V1 counters with drafts)", "seconds": seconds}
+                        "--enable-metrics, or pass its log with --log; vLLM: the V1 counters with drafts)",
+                "seconds": seconds}
     if engine == "vllm":
         rounds = now[pf.V1_DRAFTS] - before.get(pf.V1_DRAFTS, math.nan)
         tokens = rounds + now[pf.V1_ACCEPTED] - before.get(pf.V1_ACCEPTED, math.nan)
@@ -773,6 +782,40 @@ def _between(earlier: dict[str, Any], now: dict[str, float] | None, now_time: fl
     return {"accept_length": length, "accept_length_se": se, "rounds": rounds, "tokens": tokens, "seconds": seconds,
             "note": "one window of every request the server finished between the two probes (SE: the rounds' own "
                     "sampling error, a chain fitted to the figure; no spread across requests)"}
+
+
+def _log_between(between: dict[str, Any], log: str, engine: str, since: float, until: float) -> dict[str, Any]:
+    """Add the server log's figure between two probes: its decode lines stamped after the earlier probe's
+    end and a second before this one's start (the log's stamps are whole seconds on the server's clock,
+    read as this machine's local time), the median accept length over them with its SE."""
+    from datetime import datetime
+
+    from .engines.logs import PLACEHOLDER_YEAR, parse_log
+    from .serving.servinggap import median_se
+
+    df = parse_log(log, engine=engine)
+    t0, t1 = datetime.fromtimestamp(since), datetime.fromtimestamp(until - 1.0)
+    if engine == "vllm":  # vLLM's stamps have no year (engines.logs)
+        t0, t1 = t0.replace(year=PLACEHOLDER_YEAR), t1.replace(year=PLACEHOLDER_YEAR)
+    rows = df[(df["time"] > t0) & (df["time"] < t1)] if len(df) else df
+    values = [float(v) for v in rows["accept_length"].dropna()] if len(rows) else []
+    got: dict[str, Any] = {"lines": len(values), "from": t0.isoformat(timespec="seconds"),
+                           "to": t1.isoformat(timespec="seconds")}
+    if values:
+        values.sort()
+        mid = len(values) // 2
+        med = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        se = median_se(values)
+        got.update(median_accept_length=med, median_accept_length_se=_num(se))
+    out = {**between, "log": got}
+    if out.get("accept_length") is None and values:
+        out.update(accept_length=got["median_accept_length"], accept_length_se=got["median_accept_length_se"],
+                   rounds=None, note=f"from the server log: the median over its {len(values)} decode lines between "
+                                     "the two probes (each an interval's average; the counters, with SGLang's "
+                                     "--enable-metrics, give the exact figure)")
+    elif not values:
+        out["log"]["note"] = "no decode line with an accept length between the two probes"
+    return out
 
 
 def _control(inputs: ProbeInputs, server: ServerInfo, length: float, se: float, called: bool,
@@ -863,6 +906,8 @@ def _check(inputs: ProbeInputs) -> None:
     if inputs.control and (inputs.replay is None or not inputs.train):
         raise ForensicsError("--control needs --train RECORDS and --replay REPLAY.json (replay --json on the same "
                              "records): replay's figure for the trained wiring on them is the control's expectation")
+    if inputs.log is not None and inputs.since is None:
+        raise ForensicsError("--log reads the server's log between two probes: give --since EARLIER.json too")
     if inputs.baseline is not None and inputs.temperature != 0.0:
         raise ForensicsError("--baseline compares greedy outputs token by token: --temperature must be 0")
     if inputs.requests is not None and not 1 <= inputs.requests <= MAX_REQUESTS:
@@ -974,9 +1019,10 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                 fix="raise --settle (vLLM 0.7.3 updates its counters when it logs, every few seconds)"))
 
     end_counts, end_time = _snapshot(client, engine), time.time()
-    server_counters = None if start_counts is None and end_counts is None else {
-        "start": start_counts, "end": end_counts, "start_time": start_time, "end_time": end_time}
+    server_counters = {"start": start_counts, "end": end_counts, "start_time": start_time, "end_time": end_time}
     between = None if earlier is None else _between(earlier, start_counts, start_time, engine, server.num_steps)
+    if between is not None and inputs.log is not None:
+        between = _log_between(between, inputs.log, engine, earlier["end_time"], start_time)
     specs = [r.extra.get("spec") for r in replies] if engine == "vllm" else []
     use_specs = bool(specs) and all(x is not None for x in specs)
     if use_specs:
@@ -1180,11 +1226,18 @@ def render_text(rep: ProbeReport) -> str:
         lines.append(f"gap:     not tested: {pr(rep.gap_note)}")
     b = rep.between
     if b is not None:
-        lines.append("between: " + (
-            f"accept length {b['accept_length']:.3f}" + (f" +- {b['accept_length_se']:.3f}" if b.get(
-                'accept_length_se') is not None else "") + f" over {b['rounds']:.0f} rounds in the "
-            f"{b['seconds']:.0f} s since the earlier probe (other clients' traffic)"
-            if b.get("accept_length") is not None else pr(b["note"])))
+        if b.get("accept_length") is not None:
+            se = f" +- {b['accept_length_se']:.3f}" if b.get("accept_length_se") is not None else ""
+            over = (f"{b['rounds']:.0f} rounds" if b.get("rounds") is not None else
+                    f"{(b.get('log') or {}).get('lines', 0)} log lines (median)")
+            lines.append(f"between: accept length {b['accept_length']:.3f}{se} over {over} in the "
+                         f"{b['seconds']:.0f} s since the earlier probe (other clients' traffic)")
+        else:
+            lines.append(f"between: {pr(b['note'])}")
+        log = b.get("log")
+        if log is not None and log.get("median_accept_length") is not None and b.get("rounds") is not None:
+            lines.append(f"         the log's decode lines then: median {log['median_accept_length']:.3f} over "
+                         f"{log['lines']} lines")
     het = rep.deployment.get("heterogeneity")
     if het and het.get("p") is not None:
         low, high = het["split"]

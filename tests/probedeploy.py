@@ -69,6 +69,7 @@ class Backend:
     adapt_after: int = 20  # ... after this many verify passes
     enable_metrics: bool = True  # SGLang --enable-metrics
     port_tag: int = 30000  # SGLang: the port its arguments name
+    log: str | None = None  # SGLang: write a decode line per finished request here (metrics_reporter's format)
     q_code: float | None = None  # SGLang: prompts that mention "code" accept with this q instead (another kind)
     other_on: tuple[int, ...] = ()  # vLLM: generations (0-based) during which another client's request is counted
     seen: list[dict[str, Any]] = field(default_factory=list)
@@ -306,6 +307,12 @@ class SglangBackend(_Running):
             correct = sum(j * c for j, c in enumerate(hist))
             self.generated.labels(MODEL, "false").inc(n)
             self.verify_calls.labels(MODEL).inc(verify)
+            if b.log is not None:  # srt/managers/scheduler_components/metrics_reporter.py report_decode_stats
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                with self.lock, open(b.log, "a") as fh:
+                    fh.write(f"[{stamp} TP0] Decode batch, #running-req: 1, #token: {n + 8}, token usage: 0.01, "
+                             f"accept len: {n / verify:.2f}, accept rate: {correct / (verify * k):.2f}, "
+                             "cuda graph: True, gen throughput (token/s): 80.00, #queue-req: 0\n")
             meta = {"id": f"r{len(b.seen)}", "finish_reason": {"type": "length", "length": n},
                     "prompt_tokens": len(prompt) if isinstance(prompt, list) else 8, "completion_tokens": n,
                     "cached_tokens": 0, "spec_accept_rate": correct / (verify * k),

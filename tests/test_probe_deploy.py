@@ -147,13 +147,36 @@ def test_window_between_two_probe_runs(engine: str, release: str, prompts: Path,
     assert abs(doc["acceptance"]["accept_length"] - _chain(0.3, 3)) < 0.15  # this probe's own, after the change
 
 
-def test_since_without_counters_is_said(prompts: Path, tmp_path: Path) -> None:
-    first = tmp_path / "first.json"
-    with backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.6, enable_metrics=False)) as s:
+def test_since_from_the_log_without_counters(prompts: Path, tmp_path: Path) -> None:
+    """SGLang without --enable-metrics: no counters, so the window between the runs comes from the server's log
+    (its decode lines between the two probes); without --log it is said not measured."""
+    import time
+
+    first, log = tmp_path / "first.json", tmp_path / "server.log"
+    with backend(Backend(engine="sglang", release="0.5.23", k=3, q=0.6, enable_metrics=False, log=str(log))) as s:
         code, out, _ = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--out", str(first))
         assert code == 0, out
-        code, out, _ = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--since", str(first))
-    assert code == 2 and "--enable-metrics" in out and len(out.strip().splitlines()) == 1
+        time.sleep(1.1)  # the log stamps whole seconds: the window's edges are a second wide
+        s.b.q = 0.3
+        _other_client(s.url, "sglang", 12)
+        time.sleep(1.1)
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--since", str(first),
+                                "--json")
+        assert code == 0 and doc["between_runs"]["accept_length"] is None and "--enable-metrics" in \
+            doc["between_runs"]["note"], out
+        time.sleep(1.1)
+        code, out, doc = _probe(s.url, "--prompts", str(prompts), "--max-tokens", "64", "--since", str(first),
+                                "--log", str(log), "--json")
+    assert code == 0, out
+    b = doc["between_runs"]
+    assert b["log"]["lines"] == 12 + 16, b  # the other client's 12 and the probe just before this one
+    assert b["accept_length"] is not None and b["rounds"] is None
+    assert abs(b["accept_length"] - _chain(0.3, 3)) < 0.15  # per-line figures of 64-token requests at 0.3 a step
+
+
+def test_log_needs_since(prompts: Path, tmp_path: Path) -> None:
+    code, out, _ = _probe("http://127.0.0.1:9", "--prompts", str(prompts), "--log", str(tmp_path / "x.log"))
+    assert code == 2 and "--since" in out and len(out.strip().splitlines()) == 1
 
 
 # -- 2. deployments: routers and disagreeing requests ---------------------------------------------------

@@ -45,6 +45,9 @@ from .common import echo_text, run_guarded
 @click.option("--since", "since", type=click.Path(), default=None, metavar="EARLIER.json",
               help="An earlier probe's --out file of this server: also the accept length of all the traffic between "
                    "its end and this probe's start (server-wide counters; SGLang needs --enable-metrics).")
+@click.option("--log", "log", type=click.Path(), default=None, metavar="SERVER.log",
+              help="With --since: the server's log; its decode lines between the two probes give a windowed figure "
+                   "where the counters give none.")
 @click.option("--api-key-env", metavar="VAR", default=None,
               help="Name of the environment variable holding the server's API key (never written anywhere).")
 @click.option("--show-url", is_flag=True, help="Write the server addresses into the JSON and report (default: hidden).")
@@ -56,8 +59,7 @@ from .common import echo_text, run_guarded
 def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[str, ...], target: str | None,
           max_tokens: int, temperature: float, baseline_url: str | None, n_requests: int | None, concurrency: int,
           timeout: float, settle: float, replay_json: str | None, control: bool, drafter: str | None,
-          since: str | None,
-          api_key_env: str | None,
+          since: str | None, log: str | None, api_key_env: str | None,
           show_url: bool, as_json: bool, out_path: str | None, report_path: str | None) -> None:
     """Probe a running SGLang or vLLM server: health, accept length per request with its SE, tok/s, serving gap.
 
@@ -88,7 +90,7 @@ def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[s
                              max_tokens=max_tokens, temperature=temperature, baseline=baseline_url,
                              requests=n_requests, concurrency=concurrency, timeout=timeout, replay=replay_json,
                              api_key=key, show_url=show_url, settle=settle, control=control,
-                             since=since)
+                             since=since, log=log)
         import tempfile
         from dataclasses import replace
 

@@ -115,8 +115,7 @@ def read_probe_counters(path: str | Path) -> dict[str, Any]:
     if engine not in ("sglang", "vllm"):
         raise _bad(p, "server.engine is not sglang or vllm")
     if not isinstance(block, dict):
-        raise ForensicsError("--since: that probe read no server-wide counters (SGLang needs --enable-metrics)",
-                             path=p)
+        raise ForensicsError("--since: that probe file has no server_counters (written by an older probe)", path=p)
     end, when = block.get("end"), block.get("end_time")
     if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when) or when < 0:
         raise _bad(p, "server_counters.end_time is not a time")
