@@ -176,6 +176,12 @@ class ProbeReport:
         return None, None
 
     @property
+    def per_request_figure(self) -> bool:
+        """Whether the figure rests on requests (SGLang's fields, vLLM's per-request metrics), not counter windows."""
+        return self.server.engine == "sglang" or (bool(self.replies) and all(
+            r.extra.get("spec") is not None for r in self.replies))
+
+    @property
     def called(self) -> bool:
         return math.isfinite(self.accept_length) and self.rounds >= MIN_ROUNDS
 
@@ -205,7 +211,8 @@ class ProbeReport:
             parts.append(f"accept length {self.accept_length:.2f}" + (
                 f" +- {self.accept_length_se:.2f}" if math.isfinite(self.accept_length_se) else " (SE n/a)") +
                 f" over {self.rounds:.0f} rounds" +
-                (" (ONE BACK-END's of a pool, not the deployment's)" if "one-backend-metrics" in codes else ""))
+                (" (ONE BACK-END's of a pool, not the deployment's)" if any(
+                    f.code == "one-backend-metrics" and f.severity == "warning" for f in self.findings) else ""))
             if "requests-disagree" in codes and self.deployment.get("heterogeneity"):
                 low, high = self.deployment["heterogeneity"]["split"]
                 parts.append(f"requests disagree: {len(low['units'])} at {low['accept_length']:.2f}, "
@@ -267,7 +274,7 @@ class ProbeReport:
             "run": self.run_record(),
             "acceptance": {"accept_length": _num(self.accept_length), "accept_length_se": _num(self.accept_length_se),
                            "called": self.called, "rounds": self.rounds, "min_rounds": MIN_ROUNDS,
-                           "units": self.units, "per": "request" if self.server.engine == "sglang" else "window",
+                           "units": self.units, "per": "request" if self.per_request_figure else "window",
                            "per_position_acceptance": list(self.per_pos) if self.per_pos else None},
             "requests": reqs, "windows": [w.to_dict() for w in self.windows],
             "baseline": None if self.baseline is None else {
@@ -612,7 +619,8 @@ def _units(server: ServerInfo, replies: list[Reply], windows: list[Window], spec
 
 def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], replies: list[Reply],
                 windows: list[Window], specs: list[pc.RequestSpec], pos: tuple[float, ...] | None, length: float,
-                se: float, per_request: bool, findings: list[Finding], notes: list[str], out: dict[str, Any]) -> ServerInfo:
+                se: float, per_request: bool, findings: list[Finding], notes: list[str], out: dict[str, Any]
+                ) -> ServerInfo:
     """A deployment as it is: one back-end or a pool behind a router, and the steps it actually runs.
 
     Returns the server as served (its running step count where it adapts) for the gap tests; fills
@@ -620,38 +628,34 @@ def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], repli
     """
     from .evidence.probepool import alternation_z, heterogeneity
 
-    # vLLM, one window per request: a request that left the counters where they were went to another back-end
-    if per_request and not specs and len(windows) == len(replies) and len(windows) >= 2:
+    # vLLM: counters that hold only some of the probe's requests are one back-end's of a pool. One window per
+    # request: the requests that left them still went elsewhere; one window for the whole probe: V1 counters
+    # move per step, so a window short of the probe's own tokens saw only part of them
+    seen_by = None
+    if per_request and len(windows) == len(replies) and len(windows) >= 2:
         idle = [i for i, w in enumerate(windows)
                 if w.emitted == 0 and w.drafts == 0 and replies[i].completion_tokens > 1]
         moving = [i for i, w in enumerate(windows) if w.status == "ok" and w.drafts > 0]
         if idle and moving:
             out["metrics_backend_requests"] = moving
-            findings[:] = [f for f in findings if f.code != "counters-short"]
-            findings.append(Finding(
-                "one-backend-metrics", "warning",
-                f"{len(idle)} of {len(windows)} requests left vLLM's spec-decode counters where they were while the "
-                f"other {len(moving)} moved them by their own tokens: /metrics is one back-end's of a pool (a router "
-                f"or balancer sends requests to others), so the accept length {length:.2f} is that back-end's, not "
-                "the deployment's",
-                fix="probe each back-end at its own address, or start vLLM 0.29+ with "
-                    f"{pc.ENABLE_PER_REQUEST} (each reply then carries its own figure)"))
-    # vLLM, one window for the whole probe: counters published per step (V1) that hold only part of the probe's
-    # own tokens were moved by only some of its requests
-    elif (not specs and len(windows) == 1 and server.counters is pf.V1
-          and windows[0].requests > 1 and windows[0].emitted > 0):
+            seen_by = (f"{len(idle)} of {len(windows)} requests left vLLM's spec-decode counters where they were "
+                       f"while the other {len(moving)} moved them by their own tokens")
+    elif len(windows) == 1 and server.counters is pf.V1 and windows[0].requests > 1 and windows[0].emitted > 0:
         w = windows[0]
         share = w.emitted / max(1, w.tokens - w.requests)
         if share < PART_OF_POOL:
             out["metrics_share_of_probe_tokens"] = share
-            findings[:] = [f for f in findings if f.code != "counters-short"]
-            findings.append(Finding(
-                "one-backend-metrics", "warning",
-                f"vLLM's spec-decode counters account for {share:.0%} of the probe's own tokens ({w.emitted:.0f} "
-                f"counted for {w.tokens} generated by {w.requests} requests): /metrics is one back-end's of a pool "
-                "that the other requests did not reach (a router or balancer), so the figure is that back-end's",
-                fix="probe each back-end at its own address, or probe with --concurrency 1 (which requests reach "
-                    f"this /metrics is then said), or start vLLM 0.29+ with {pc.ENABLE_PER_REQUEST}"))
+            seen_by = (f"vLLM's spec-decode counters account for {share:.0%} of the probe's own tokens "
+                       f"({w.emitted:.0f} counted for {w.tokens} generated by {w.requests} requests)")
+    if seen_by is not None:
+        findings[:] = [f for f in findings if f.code != "counters-short"]
+        findings.append(Finding(
+            "one-backend-metrics", "info" if specs else "warning",
+            f"{seen_by}: /metrics is one back-end's of a pool (a router or balancer sends requests to others), so "
+            + ("the counters are that back-end's; the figure comes from each reply's own metrics" if specs else
+               f"the accept length {length:.2f} is that back-end's, not the deployment's"),
+            fix="probe each back-end at its own address, or start vLLM 0.29+ with "
+                f"{pc.ENABLE_PER_REQUEST} (each reply then carries its own figure)"))
     # SGLang: the server's own account, read again: another back-end answers with another port or start time
     if server.engine == "sglang" and server.identity:
         seen = [server.identity]
@@ -1034,6 +1038,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
         # the counters no longer carry the figure
         findings[:] = [replace(f, severity="info") if f.code in ("counters-moved", "counters-short") else f
                        for f in findings]
+        notes[:] = [n for n in notes if "give one window for the whole probe" not in n]
     if metrics_off:
         findings.append(Finding(
             "metrics-disabled", "info" if use_specs else "warning",
@@ -1208,7 +1213,7 @@ def render_text(rep: ProbeReport) -> str:
             se = f" +- {rep.accept_length_se:.3f}" if math.isfinite(rep.accept_length_se) else " (SE n/a)"
             called = "" if rep.called else f"  [NOT CALLED: {rep.rounds:.0f} rounds < {MIN_ROUNDS}]"
             lines.append(f"accept:  {rep.accept_length:.3f}{se} over {rep.rounds:.0f} rounds in {rep.units} "
-                         f"{'request' if s.engine == 'sglang' else 'window'}{'s' if rep.units != 1 else ''}{called}")
+                         f"{'request' if rep.per_request_figure else 'window'}{'s' if rep.units != 1 else ''}{called}")
         elif rep.windows:
             lines.append("accept:  no clean counter window (see the windows above)")
         else:

@@ -215,6 +215,8 @@ def test_router_with_per_request_metrics_splits_the_requests(prompts: Path) -> N
     assert sorted(low["units"]) == list(range(1, 16, 2)) and sorted(high["units"]) == list(range(0, 16, 2))
     assert abs(low["accept_length"] - 1.455) < 0.15 and abs(high["accept_length"] - 2.907) < 0.25
     assert abs(doc["acceptance"]["accept_length"] - 1.91) < 0.25  # the pool's figure
+    assert doc["acceptance"]["per"] == "request" and "ONE BACK-END" not in doc["verdict"]
+    assert _codes(doc).get("one-backend-metrics") == "info"  # said, but each reply carries its own figure
 
 
 def test_sglang_router_requests_disagree_and_backends_differ(prompts: Path) -> None:
