@@ -42,10 +42,12 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from .probeservers import _Server  # 127.0.0.1 servers that ignore clients leaving first
 
 MODEL = "/models/tiny-llama"
 LIFETIME = 90.0  # seconds: a stand-in shuts itself down after this
@@ -86,11 +88,6 @@ def _accepted(rng: random.Random, k: int, q: float) -> int:
     return a
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-
 class _Running(contextlib.AbstractContextManager):
     """An HTTP server on 127.0.0.1 (ephemeral port) answering with ``route``; stops itself after LIFETIME."""
 
@@ -118,6 +115,7 @@ class _Running(contextlib.AbstractContextManager):
                 self._answer("POST")
 
         self.httpd = _Server(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
         self.timer = threading.Timer(LIFETIME, self.close)
