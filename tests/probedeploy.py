@@ -222,7 +222,7 @@ class VllmBackend(_Running):
                         self.pos[i].inc(sum(1 for a in steps if a > i))
             choice: dict[str, Any] = {"index": 0, "text": " ".join(f"w{t}" for t in ids), "logprobs": None,
                                       "finish_reason": finish, "stop_reason": None}
-            if body.get("return_token_ids"):
+            if body.get("return_token_ids") and b.release != "0.10.1.1":  # the field came after 0.10.1.1
                 choice.update({"token_ids": ids, "prompt_token_ids": None})
             reply: dict[str, Any] = {"id": f"cmpl-{len(b.seen)}", "object": "text_completion",
                                      "created": int(time.time()), "model": MODEL, "choices": [choice],
