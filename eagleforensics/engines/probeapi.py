@@ -13,10 +13,12 @@ from typing import Any
 
 from ..errors import ForensicsError
 from ..io.httpclient import Client
+from . import probecounts as pc
 from . import probeformats as pf
 
 ENGINES = ("sglang", "vllm")
 DECLARED = "#declared "  # counters() keys for a spec-decode family the page declares
+FAMILIES = "#vllm-families"  # counters() key present when the page carries any vllm: family at all
 _SPEC = "vllm:spec_decode_"
 _HELP = "# HELP " + _SPEC
 _TYPE = "# TYPE " + _SPEC
@@ -38,6 +40,8 @@ class ServerInfo:
     cuda_graph: bool | None = None
     prefix_cache: bool | None = None
     counters: pf.CounterFormat | None = None
+    adaptive: bool | None = None  # SGLang speculative_adaptive: the step count moves at run time
+    identity: tuple[tuple[str, str], ...] = ()  # SGLang server-info fields that tell one back-end from another
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ def info(client: Client, engine: str) -> ServerInfo:
                           _int(args.get("speculative_eagle_topk")), _int(args.get("speculative_num_draft_tokens")),
                           args.get("speculative_draft_model_path") if isinstance(
                               args.get("speculative_draft_model_path"), str) else None,
-                          flag("disable_cuda_graph"), flag("disable_radix_cache"))
+                          flag("disable_cuda_graph"), flag("disable_radix_cache"),
+                          adaptive=args.get("speculative_adaptive") is True, identity=pc.identity(args))
     ver = client.get_json("/version")
     if not isinstance(ver, dict) or not isinstance(ver.get("version"), str):
         raise _bad(client, "/version", "no version string")
@@ -158,6 +163,8 @@ def counters(client: Client) -> dict[str, float]:
     keep = "\n".join(line for line in text.splitlines()
                      if line.startswith(_SPEC) or line.startswith(_HELP) or line.startswith(_TYPE))
     out: dict[str, float] = {}
+    if pc.has_vllm_family(text):
+        out[FAMILIES] = 1.0
     try:
         for family in text_string_to_metric_families(keep + "\n" if keep else ""):
             if family.name.startswith("vllm:spec_decode_"):
@@ -234,4 +241,4 @@ def _vllm_reply(client: Client, got: Any, seconds: float) -> Reply:
     choice = choices[0]
     finish = choice.get("finish_reason")
     return Reply(choice["text"], _ids(choice.get("token_ids")), done, finish if isinstance(finish, str) else None,
-                 seconds)
+                 seconds, extra={"spec": pc.request_spec(got)})
