@@ -7,7 +7,10 @@ another algorithm, or none, for an EAGLE-3 drafter. ``draft-path-missing``: no d
 the draft path is the target's. ``pp-drops-aux``: pipeline parallelism on a release whose
 non-last stages drop the aux states they capture. ``accept-len-one``: accept length 1.00 on every
 decode line, which a weak drafter never gives (it accepts sometimes): the drafter's drafts are
-structurally never the target's token. Engine facts: ``engines.launchrules`` (each row cites the
+structurally never the target's token. ``engine-refused``: the engine refused to start or died after
+the last arguments line (its own failure lines, ``engines.failurelines``, each cited: vLLM's "Model does
+not support EAGLE3 interface", "EngineCore failed to start", SGLang's "Scheduler hit an exception", a
+traceback ending the log); the line is quoted. Engine facts: ``engines.launchrules`` (each row cites the
 wheel file); threads: sgl-project/sglang#21272, #36528, #39644, vllm-project/vllm#22333, #36151,
 #36731, #50514 (docs/causes.md rows 12, 14).
 """
@@ -17,6 +20,7 @@ import math
 from pathlib import PurePosixPath
 from typing import Any
 
+from ..engines.failurelines import log_failure
 from ..engines.launchrules import aux_survives_pp, eagle3_algorithm, launch_fact, pp_stage_of_position
 from ..engines.rules import ENGINE_NAMES
 from ..errors import ForensicsError, printable
@@ -200,6 +204,32 @@ def check_accept_len(art: Artifacts, name: str) -> tuple[list[Finding], dict[str
     return [], data
 
 
+REFUSE_SOURCE = "the engine's own failure lines (docs/serving-causes.md, engine-refused)"
+KIND_TEXT = {"eagle3-refused": "refused EAGLE-3 at start: the target's model class in this release has no aux-state "
+                               "capture, so no token was ever served with the drafter",
+             "start-failed": "failed to start", "died": "died after starting",
+             "traceback": "stopped at start with a Python error"}
+
+
+def check_failure(art: Artifacts, name: str, after: int) -> tuple[list[Finding], dict[str, Any]]:
+    """The engine's own refusal or death after the last arguments line, with the line quoted."""
+    fail = log_failure(art.inputs.log, after) if art.inputs.log else None
+    if fail is None:
+        return [], {}
+    quoted = printable(fail.line[:300])
+    err = ""
+    if fail.error and fail.error != fail.line:
+        err = f"; the error that ended it (line {fail.error_line_no}): {printable(fail.error[:300])!r}"
+    data = {"failure": {"kind": fail.kind, "line": fail.line_no, "text": fail.line[:300],
+                        "error": (fail.error or "")[:300] or None, "source": fail.source}}
+    fix = ("Serve this target on a release whose model class captures aux states (doctor --target with "
+           "--engine-version says which), or without EAGLE-3." if fail.kind == "eagle3-refused" else
+           "Read the error above the quoted line in the log and fix it before judging acceptance: no decode "
+           "statistics of this start exist.")
+    return [Finding("engine-refused", "error", f"{name} {KIND_TEXT[fail.kind]} (line {fail.line_no}: {quoted!r}"
+                    f"{err}).", fix=fix, source=f"{fail.source}; {REFUSE_SOURCE}", impact="collapse")], data
+
+
 def run(art: Artifacts) -> CheckResult:
     """Every launch check the log allows; a log with no arguments line still gives the decode-line check."""
     args = art.server_args
@@ -208,6 +238,9 @@ def run(art: Artifacts) -> CheckResult:
     notes = []
     if args is None:
         notes.append("the log has no arguments line (the launch checks need one)")
+        failed, fail_data = check_failure(art, "the server", 0)
+        findings += failed
+        data.update(fail_data)
     else:
         if art.inputs.engine is not None and art.inputs.engine != args.engine:
             raise ForensicsError(f"--engine {art.inputs.engine} but the log is a {ENGINE_NAMES[args.engine]} server's",
@@ -220,7 +253,12 @@ def run(art: Artifacts) -> CheckResult:
         pp, pp_data = check_pp(art, name)
         findings += pp
         data.update(pp_data)
-        notes.append(f"server started with {args.describe()}")
+        failed, fail_data = check_failure(art, name, args.line_no or 0)
+        findings += failed
+        data.update(fail_data)
+        notes.append(f"server started with {args.describe()}" + (
+            f"; it {KIND_TEXT[fail_data['failure']['kind']].split(':')[0]} (line {fail_data['failure']['line']})"
+            if fail_data else ""))
     more, acc = check_accept_len(art, "")
     findings += more
     data.update(acc)
@@ -233,4 +271,4 @@ def run(art: Artifacts) -> CheckResult:
 
 CHECK = register(Check("launch", "the server's launch arguments and decode lines (--log)",
                        ("algorithm-mismatch", "draft-path-missing", "draft-is-target", "pp-drops-aux",
-                        "accept-len-one"), ("log",), run, order=5))
+                        "accept-len-one", "engine-refused"), ("log",), run, order=5))

@@ -1,0 +1,114 @@
+"""Issue 41, the engine / serving side: every rule at every release it claims, read from the released wheels.
+
+Each failure is built from the released artifacts' formats (the log lines as the wheels' logging calls
+print them, cited beside each) and fails on the main branch before issue 41; the clean counterparts stay
+clean.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagleforensics.checks.base import DoctorInputs
+from eagleforensics.checks.registry import get_check
+from eagleforensics.doctor import diagnose
+from eagleforensics.engines.failurelines import find_failure
+from eagleforensics.testing.defects import SAMPLES, sglang_log, vllm_log
+
+SPEC = {"method": "eagle3", "model": str(SAMPLES / "drafter"), "num_speculative_tokens": 3}
+
+
+def _run(names: tuple[str, ...], **inputs: object):  # noqa: ANN202
+    inputs = {k: str(v) if isinstance(v, Path) else v for k, v in inputs.items()}
+    return diagnose(DoctorInputs(**inputs), checks=[get_check(n) for n in names], pipelines=())
+
+
+def _found(report, code: str) -> list[tuple[str, str]]:  # noqa: ANN001
+    return [(r.finding.code, r.finding.severity) for r in report.findings if r.finding.code == code]
+
+
+def _prefixed(path: Path, prefix: str) -> None:
+    path.write_text("".join(f"{prefix}{line}\n" for line in path.read_text().splitlines()))
+
+
+# vLLM 0.11.0: the engine-core process's logger.exception (v1/engine/core.py:708) prints the traceback with vLLM's
+# header on every line (logging_utils/formatter.py), the process prefix from vllm/utils _add_prefix; then the
+# API server's RuntimeError from v1/engine/utils.py:785
+VLLM_0_11_REFUSAL = """\
+(EngineCore_DP0 pid=2345) INFO 11-29 12:58:30 [gpu_model_runner.py:2602] Starting to load model /models/qwen3-next...
+(EngineCore_DP0 pid=2345) ERROR 11-29 12:58:41 [core.py:708] EngineCore failed to start.
+(EngineCore_DP0 pid=2345) ERROR 11-29 12:58:41 [core.py:708] Traceback (most recent call last):
+(EngineCore_DP0 pid=2345) ERROR 11-29 12:58:41 [core.py:708]   File "/usr/local/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 699, in run_engine_core
+(EngineCore_DP0 pid=2345) ERROR 11-29 12:58:41 [core.py:708]     engine_core = EngineCoreProc(*args, **kwargs)
+(EngineCore_DP0 pid=2345) ERROR 11-29 12:58:41 [core.py:708]   File "/usr/local/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 2649, in load_model
+(EngineCore_DP0 pid=2345) ERROR 11-29 12:58:41 [core.py:708]     raise RuntimeError(
+(EngineCore_DP0 pid=2345) ERROR 11-29 12:58:41 [core.py:708] RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested
+(EngineCore_DP0 pid=2345) Process EngineCore_DP0:
+(EngineCore_DP0 pid=2345) Traceback (most recent call last):
+(EngineCore_DP0 pid=2345)   File "/usr/lib/python3.12/multiprocessing/process.py", line 314, in _bootstrap
+(EngineCore_DP0 pid=2345) RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested
+(APIServer pid=1) Traceback (most recent call last):
+(APIServer pid=1)   File "/usr/local/bin/vllm", line 10, in <module>
+(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+# SGLang 0.5.8: managers/scheduler.py logger.error(f"Scheduler hit an exception: {traceback}") (the traceback's
+# lines unprefixed), then entrypoints/engine.py's launch-phase sigquit handler
+SGLANG_0_5_8_REFUSAL = """\
+[2026-11-29 12:00:10 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "/usr/local/lib/python3.12/site-packages/sglang/srt/managers/scheduler.py", line 2960, in run_scheduler_process
+    scheduler = Scheduler(
+  File "/usr/local/lib/python3.12/site-packages/sglang/srt/model_executor/model_runner.py", line 512, in initialize
+    self.model.set_eagle3_layers_to_capture(eagle_aux_hidden_state_layer_ids)
+AttributeError: 'NemotronHForCausalLM' object has no attribute 'set_eagle3_layers_to_capture'
+
+[2026-11-29 12:00:10] Received sigquit from a child process. It usually means the child failed.
+"""
+
+
+def test_a_vllm_0_11_launch_refused_at_start_is_a_finding_with_the_line(tmp_path: Path) -> None:
+    log = vllm_log(tmp_path / "v.log", "0.11.0", SAMPLES / "target", SPEC)
+    _prefixed(log, "(APIServer pid=1) ")
+    clean = _run(("launch",), log=log)
+    assert _found(clean, "engine-refused") == []
+    log.write_text(log.read_text() + VLLM_0_11_REFUSAL)
+    r = _run(("launch",), log=log)
+    assert _found(r, "engine-refused") == [("engine-refused", "error")]
+    f = next(x.finding for x in r.findings if x.finding.code == "engine-refused")
+    assert "refused EAGLE-3 at start" in f.message and "Model does not support EAGLE3 interface" in f.message
+    assert "vllm/v1/worker/gpu_model_runner.py" in f.source
+    assert r.outcomes[0].data["failure"]["kind"] == "eagle3-refused"
+
+
+def test_an_sglang_scheduler_exception_is_a_finding(tmp_path: Path) -> None:
+    log = sglang_log(tmp_path / "s.log", SAMPLES / "target", SAMPLES / "drafter")
+    body = log.read_text().replace("[2026-11-29 11:59:02] The server is fired up and ready to roll!\n", "")
+    log.write_text(body + SGLANG_0_5_8_REFUSAL)
+    r = _run(("launch",), log=log)
+    assert _found(r, "engine-refused") == [("engine-refused", "error")]
+    f = next(x.finding for x in r.findings if x.finding.code == "engine-refused")
+    assert "set_eagle3_layers_to_capture" in f.message and "srt/model_executor/model_runner.py" in f.source
+
+
+def test_failure_lines_clean_and_survived() -> None:
+    ready = [(1, "[2026-11-29 12:00:00] server_args=ServerArgs()"),
+             (2, "[2026-11-29 12:00:05] The server is fired up and ready to roll!")]
+    assert find_failure(ready) is None
+    # a request's traceback logged by a running server is not the engine's end
+    req = ready + [(3, "Traceback (most recent call last):"), (4, '  File "x.py", line 1'),
+                   (5, "ValueError: prompt too long")]
+    assert find_failure(req) is None
+    # a traceback that ends the log before the server came up is
+    start = [(1, "INFO 11-29 12:58:00 [utils.py:233] non-default args: {}"), (2, "Traceback (most recent call last):"),
+             (3, '  File "x.py", line 1'), (4, "torch.OutOfMemoryError: CUDA out of memory.")]
+    fail = find_failure(start)
+    assert fail is not None and fail.kind == "traceback" and fail.line_no == 4
+    # a failure before the last start does not count
+    assert find_failure(start, after=4) is None
+
+
+@pytest.mark.parametrize("log", sorted((Path(__file__).parent / "fixtures" / "logs").rglob("*.log")),
+                         ids=lambda p: p.name)
+def test_no_fixture_log_reads_as_a_refusal(log: Path) -> None:
+    assert _found(_run(("launch",), log=log), "engine-refused") == []
