@@ -112,3 +112,49 @@ def test_failure_lines_clean_and_survived() -> None:
                          ids=lambda p: p.name)
 def test_no_fixture_log_reads_as_a_refusal(log: Path) -> None:
     assert _found(_run(("launch",), log=log), "engine-refused") == []
+
+
+# ---------------------------------------------------------------- the draft's quantization (SGLang 'unquant')
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+
+
+def sglang_fixture(tmp_path: Path, release: str, name: str = "sglang.log", **fields: object) -> Path:
+    """A release's arguments-line fixture (scripts/make_serverargs_fixtures.py, the repr or dict the release logs)
+    with ``fields`` set, in the line's own syntax (``k=v`` for the 0.5.9 repr, ``'k': v`` for the 0.5.19+ dict)."""
+    import re
+
+    text = (FIXTURES / "serverargs" / f"sglang_{release}_args.log").read_text()
+    for key, value in fields.items():
+        pat = re.compile(rf"(?<![a-z_])({key}=|'{key}': )([^,)}}]*)")
+        assert pat.search(text), key
+        text = pat.sub(lambda m, v=value: m.group(1) + repr(v), text, count=1)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _quantized_target(tmp_path: Path) -> Path:
+    import json
+    import shutil
+
+    t = tmp_path / "target"
+    shutil.copytree(SAMPLES / "target", t)
+    (t / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.37.0"},
+                                                        "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                                                         "exclude_modules": ["lm_head"]}}))
+    return t
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.5.23"])
+def test_sglang_unquant_resolves_to_none_and_keeps_the_drafter_unquantized(tmp_path: Path, release: str) -> None:
+    """0.5.8 - 0.5.18 server_args.py _handle_missing_default_values, 0.5.19+ arg_groups/serving_hook.py: a missing
+    draft quantization takes --quantization, 'unquant' becomes None; the logged line is the resolved one."""
+    t = _quantized_target(tmp_path)
+    common = {"model_path": str(t), "speculative_draft_model_path": str(SAMPLES / "drafter"),
+              "quantization": "modelopt_fp4"}
+    log = sglang_fixture(tmp_path, release, "unquant.log", **common, speculative_draft_model_quantization=None)
+    r = _run(("target-quantized",), target=t, log=log)
+    assert _found(r, "target-quantized") == [("target-quantized", "info")], r.to_text()
+    log = sglang_fixture(tmp_path, release, "inherit.log", **common, speculative_draft_model_quantization="modelopt_fp4")
+    r = _run(("target-quantized",), target=t, log=log)
+    assert _found(r, "target-quantized") == [("target-quantized", "warning")], r.to_text()

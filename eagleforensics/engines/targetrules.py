@@ -50,11 +50,15 @@ QUANT_RULES: tuple[QuantRule, ...] = (
     QuantRule("vllm", "0.11.1", None, "own", "the drafter uses its own quantization config (get_draft_quant_config), "
               "so an unquantized drafter stays unquantized", _V.format(v="0.11.1, 0.33.0", f="llama_eagle3.py")
               + " get_quant_config; " + _V.format(v="0.33.0", f="utils.py") + " get_draft_quant_config"),
-    QuantRule("sglang", "0.5.23", None, "launch", "the drafter is loaded with --speculative-draft-model-quantization, "
+    QuantRule("sglang", "0.5.8", None, "launch", "the drafter is loaded with --speculative-draft-model-quantization, "
               "else with the launch's --quantization (a quantization read from the target's config alone is not "
-              "passed on)", _S.format(v="0.5.23", f="arg_groups/serving_hook.py") + " (speculative_draft_model_"
-              "quantization defaults to quantization); " + _S.format(v="0.5.23", f="configs/model_config.py")
-              + " ModelConfig.from_server_args (is_draft_model)"),
+              "passed on); 'unquant' resolves to None, so the arguments line shows None beside a --quantization "
+              "when the user opted the drafter out", _S.format(v="0.5.8, 0.5.9, 0.5.10 - 0.5.18", f="server_args.py")
+              + " ServerArgs._handle_missing_default_values (None takes quantization, 'unquant' becomes None); "
+              + _S.format(v="0.5.19, 0.5.20, 0.5.23", f="arg_groups/serving_hook.py") + " (the same, and "
+              "_speculative_draft_quantization_explicitly_set); " + _S.format(v="0.5.8, 0.5.10, 0.5.23",
+                                                                              f="configs/model_config.py")
+              + " ModelConfig.from_server_args (is_draft_model); no such argument in 0.5.4 (0.5.5 - 0.5.7 not read)"),
 )
 
 
