@@ -158,3 +158,37 @@ def test_sglang_unquant_resolves_to_none_and_keeps_the_drafter_unquantized(tmp_p
     log = sglang_fixture(tmp_path, release, "inherit.log", **common, speculative_draft_model_quantization="modelopt_fp4")
     r = _run(("target-quantized",), target=t, log=log)
     assert _found(r, "target-quantized") == [("target-quantized", "warning")], r.to_text()
+
+
+# ---------------------------------------------------------------- DP attention: families from the registry
+def _dp_log(tmp_path: Path) -> Path:
+    return sglang_fixture(tmp_path, "0.5.9", "dp.log", enable_dp_attention=True, dp_size=8, moe_a2a_backend="deepep",
+                          context_length=None)
+
+
+def test_deepseek_v32_is_in_the_deepseek_v2_family_on_sglang_0_5_8(tmp_path: Path) -> None:
+    """sglang 0.5.8 srt/models/deepseek_v2.py: DeepseekV32ForCausalLM(DeepseekV2ForCausalLM), EntryClass lists it."""
+    import json
+    import shutil
+
+    t = tmp_path / "target"
+    shutil.copytree(SAMPLES / "target", t)
+    cfg = json.loads((t / "config.json").read_text())
+    cfg.update(model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"])
+    (t / "config.json").write_text(json.dumps(cfg))
+    log = _dp_log(tmp_path)
+    r = _run(("dp-attention",), log=log, target=t, engine_version="0.5.8")
+    assert _found(r, "dp-attention") == [("dp-attention", "error")], r.to_text()
+    f = r.findings[0].finding
+    assert "sglang 0.5.8 sglang/srt/models/deepseek_v2.py DeepseekV32ForCausalLM" in f.message
+    # the model_type alone names the registered class
+    r = _run(("dp-attention",), log=log, model_type="deepseek_v32", engine_version="0.5.8")
+    assert _found(r, "dp-attention") == [("dp-attention", "error")], r.to_text()
+    # clean counterparts: the fixed release, and a class outside the family
+    r = _run(("dp-attention",), log=log, target=t, engine_version="0.5.10")
+    assert _found(r, "dp-attention") == [("dp-attention", "info")]
+    cfg.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"])
+    (t / "config.json").write_text(json.dumps(cfg))
+    r = _run(("dp-attention",), log=log, target=t, engine_version="0.5.8")
+    assert _found(r, "dp-attention") == [("dp-attention", "info")]
+    assert "not a DeepSeek-V2-family model (sglang 0.5.8 sglang/srt/models/qwen3_moe.py" in r.findings[0].finding.message

@@ -109,3 +109,33 @@ def in_family(engine: str, version: str, arch: str, root: str) -> ClassRow | Non
 def family_releases(engine: str, arch: str, root: str) -> list[str]:
     """The releases read where ``arch`` descends from ``root``."""
     return [v for v in releases(engine) if in_family(engine, v, arch, root) is not None]
+
+
+def arch_for_model_type(engine: str, model_type: str) -> str | None:
+    """The registered architecture an HF ``model_type`` names when no config gives ``architectures``: the one whose
+    name, lower-cased without its ``For...`` suffix, is the model_type without underscores (``deepseek_v32`` ->
+    ``DeepseekV32ForCausalLM``); None when no or several architectures match."""
+    key = str(model_type).replace("_", "").replace("-", "").lower()
+    hits = {a for a in MODEL_CLASSES.get(engine, {}) if a.lower().split("for")[0] == key and "For" in a}
+    causal = sorted(a for a in hits if a.endswith("ForCausalLM"))
+    if len(causal) == 1:
+        return causal[0]
+    return next(iter(hits)) if len(hits) == 1 else None
+
+
+def family_between(engine: str, arch: str, root: str, lo: str, hi: str | None) -> tuple[bool | None, ClassRow | None]:
+    """Whether ``arch``'s class descends from ``root`` in the releases read between ``lo`` and ``hi`` (None: the
+    newest): (True, the row) where one such release's class does, (False, a row) where the releases read there
+    register it outside the family, (None, None) where no release read in the range registers it."""
+    low = parse_version(lo)
+    high = parse_version(hi) if hi else None
+    span = [v for v in releases(engine) if parse_version(v) >= low and (high is None or parse_version(v) <= high)]
+    other = None
+    for v in reversed(span):
+        row = class_row(engine, v, arch)
+        if row is None:
+            continue
+        if root in row.roots or row.cls == root:
+            return True, row
+        other = other or row
+    return (False, other) if other is not None else (None, None)
