@@ -192,3 +192,26 @@ def test_deepseek_v32_is_in_the_deepseek_v2_family_on_sglang_0_5_8(tmp_path: Pat
     r = _run(("dp-attention",), log=log, target=t, engine_version="0.5.8")
     assert _found(r, "dp-attention") == [("dp-attention", "info")]
     assert "not a DeepSeek-V2-family model (sglang 0.5.8 sglang/srt/models/qwen3_moe.py" in r.findings[0].finding.message
+
+
+# ---------------------------------------------------------------- NEXTN logged as EAGLE
+def test_sglang_nextn_logged_as_eagle_on_an_mtp_target_is_not_a_mismatch(tmp_path: Path) -> None:
+    """sglang 0.4.10 / 0.5.8 server_args.py, 0.5.23 arg_groups/speculative_hook.py: NEXTN becomes EAGLE, and the
+    DeepSeek MTP draft path becomes the target's; the 0.5.23 line logs the resolved values."""
+    import json
+    import shutil
+
+    t = tmp_path / "target"
+    shutil.copytree(SAMPLES / "target", t)
+    log = sglang_log(tmp_path / "s.log", t, t, speculative_algorithm="EAGLE")
+    plain = _run(("launch",), log=log, target=t)
+    assert _found(plain, "algorithm-mismatch") == [("algorithm-mismatch", "warning")]  # no MTP: a real mismatch
+    cfg = json.loads((t / "config.json").read_text())
+    (t / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
+    r = _run(("launch",), log=log, target=t)
+    assert _found(r, "algorithm-mismatch") == [], r.to_text()
+    assert _found(r, "draft-is-target") == [("draft-is-target", "info")]
+    # with an EAGLE-3 drafter given, the server still runs the MTP layers: said, as what it is
+    r = _run(("launch",), log=log, target=t, drafter=SAMPLES / "drafter")
+    f = [x.finding for x in r.findings if x.finding.code == "algorithm-mismatch"]
+    assert [(x.severity, "own MTP layers" in x.message) for x in f] == [("warning", True)]

@@ -28,6 +28,7 @@ from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .drafterfacts import draft_facts, drafter_tensor, target_facts
 from .engineembed import engine_label
+from .mtpweights import declared_mtp
 from .registry import register
 
 ALGO_SOURCE = "sgl-project/sglang#21272 (docs/causes.md row 14)"
@@ -66,6 +67,25 @@ def _same_path(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
+NEXTN_SOURCE = ("sglang 0.4.10, 0.5.8 - 0.5.18 srt/server_args.py (NEXTN becomes EAGLE; DeepSeek MTP takes the "
+                "target's path as the draft), 0.5.19+ srt/arg_groups/speculative_hook.py")
+
+
+def logged_nextn(art: Artifacts) -> str:
+    """How a SGLang launch logged as EAGLE is really NEXTN: the draft is the target (or none) and the target declares
+    MTP layers (SGLang turns NEXTN into EAGLE in its arguments and sets the draft path to the target's); "" else."""
+    args = art.server_args
+    if args.engine != "sglang" or args.algorithm != "eagle" or not art.available("target"):
+        return ""
+    if args.draft and not (args.model and _same_path(args.draft, args.model)):
+        return ""
+    mtp = declared_mtp(art.target.config)
+    if mtp is None:
+        return ""
+    return (f"its config declares {mtp[0]} = {mtp[1]}; SGLang logs NEXTN as EAGLE with the target as its own draft, "
+            f"{NEXTN_SOURCE}")
+
+
 def check_algorithm(art: Artifacts, name: str) -> list[Finding]:
     args = art.server_args
     eagle3, why = is_eagle3(art)
@@ -80,6 +100,14 @@ def check_algorithm(art: Artifacts, name: str) -> list[Finding]:
                         f"{name} was started without a speculative algorithm: it does not speculate at all, so there "
                         "is no acceptance to speak of.", fix=f"Relaunch with the speculative algorithm {want} and the "
                         "drafter's path.", source=ALGO_SOURCE, impact="collapse")]
+    if args.algorithm == "eagle" and (nextn := logged_nextn(art)):
+        if eagle3:
+            return [Finding("algorithm-mismatch", "warning",
+                            f"{name} runs the target's own MTP layers ({nextn}), not the EAGLE-3 drafter given "
+                            f"({why}): the drafter is not served at all.",
+                            fix=f"To serve the EAGLE-3 drafter, relaunch with {want} and its path as the draft model.",
+                            source=f"{NEXTN_SOURCE}; {ALGO_SOURCE}", impact="low")]
+        return []
     if args.algorithm == "eagle":
         fact = launch_fact("eagle-for-eagle3", args.engine, art.engine_version)
         detail = fact.detail if fact is not None else "no aux states are captured"
