@@ -215,3 +215,46 @@ def test_sglang_nextn_logged_as_eagle_on_an_mtp_target_is_not_a_mismatch(tmp_pat
     r = _run(("launch",), log=log, target=t, drafter=SAMPLES / "drafter")
     f = [x.finding for x in r.findings if x.finding.code == "algorithm-mismatch"]
     assert [(x.severity, "own MTP layers" in x.message) for x in f] == [("warning", True)]
+
+
+# ---------------------------------------------------------------- lm_head missing: what each engine serves instead
+def _headless_drafter(tmp_path: Path, draft_vocab: bool = True) -> Path:
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "drafter"
+    shutil.copytree(SAMPLES / "drafter", d)
+    w = load_file(d / "model.safetensors")
+    del w["lm_head.weight"]
+    save_file(w, d / "model.safetensors", metadata={"format": "pt"})
+    if not draft_vocab:
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.pop("draft_vocab_size")
+        (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("engine, version, draft_vocab, want, said", [
+    (None, None, True, "error", "no engine given"),
+    ("vllm", "0.11.1", True, "warning", "serves the target's lm_head"),  # vllm-project/vllm#28549
+    ("vllm", "0.34.0", True, "warning", "serves the target's lm_head"),  # _should_share
+    ("vllm", "0.11.0", True, "error", "loads the drafter's own head"),  # 256-row draft head != 512-row target head
+    ("vllm", "0.11.0", False, "warning", "serves the target's lm_head"),  # same shape: shared
+    ("vllm", "0.10.1.1", False, "error", "loads the drafter's own head"),
+    ("sglang", "0.5.23", True, "error", "loads the drafter's own head"),  # sgl-project/sglang#27908
+    ("sglang", "0.5.8", False, "warning", "serves the target's lm_head"),  # load_lm_head_from_target
+    ("sglang", "0.4.10", False, "error", "loads the drafter's own head"),
+    ("vllm", "0.35.0", True, "error", "not read for this release"),
+])
+def test_a_missing_lm_head_is_judged_by_what_the_engine_release_serves(tmp_path: Path, engine: str | None,
+                                                                      version: str | None, draft_vocab: bool,
+                                                                      want: str, said: str) -> None:
+    d = _headless_drafter(tmp_path, draft_vocab)
+    r = _run(("drafter-weights",), drafter=d, target=SAMPLES / "target", engine=engine, engine_version=version)
+    assert _found(r, "drafter-weights-missing") == [("drafter-weights-missing", want)], r.to_text()
+    f = r.findings[0].finding
+    assert said in f.message
+    if engine and version:
+        assert f"{version}" in f.message
