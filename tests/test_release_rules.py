@@ -258,3 +258,53 @@ def test_a_missing_lm_head_is_judged_by_what_the_engine_release_serves(tmp_path:
     assert said in f.message
     if engine and version:
         assert f"{version}" in f.message
+
+
+# ---------------------------------------------------------------- benchmark prompts as the generators make them
+from tests.test_serving_causes import tokenized_target  # noqa: E402,F401  (the 16k-id BPE target fixture)
+
+
+def _vllm_random_dataset(tok, n: int, length: int, seed: int) -> list[dict]:  # noqa: ANN001
+    """Requests as vLLM's RandomDataset writes them (0.34.0 benchmarks/datasets/datasets.py): consecutive allowed ids
+    from a random offset, decoded, re-encoded and truncated to the length, decoded again; sent with ignore_eos."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    allowed = np.array([i for i in range(tok.vocab_size) if i not in special])
+    out = []
+    for i in range(n):
+        offset = int(rng.integers(0, tok.vocab_size))
+        ids = allowed[(offset + i + np.arange(length)) % len(allowed)].tolist()
+        again = tok.encode(tok.decode(ids))[:length]
+        out.append({"prompt": tok.decode(again), "max_tokens": 128, "ignore_eos": True})
+    return out
+
+
+def _sglang_random_ids(tok, n: int, length: int, seed: int) -> list[dict]:  # noqa: ANN001
+    """Requests as SGLang's random-ids writes them (0.5.23 benchmark/datasets/random.py): (offset + i + j) % vocab,
+    decoded to text (return_text)."""
+    import numpy as np
+
+    offsets = np.random.default_rng(seed).integers(0, tok.vocab_size, size=n)
+    return [{"text": tok.decode([int((offsets[i] + i + j) % tok.vocab_size) for j in range(length)]),
+             "sampling_params": {"max_new_tokens": 128, "ignore_eos": True}} for i in range(n)]
+
+
+@pytest.mark.parametrize("make", [_vllm_random_dataset, _sglang_random_ids], ids=["vllm", "sglang"])
+def test_generator_prompts_are_all_found_as_random_ids(tmp_path: Path, tokenized_target: Path, make) -> None:  # noqa: F811,ANN001
+    import json
+
+    from eagleforensics.io.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenized_target)
+    rows = make(tok, 64, 256, seed=3)
+    path = tmp_path / "served.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _run(("benchmark-prompts",), target=tokenized_target, served_prompts=path)
+    f = next(x.finding for x in r.findings if x.finding.code == "benchmark-prompts")
+    # a prompt whose offset falls among the byte tokens re-encodes into merged words (1 of 64 at this seed)
+    assert f.severity == "warning" and r.outcomes[0].data["random_ids"] >= 63, f.message
+    assert r.outcomes[0].data["generator_ids"] >= 63 and "consecutive ids from an offset" in f.message
+    assert "vllm/benchmarks/datasets/datasets.py" in f.source and "sglang/benchmark/datasets/random.py" in f.source
+    assert "64 of 64 requests set ignore_eos" in f.message
