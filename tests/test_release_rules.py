@@ -308,3 +308,44 @@ def test_generator_prompts_are_all_found_as_random_ids(tmp_path: Path, tokenized
     assert r.outcomes[0].data["generator_ids"] >= 63 and "consecutive ids from an offset" in f.message
     assert "vllm/benchmarks/datasets/datasets.py" in f.source and "sglang/benchmark/datasets/random.py" in f.source
     assert "64 of 64 requests set ignore_eos" in f.message
+
+
+# ---------------------------------------------------------------- verifier: two hub ids of different models
+def _speculators(tmp_path: Path, verifier: str) -> Path:
+    import json
+
+    d = tmp_path / "spec"
+    d.mkdir()
+    cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
+           "transformer_layer_config": {"hidden_size": 64, "vocab_size": 512, "num_hidden_layers": 1},
+           "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": verifier,
+                                                                      "architectures": ["LlamaForCausalLM"]}}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d / "config.json"
+
+
+def test_a_verifier_and_a_served_model_that_are_hub_ids_of_different_models_is_a_warning(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    t = tmp_path / "DeepSeek-R1-Distill-Llama-8B"
+    shutil.copytree(SAMPLES / "target", t)
+    cfg = json.loads((t / "config.json").read_text())
+    (t / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"]}))
+    dc = _speculators(tmp_path, "meta-llama/Llama-3.1-8B-Instruct")
+    spec = {"method": "eagle3", "model": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3", "num_speculative_tokens": 3}
+    log = vllm_log(tmp_path / "v.log", "0.11.0", t, spec)
+    log.write_text(log.read_text().replace(str(t), "deepseek-ai/DeepSeek-R1-Distill-Llama-8B"))
+    r = _run(("verifier",), target=t, draft_config=dc, log=log)
+    assert _found(r, "verifier-mismatch") == [("verifier-mismatch", "warning")], r.to_text()
+    assert "deepseek-ai/DeepSeek-R1-Distill-Llama-8B" in r.findings[0].finding.message
+    # without the log (names only) it stays info; a served model that is the verifier's (or its FP8 export) is clean
+    assert _found(_run(("verifier",), target=t, draft_config=dc), "verifier-mismatch") == [("verifier-mismatch", "info")]
+    log.write_text(log.read_text().replace("deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+                                           "RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic"))
+    assert _found(_run(("verifier",), target=t, draft_config=dc, log=log), "verifier-mismatch") == [
+        ("verifier-mismatch", "info")]
+    # a local path in the log is not a hub id: names only
+    log.write_text(log.read_text().replace("RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic", "/models/r1-distill"))
+    assert _found(_run(("verifier",), target=t, draft_config=dc, log=log), "verifier-mismatch") == [
+        ("verifier-mismatch", "info")]
