@@ -349,3 +349,31 @@ def test_a_verifier_and_a_served_model_that_are_hub_ids_of_different_models_is_a
     log.write_text(log.read_text().replace("RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic", "/models/r1-distill"))
     assert _found(_run(("verifier",), target=t, draft_config=dc, log=log), "verifier-mismatch") == [
         ("verifier-mismatch", "info")]
+
+
+# ---------------------------------------------------------------- runtime LoRA
+def test_runtime_lora_adapters_and_requests_naming_them_are_found(tmp_path: Path) -> None:
+    import json
+
+    served = tmp_path / "served.jsonl"
+    # SGLang /generate bodies (0.5.8 srt/managers/io_struct.py GenerateReqInput.lora_path)
+    served.write_text(json.dumps({"text": "Write a SQL query.", "lora_path": "sql"}) + "\n"
+                      + json.dumps({"text": "Say hi.", "sampling_params": {"temperature": 0}}) + "\n")
+    log = sglang_log(tmp_path / "s.log", SAMPLES / "target", SAMPLES / "drafter", enable_lora=True)
+    assert _found(_run(("lora-target",), log=log), "lora-target") == [("lora-target", "info")]
+    r = _run(("lora-target",), log=log, served_prompts=served)
+    assert _found(r, "lora-target") == [("lora-target", "warning")], r.to_text()
+    assert "1 of 2 served requests go through an adapter (sql)" in r.findings[0].finding.message
+    # vLLM: an adapter loaded at run time (0.11.0 entrypoints/openai/serving_models.py), requests naming it as model
+    log = vllm_log(tmp_path / "v.log", "0.11.0", SAMPLES / "target", SPEC, enable_lora=True)
+    log.write_text(log.read_text() + "(APIServer pid=1) INFO 11-29 13:02:11 [serving_models.py:162] Loaded new LoRA "
+                   "adapter: name 'sql-lora', path '/adapters/sql'\n")
+    served.write_text(json.dumps({"model": "sql-lora", "prompt": "SELECT"}) + "\n"
+                      + json.dumps({"model": "base", "prompt": "Hello"}) + "\n")
+    r = _run(("lora-target",), log=log, served_prompts=served)
+    assert _found(r, "lora-target") == [("lora-target", "warning")], r.to_text()
+    assert "loaded at run time (sql-lora)" in r.findings[0].finding.message
+    # clean counterpart: LoRA on, nothing loaded, requests to the base model only
+    log = vllm_log(tmp_path / "c.log", "0.11.0", SAMPLES / "target", SPEC, enable_lora=True)
+    served.write_text(json.dumps({"model": "base", "prompt": "Hello"}) + "\n")
+    assert _found(_run(("lora-target",), log=log, served_prompts=served), "lora-target") == [("lora-target", "info")]
