@@ -5,8 +5,8 @@ Each marker is the text of a logging call or raise in the released wheels (read,
 * vLLM ``v1/engine/core.py`` ``logger.exception("EngineCore failed to start.")`` /
   ``"EngineCore encountered a fatal error."`` (0.10.0 - 0.34.0), ``v1/engine/utils.py`` ``RuntimeError("Engine
   core initialization failed. See root cause above. ...")`` (0.10.0 - 0.34.0), and the EAGLE-3 refusal
-  ``"Model does not support EAGLE3 interface ..."`` (``v1/worker/gpu_model_runner.py`` 0.10.1.1 - 0.14.1;
-  ``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py`` 0.34.0). Lines of the engine-core process are prefixed
+  ``"Model does not support EAGLE3 interface ..."`` (``v1/worker/gpu_model_runner.py`` 0.10.1.1 - 0.33.0;
+  ``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py`` 0.25.0 - 0.34.0). Lines of the engine-core process are prefixed
   ``(EngineCore_DP0 pid=N)``, the API server's ``(APIServer pid=N)`` (0.11 on).
 * SGLang ``managers/scheduler.py`` ``logger.error(f"Scheduler hit an exception: {traceback}")`` (0.4.10 -
   0.5.23) and ``entrypoints/engine.py`` ``"Received sigquit from a child process. It usually means the child
@@ -33,12 +33,12 @@ _HEADER = re.compile(r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:
                      r"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]]*\] ?)")
 ENGINE_LINES = (
     ("Model does not support EAGLE3 interface", "eagle3-refused",
-     "vllm 0.10.1.1 - 0.14.1 vllm/v1/worker/gpu_model_runner.py; 0.34.0 "
+     "vllm 0.10.1.1 - 0.33.0 vllm/v1/worker/gpu_model_runner.py; vllm 0.25.0 - 0.34.0 "
      "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"),
     ("has no attribute 'set_aux_hidden_state_layers'", "eagle3-refused",
      "vllm 0.9.2, 0.10.0 vllm/v1/worker/gpu_model_runner.py (calls set_aux_hidden_state_layers untested)"),
     ("has no attribute 'set_eagle3_layers_to_capture'", "eagle3-refused",
-     "sglang 0.4.10 - 0.5.8 srt/model_executor/model_runner.py, 0.5.23 model_runner_components/"
+     "sglang 0.4.10 - 0.5.8 srt/model_executor/model_runner.py; sglang 0.5.23 model_runner_components/"
      "attention_backend_setup.py (call set_eagle3_layers_to_capture when EAGLE-3 is asked for)"),
     ("EngineCore failed to start", "start-failed", "vllm 0.10.0 - 0.34.0 vllm/v1/engine/core.py"),
     ("Engine core initialization failed", "start-failed", "vllm 0.10.0 - 0.34.0 vllm/v1/engine/utils.py"),
