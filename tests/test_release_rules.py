@@ -377,3 +377,20 @@ def test_runtime_lora_adapters_and_requests_naming_them_are_found(tmp_path: Path
     log = vllm_log(tmp_path / "c.log", "0.11.0", SAMPLES / "target", SPEC, enable_lora=True)
     served.write_text(json.dumps({"model": "base", "prompt": "Hello"}) + "\n")
     assert _found(_run(("lora-target",), log=log, served_prompts=served), "lora-target") == [("lora-target", "info")]
+
+
+def test_a_log_cut_before_the_refusal_is_still_found_from_the_release_s_class(tmp_path: Path) -> None:
+    """vLLM 0.10.1.1's qwen2.py class lacks SupportsEagle3 (its interfaces.py defines it); 0.11.0's has it."""
+    import json
+    import shutil
+
+    t = tmp_path / "target"
+    shutil.copytree(SAMPLES / "target", t)
+    cfg = json.loads((t / "config.json").read_text())
+    (t / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen2ForCausalLM"]}))
+    log = vllm_log(tmp_path / "v.log", "0.10.1.1", t, SPEC)
+    r = _run(("launch",), log=log, target=t)
+    assert _found(r, "engine-refused") == [("engine-refused", "error")], r.to_text()
+    assert "vllm 0.10.1.1 vllm/model_executor/models/qwen2.py" in r.findings[0].finding.message
+    log = vllm_log(tmp_path / "w.log", "0.11.0", t, SPEC)
+    assert _found(_run(("launch",), log=log, target=t), "engine-refused") == []

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..engines.failurelines import log_failure
 from ..engines.launchrules import aux_survives_pp, eagle3_algorithm, launch_fact, pp_stage_of_position
+from ..engines.modelclasses import eagle3_at
 from ..engines.rules import ENGINE_NAMES
 from ..errors import ForensicsError, printable
 from ..results import Finding
@@ -30,6 +31,7 @@ from .drafterfacts import draft_facts, drafter_tensor, target_facts
 from .engineembed import engine_label
 from .mtpweights import declared_mtp
 from .registry import register
+from .targetkind import architecture, hybrid_layout, multimodal_layout
 
 ALGO_SOURCE = "sgl-project/sglang#21272 (docs/causes.md row 14)"
 PATH_SOURCE = "sgl-project/sglang#36528, vllm-project/vllm#22333 (docs/causes.md row 14)"
@@ -239,11 +241,32 @@ KIND_TEXT = {"eagle3-refused": "refused EAGLE-3 at start: the target's model cla
              "traceback": "stopped at start with a Python error"}
 
 
+def class_refuses(art: Artifacts, name: str) -> tuple[list[Finding], dict[str, Any]]:
+    """An EAGLE-3 launch on a release whose model class for the target has no aux capture (``engines.modelclasses``),
+    when the log shows no failure line (cut short): the launch cannot have started. Hybrid and multimodal targets
+    are left to their own checks, which say the same with their layout."""
+    args = art.server_args
+    if args.algorithm != "eagle3" or not art.available("target") or art.engine_version is None:
+        return [], {}
+    cfg = art.target.config
+    if hybrid_layout(cfg) is not None or multimodal_layout(cfg) is not None:
+        return [], {}
+    arch = architecture(cfg)
+    status, row = eagle3_at(args.engine, art.engine_version, arch)
+    if status not in ("no", "unregistered"):
+        return [], {}
+    what = "has no EAGLE-3 capture for" if status == "no" else "does not register"
+    return [Finding("engine-refused", "error", f"{name} {what} {arch} ({row}): the launch fails at start when EAGLE-3 "
+                    "is asked for, though this log shows no failure line (cut short?).",
+                    fix="Serve this target on a release whose model class captures aux states, or without EAGLE-3.",
+                    source=f"{row}; {REFUSE_SOURCE}", impact="collapse")], {"class_refuses": status}
+
+
 def check_failure(art: Artifacts, name: str, after: int) -> tuple[list[Finding], dict[str, Any]]:
     """The engine's own refusal or death after the last arguments line, with the line quoted."""
     fail = log_failure(art.inputs.log, after) if art.inputs.log else None
     if fail is None:
-        return [], {}
+        return class_refuses(art, name) if art.server_args is not None and after else ([], {})
     quoted = printable(fail.line[:300])
     err = ""
     if fail.error and fail.error != fail.line:
@@ -286,7 +309,7 @@ def run(art: Artifacts) -> CheckResult:
         data.update(fail_data)
         notes.append(f"server started with {args.describe()}" + (
             f"; it {KIND_TEXT[fail_data['failure']['kind']].split(':')[0]} (line {fail_data['failure']['line']})"
-            if fail_data else ""))
+            if "failure" in fail_data else ""))
     more, acc = check_accept_len(art, "")
     findings += more
     data.update(acc)
