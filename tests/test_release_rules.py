@@ -394,3 +394,27 @@ def test_a_log_cut_before_the_refusal_is_still_found_from_the_release_s_class(tm
     assert "vllm 0.10.1.1 vllm/model_executor/models/qwen2.py" in r.findings[0].finding.message
     log = vllm_log(tmp_path / "w.log", "0.11.0", t, SPEC)
     assert _found(_run(("launch",), log=log, target=t), "engine-refused") == []
+
+
+def test_generator_ids_sent_as_ids_show_their_fixed_length(tmp_path: Path) -> None:
+    """SGLang random-ids sent as ids (--tokenize-prompt; 0.5.23 benchmark/datasets/random.py without return_text): all
+    the same length, consecutive from an offset; real traffic of equal length is not such a run."""
+    import json
+
+    import numpy as np
+
+    vocab = 151_936
+    offsets = np.random.default_rng(5).integers(0, vocab, size=8)
+    rows = [{"input_ids": [int((offsets[i] + i + j) % vocab) for j in range(200)],
+             "sampling_params": {"max_new_tokens": 64}} for i in range(8)]
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _run(("benchmark-prompts",), served_prompts=path)
+    f = next(x.finding for x in r.findings if x.finding.code == "benchmark-prompts")
+    assert f.severity == "warning" and "8 of 8 prompts are random token ids" in f.message
+    assert "8 are consecutive ids from an offset, all 200 tokens long" in f.message
+    # text-like ids (a repeated sentence's ids) are not
+    rows = [{"input_ids": [17, 923, 4410, 88, 17, 902, 3301, 12] * 25} for _ in range(8)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [x for x in _run(("benchmark-prompts",), served_prompts=path).findings
+            if x.finding.code == "benchmark-prompts"] == []
