@@ -1,21 +1,20 @@
 """Benchmark prompts unlike real traffic: random token ids, or generation forced past EOS (docs/causes.md row 30).
 
 ``benchmark-prompts``: the served requests (``--served-prompts``) are random token ids (vLLM's
-``RandomDataset`` and SGLang's ``random-ids`` draw consecutive ids from a random offset and send them
-as ids or decoded text, ``engines.benchgenerators``; other generators draw uniformly), or set ``ignore_eos`` (the benchmarks'
-``--ignore-eos``: the target keeps generating past its own end, into text no drafter was trained
+``RandomDataset`` and SGLang's ``random-ids`` draw consecutive ids from a random offset and send them as ids
+or decoded text, ``engines.benchgenerators``; other generators draw uniformly), or set ``ignore_eos`` (the
+benchmarks' ``--ignore-eos``: the target keeps generating past its own end, into text no drafter was trained
 on). Acceptance measured on either is far below real traffic's (vllm-project/vllm#52536,
-ai-dynamo/dynamo#12918, ggml-org/llama.cpp#27711, vllm-project/vllm#33497), so a low figure there
-says little about the drafter.
+ai-dynamo/dynamo#12918, ggml-org/llama.cpp#27711, vllm-project/vllm#33497), so a low figure there says little
+about the drafter.
 
-A prompt is read as random ids when it has at least ``MIN_TOKENS`` ids, nearly as many distinct
-ids as uniform draws from the vocabulary would give (at least ``DISTINCT_SHARE`` of that
-expectation; text repeats its frequent tokens far more), and its ids spread over the vocabulary
-like uniform draws (the share in the upper half within ``UPPER_HALF``; text concentrates on the
-frequent, mostly low ids of a BPE vocabulary). Text prompts are tokenized with the target's
-tokenizer (``--target`` with ``tokenizer.json``), chat requests by their messages' text (a benchmark
-wraps random text in a user message), else only id prompts are read. Cause (for the
-grouping of findings): the measurement, not the drafter.
+A prompt is read as random ids when it has at least ``MIN_TOKENS`` ids, nearly as many distinct ids as uniform
+draws from the vocabulary would give (at least ``DISTINCT_SHARE`` of that expectation; text repeats its
+frequent tokens far more), and its ids spread over the vocabulary like uniform draws (the share in the upper
+half within ``UPPER_HALF``; text concentrates on the frequent, mostly low ids of a BPE vocabulary). Text
+prompts are tokenized with the target's tokenizer (``--target`` with ``tokenizer.json``), chat requests by
+their messages' text (a benchmark wraps random text in a user message), else only id prompts are read. Cause
+(for the grouping of findings): the measurement, not the drafter.
 """
 from __future__ import annotations
 
@@ -42,8 +41,8 @@ def expected_distinct(n: int, vocab: int) -> float:
 
 
 def looks_generated(ids: Sequence[int]) -> bool:
-    """Whether ``ids`` are the engines' benchmark generators' consecutive ids from an offset (``engines.benchgenerators``):
-    most neighbours step up by one, also after decoding and re-encoding."""
+    """Whether ``ids`` are the engines' benchmark generators' consecutive ids from an offset
+    (``engines.benchgenerators``): most neighbours step up by one, also after decoding and re-encoding."""
     return len(ids) >= MIN_TOKENS and consecutive_share(list(ids)) >= CONSECUTIVE_SHARE
 
 

@@ -175,9 +175,9 @@ def head_only_finding(art: Artifacts) -> tuple[Finding, dict[str, Any]]:
     shares = shares_target_head(rule, draft_vocab, target_vocab)
     data["shares_target_head"] = shares
     if shares:
-        msg = (f"{base}: {name} serves the target's lm_head in its place ({rule.detail}; {rule.span()}). Right when the "
-               "drafter was trained against the target's head; a drafter trained with its own head drafts through "
-               "a head it never saw")
+        msg = (f"{base}: {name} serves the target's lm_head in its place ({rule.detail}; {rule.span()}). Right "
+               "when the drafter was trained against the target's head; a drafter trained with its own head drafts "
+               "through a head it never saw")
         return Finding("drafter-weights-missing", "warning", msg, fix=fix, source=f"{rule.source}; {SOURCE}",
                        impact="medium"), data
     why = ("" if shares is False else "; whether the shapes match is not known without --target")

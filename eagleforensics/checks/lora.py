@@ -1,15 +1,14 @@
 """LoRA adapters on the target with one unadapted drafter (docs/causes.md row 25).
 
 ``lora-target``: the arguments line enables LoRA (SGLang ``--enable-lora`` / ``--lora-paths``, vLLM
-``--enable-lora`` / ``--lora-modules``). Every engine release read applies the adapter to the
-target only (``engines.servingrules`` topic ``lora``): the drafter keeps predicting the base
-model while the adapted target verifies, so requests served through an adapter accept less
-(sgl-project/sglang#9756, #28395, #34337, sgl-project/SpecForge#138). How much depends on how far
-the adapter moves the target; a capture from the adapted target replayed with ``replay``
-measures it. With no adapter named at launch, adapters loaded at run time (vLLM's "Loaded new LoRA
-adapter" line) and served requests naming one (SGLang ``lora_path``; a vLLM body's ``model`` that is
-such an adapter, ``--served-prompts``) are a warning too. Cause (for the grouping of findings): the served target differs from the one the
-drafter was trained on.
+``--enable-lora`` / ``--lora-modules``). Every engine release read applies the adapter to the target only
+(``engines.servingrules`` topic ``lora``): the drafter keeps predicting the base model while the adapted
+target verifies, so requests served through an adapter accept less (sgl-project/sglang#9756, #28395, #34337,
+sgl-project/SpecForge#138). How much depends on how far the adapter moves the target; a capture from the
+adapted target replayed with ``replay`` measures it. With no adapter named at launch, adapters loaded at run
+time (vLLM's "Loaded new LoRA adapter" line) and served requests naming one (SGLang ``lora_path``; a vLLM
+body's ``model`` that is such an adapter, ``--served-prompts``) are a warning too. Cause (for the grouping of
+findings): the served target differs from the one the drafter was trained on.
 """
 from __future__ import annotations
 
