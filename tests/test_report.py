@@ -306,9 +306,10 @@ class TestKernelFailures:
 
 
 def test_kernel_is_this_interpreter() -> None:
-    """The report's python3 kernel runs the interpreter running eagleforensics, whatever else is installed."""
+    """The report's python3 kernel runs the interpreter running eagleforensics, whatever else is installed,
+    isolated (``tests/test_untrusted_code.py`` runs one)."""
     km = report.kernel_manager_class()(kernel_name=report.KERNEL_NAME)
-    assert km.kernel_spec.argv[0] == sys.executable and "ipykernel_launcher" in km.kernel_spec.argv
+    assert km.kernel_spec.argv[:2] == [sys.executable, "-I"] and "ipykernel" in km.kernel_spec.argv[3]
 
 
 def test_kernel_shutdown_sends_no_interrupt() -> None:

@@ -87,7 +87,7 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str], tmp: Path) -> subproce
     one), on this checkout, from ``cwd``."""
     launcher = tmp / "bin" / "eagleforensics"
     launcher.parent.mkdir(exist_ok=True)
-    launcher.write_text("from eagleforensics.cli import run\nrun()\n")
+    launcher.write_text("import sys\nfrom eagleforensics.cli import run\nif __name__ == '__main__':\n    sys.exit(run())\n")
     base = {k: v for k, v in os.environ.items() if k not in ("EAGLEFORENSICS_FUSED", "PYTHONSAFEPATH")}
     return subprocess.run([sys.executable, str(launcher), *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env={**base, "PYTHONPATH": str(ROOT), **env})
@@ -204,3 +204,44 @@ def test_a_cache_others_can_write_is_never_loaded(tmp_path, big_capture, tagged,
         assert len(said) == 1 and str(cache) in said[0], (args, res.stderr[-2000:])
         assert not sentinel.exists(), (args, sentinel.read_text())
     assert not _tagged(), "a compile was started for a cache that is not trusted"
+
+
+def test_a_report_kernel_imports_nothing_from_its_folder_or_pythonpath(tmp_path, monkeypatch):
+    """The report's kernel, started in a folder holding numpy.py, packaging/ and eagleforensics.py, with
+    another such folder first in PYTHONPATH: its cells import the real numpy and this checkout's package."""
+    import nbformat
+
+    from eagleforensics.report import pipeline
+
+    sentinel = tmp_path / "ran"
+    here, path = tmp_path / "cwd", tmp_path / "pythonpath"
+    _plant(here, sentinel)
+    _plant(path, sentinel)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(path), str(ROOT)]))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(
+        "import numpy, packaging, eagleforensics\nprint(numpy.__file__, eagleforensics.__file__)")])
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(tmp_path / "nb.ipynb"))
+    done = pipeline.execute(tmp_path / "nb.ipynb", tmp_path / "out.ipynb", {"x": 2}, cwd=here)
+    printed = done.cells[-1].outputs[0]["text"].split()
+    assert not sentinel.exists(), sentinel.read_text()
+    assert printed[1] == str(ROOT / "eagleforensics" / "__init__.py") and str(tmp_path) not in printed[0]
+
+
+def test_scan_workers_import_nothing_from_the_folder_it_runs_in(tmp_path, tagged):
+    """scan with two worker processes, run from a dataset folder that holds a ``multiprocessing/`` package
+    (what each spawned worker's ``python -c`` imports first) and the usual planted modules: none runs."""
+    sentinel = tmp_path / "ran"
+    ds = tmp_path / "dataset"
+    for i in range(80):  # past the size below which scan stays in one process
+        d = ds / f"rows_{i // 8}"
+        d.mkdir(parents=True, exist_ok=True)
+        os.link(SAMPLES / "data_0.ckpt", d / f"data_{i}.ckpt")
+    _plant(ds, sentinel)
+    (ds / "multiprocessing").mkdir()
+    (ds / "multiprocessing" / "__init__.py").write_text(
+        f"open({str(sentinel)!r}, 'a').write('multiprocessing\\n')\nraise ImportError('multiprocessing')\n")
+    res = _cli(["scan", str(ds), "--workers", "2", "-o", str(tmp_path / "scan.jsonl")], ds, {}, tmp_path)
+    assert not sentinel.exists(), sentinel.read_text()
+    assert res.returncode in (0, 1) and (tmp_path / "scan.jsonl").stat().st_size > 0, res.stderr[-2000:]
