@@ -245,3 +245,35 @@ def test_scan_workers_import_nothing_from_the_folder_it_runs_in(tmp_path, tagged
     res = _cli(["scan", str(ds), "--workers", "2", "-o", str(tmp_path / "scan.jsonl")], ds, {}, tmp_path)
     assert not sentinel.exists(), sentinel.read_text()
     assert res.returncode in (0, 1) and (tmp_path / "scan.jsonl").stat().st_size > 0, res.stderr[-2000:]
+
+
+def test_the_trust_rule_follows_links_and_allows_only_sticky_shared_ancestors(tmp_path):
+    """A private folder under /tmp (world-writable, sticky) is trusted; a link of ours to a 0777 folder, a
+    folder inside one, and /tmp itself as the cache folder are not."""
+    from eagleforensics.evidence.cachetrust import distrust
+
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    (tmp_path / "link").symlink_to(loose)
+    assert str(tmp_path).startswith("/tmp/") or os.stat("/tmp").st_mode & 0o1000  # pytest's folder is under a sticky one
+    assert distrust(mine) is None and distrust(mine / "not-made-yet") is None
+    assert "can be written by anyone (mode 0777)" in (distrust(tmp_path / "link") or "")
+    assert str(loose) in (distrust(loose / "inner") or "")
+    assert distrust("/tmp") is not None
+
+
+@needs_numba
+def test_the_folder_checked_is_the_one_numba_loads_from(tmp_path):
+    """``kernelcache.numba_folder`` names the folder numba 0.68 caches fused.py's kernels in: with
+    NUMBA_CACHE_DIR, and in the in-tree/user-wide fallback (read from a declared kernel's cache)."""
+    code = ("import os\nfrom eagleforensics.evidence import fused, kernelcache\nimport numba\n"
+            "k = numba.njit(cache=True)(fused._row_stats)\n"
+            "print(k._cache.cache_path == str(kernelcache.numba_folder()), k._cache.cache_path)")
+    for extra in ({"NUMBA_CACHE_DIR": str(tmp_path / "numba")}, {"NUMBA_CACHE_DIR": "", "XDG_CACHE_HOME": str(tmp_path)}):
+        env = {k: v for k, v in os.environ.items() if k not in ("EAGLEFORENSICS_FUSED",)}
+        res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT), **extra}, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and res.stdout.split()[0] == "True", (extra, res.stdout, res.stderr[-1500:])

@@ -104,7 +104,11 @@ def numba_folder() -> Path:
 
 def distrust() -> str | None:
     """Why the kernel cache must not be loaded (``cachetrust``: the mark's folder, then numba's), or None."""
-    for where in dict.fromkeys((folder(), numba_folder())):
+    try:
+        places = dict.fromkeys((folder(), numba_folder()))
+    except RuntimeError:  # Path.home() with no HOME and no passwd entry
+        return "no home folder to keep it in"
+    for where in places:
         why = cachetrust.distrust(where)
         if why:
             return why
