@@ -17,8 +17,9 @@ before; ``EAGLEFORENSICS_KERNEL_DIR`` names another folder for the mark.
 numba loads its cache with ``pickle.loads``: the cache is code. It is used only where ``cachetrust`` trusts
 both folders (the mark's, and the one numba keeps the code in): owned by this user or root, and nobody
 else may write them or a folder above them. Otherwise the mark is ignored, no compile starts, the numpy
-path answers (``EAGLEFORENSICS_FUSED=1``: the kernels are compiled in memory), and one line on stderr
-says which folder and why. The compiling process runs isolated (``process.isolated_python``, from ``/``).
+path answers (with ``EAGLEFORENSICS_FUSED=1`` too), and one line on stderr says which folder and why;
+``fused`` checks the folder numba really chose again before a kernel is first called, and compiles that
+kernel in memory if it fails. The compiling process runs isolated (``process.isolated_python``, from ``/``).
 """
 from __future__ import annotations
 
