@@ -277,3 +277,29 @@ def test_the_folder_checked_is_the_one_numba_loads_from(tmp_path):
         res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT), **extra}, cwd=tmp_path,
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0 and res.stdout.split()[0] == "True", (extra, res.stdout, res.stderr[-1500:])
+
+
+@needs_numba
+def test_a_numba_config_in_the_working_folder_cannot_move_the_cache(tmp_path):
+    """numba reads .numba_config.yaml from the current folder: one planted there naming a cache folder of mode
+    0777 (and classes to import) is not obeyed; the kernels are declared with the folder kernelcache checked."""
+    pytest.importorskip("yaml")
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".numba_config.yaml").write_text(f"cache_dir: {loose}\ncache_locator_classes: planted.Locator\n")
+    (work / "planted.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    code = ("import sys\nsys.path.insert(1, '.')\nfrom eagleforensics.evidence import fused, kernelcache\n"
+            "k = fused.kernels()\n"
+            "print(k.row_stats._cache.cache_path)\nprint(kernelcache.numba_folder())")
+    env = {k: v for k, v in os.environ.items() if k not in ("EAGLEFORENSICS_FUSED", "NUMBA_CACHE_DIR",
+                                                          "NUMBA_CACHE_LOCATOR_CLASSES")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=work,
+                         capture_output=True, text=True, timeout=120)
+    assert not (tmp_path / "ran").exists()
+    assert str(loose) not in res.stdout and res.returncode == 0, (res.stdout, res.stderr[-1500:])
+    used, checked = res.stdout.split()
+    assert used == checked
