@@ -274,7 +274,7 @@ def load_prompts(inputs: ProbeInputs) -> list[Prompt]:
     if inputs.prompts is not None and inputs.train:
         raise ForensicsError("give --prompts or --train, not both")
     if inputs.prompts is not None:
-        from .io.guards import read_regular
+        from .io.guards import parse_json, read_regular
 
         p = Path(inputs.prompts)
         if not p.exists():
@@ -290,7 +290,7 @@ def load_prompts(inputs: ProbeInputs) -> list[Prompt]:
             value = line
             if line.lstrip().startswith("{"):
                 try:
-                    obj = json.loads(line)
+                    obj = parse_json(line, p, f"line {n}", max_items=10_000, strict_numbers=True)
                 except json.JSONDecodeError:
                     raise ForensicsError(f"line {n} starts with '{{' but is not JSON", path=p) from None
                 value = obj.get("prompt") if isinstance(obj, dict) else None
@@ -342,11 +342,13 @@ def _run(client: Client, server: ServerInfo, prompts: list[Prompt], inputs: Prob
                         temperature=temperature, model=server.model)
 
     try:
-        if per_request_windows:  # one request at a time, counters read around each
+        if per_request_windows:  # one request at a time; the page read once per window (one window's end is
+            after = None  # the next one's start)
             for i in range(len(prompts)):
-                before = counters(client)
+                before = counters(client) if after is None else after
                 replies[i] = one(i)
-                snaps.append((before, counters(client)))
+                after = counters(client)
+                snaps.append((before, after))
             return [r for r in replies if r is not None], snaps
         before = counters(client) if server.engine == "vllm" else None
         # not a ``with`` block: its exit joins the workers before an interrupt could abort their calls
@@ -445,6 +447,9 @@ def _early_k(server: ServerInfo, snaps: list[tuple[dict[str, float], dict[str, f
     if not good:
         return server, set(range(len(units)))
     k = max(1, int(round(median(good))))
+    if k > pf.MAX_STEPS:
+        raise ForensicsError(f"vLLM's counters give {k} draft tokens per round, more than any engine runs (at most "
+                             f"{pf.MAX_STEPS}; docs/probe.md, Hardening)")
     off = {i for i, e in enumerate(est) if e is None or abs(e - k) > 0.2 * k}
     notes.append(f"vLLM 0.8.3/0.8.4 count no drafts: k = {k} draft tokens per round, taken from the probe's own tokens "
                  "(tokens after a request's first = rounds + accepted)" +

@@ -49,7 +49,8 @@ def run_guarded(fn: Callable[[], T]) -> T:
         _internal(exc)
 
 
-OUTPUT_PARAMS = frozenset({"output", "report_path"})  # the parameters that name what a command writes
+# the parameters that name what a command writes (every writing option of every command: tests/test_probe_bounds.py)
+OUTPUT_PARAMS = frozenset({"output", "report_path", "out_path"})
 
 
 def command_inputs() -> list[tuple[str, str]]:

@@ -60,15 +60,28 @@ def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[s
     """
 
     def body():  # type: ignore[no-untyped-def]
+        from ..io.guards import check_not_input, check_output_target
+        from ..io.httpclient import bearer_key, check_address, check_timeout
         from ..probe import ProbeInputs, make_probe, render_html
 
+        # everything the user typed is checked before any request is sent
+        check_address(url, "the server")
+        if baseline_url is not None:
+            check_address(baseline_url, "--baseline")
+        check_timeout(timeout)
         key = None
         if api_key_env is not None:
+            source = f"--api-key-env {printable(api_key_env)[:80]}"
             key = os.environ.get(api_key_env)
             if not key:
-                raise ForensicsError(f"--api-key-env {api_key_env!r}: that environment variable is not set")
+                raise ForensicsError(f"{source}: that environment variable is not set")
+            key = bearer_key(key, f"{source} (the environment variable)")
         if report_path is not None and not report_path.lower().endswith((".html", ".htm")):
             raise ForensicsError(f"--report expects an .html file name, got {report_path!r}")
+        for path, what in ((out_path, "--out run"), (report_path, "--report page")):
+            if path is not None:  # the same guard the write applies, before any request rather than after all
+                check_output_target(path, what)
+                check_not_input(path, (), what)
         inputs = ProbeInputs(url, engine=engine, prompts=prompts_file, train=train, target=target,
                              max_tokens=max_tokens, temperature=temperature, baseline=baseline_url,
                              requests=n_requests, concurrency=concurrency, timeout=timeout, replay=replay_json,
