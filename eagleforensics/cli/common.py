@@ -49,7 +49,7 @@ def run_guarded(fn: Callable[[], T]) -> T:
         _internal(exc)
 
 
-# the parameters that name what a command writes (every writing option of every command: tests/test_probe_bounds.py)
+# the parameters that name what a command writes (every writing option of every command: tests/test_probe_hardening.py)
 OUTPUT_PARAMS = frozenset({"output", "report_path", "out_path"})
 
 

@@ -30,7 +30,8 @@ from .common import echo_text, run_guarded
                    "reused in turn).")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Requests in flight at once.")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
-              help="Seconds a call may wait for the server before the probe stops (no retries).")
+              help="Seconds one call to the server may take in all (connect, reply headers and body) before the "
+                   "probe stops (no retries).")
 @click.option("--settle", type=float, default=15.0, show_default=True,
               help="vLLM 0.7.3: seconds to wait for its counters to publish the probe's tokens.")
 @click.option("--replay", "replay_json", type=click.Path(), default=None,

@@ -296,9 +296,9 @@ def nesting_depth(data: bytes) -> int:
 
 
 def json_shape(data: bytes) -> tuple[int, int]:
-    """(nesting depth, values) of JSON text in one linear pass (see ``nesting_depth``): values counts every
-    ``,``, ``[`` and ``{`` outside strings, an upper bound (less one) on the values and keys a parser builds, so
-    a reply of a million empty objects is refused by its count before any of them is built."""
+    """(nesting depth, values) of JSON text in one linear pass (see ``nesting_depth``). Values counts every
+    ``,``, ``[`` and ``{`` outside strings: at least the values a parser builds less one and at most twice them
+    (keys aside), so a reply of a million empty objects is refused by its count before any of them is built."""
     depth = best = items = 0
     quotes = 0  # unescaped quotes seen so far (odd: inside a string)
     run = 0  # backslashes just before the chunk

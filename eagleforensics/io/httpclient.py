@@ -30,6 +30,9 @@ from ..errors import ForensicsError
 from .guards import parse_json
 
 MAX_REPLY = 64 * 1024 * 1024  # a /metrics page or a reply of a few thousand tokens is far below this
+# bytes of replies one client holds at once, across its concurrent calls (64 requests of 65536 tokens each
+# take ~50 MiB of real replies): what --concurrency may not multiply past
+MAX_HELD = 256 * 1024 * 1024
 MAX_TIMEOUT = 86400.0  # one day: past this a "timeout" is a typo (and socket timeouts overflow at inf)
 _CHUNK = 64 * 1024
 # RFC 6750 section 2.1: a Bearer token is b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="
@@ -146,30 +149,40 @@ class Client:
         self._calls: set[_Call] = set()
         self._lock = threading.Lock()
         self._aborted = False
+        self._held = 0  # reply bytes read and not yet parsed, over every call in flight
 
     # -- calls -------------------------------------------------------------------------------------
     def get_text(self, path: str, *, limit: int = MAX_REPLY) -> str:
         status, body = self._call("GET", path, None, limit)
-        if status != 200:
-            raise self._status_error("GET", path, status, body)
-        return self.redact(self._decode(path, body))
+        try:
+            if status != 200:
+                raise self._status_error("GET", path, status, body)
+            return self.redact(self._decode(path, body))
+        finally:
+            self._hold(-len(body))
 
     def get_json(self, path: str, *, missing_ok: bool = False, limit: int = MAX_REPLY,
                  max_items: int | None = None) -> Any:
         """The JSON reply of ``GET path``; None on 404 when ``missing_ok`` (an endpoint a release lacks)."""
         status, body = self._call("GET", path, None, limit)
-        if status == 404 and missing_ok:
-            return None
-        if status != 200:
-            raise self._status_error("GET", path, status, body)
-        return self._json(path, body, max_items)
+        try:
+            if status == 404 and missing_ok:
+                return None
+            if status != 200:
+                raise self._status_error("GET", path, status, body)
+            return self._json(path, body, max_items)
+        finally:
+            self._hold(-len(body))
 
     def post_json(self, path: str, payload: dict[str, Any], *, limit: int = MAX_REPLY,
                   max_items: int | None = None) -> Any:
         status, body = self._call("POST", path, json.dumps(payload).encode(), limit)
-        if status != 200:
-            raise self._status_error("POST", path, status, body)
-        return self._json(path, body, max_items)
+        try:
+            if status != 200:
+                raise self._status_error("POST", path, status, body)
+            return self._json(path, body, max_items)
+        finally:
+            self._hold(-len(body))
 
     def abort(self) -> None:
         """End every call in flight at once (from any thread) and refuse new ones: their sockets are shut down."""
@@ -204,9 +217,10 @@ class Client:
             conn.sock = self._connect(call, deadline)  # http.client sends on the socket it is given
             conn.request(method, self.prefix + path, body=body, headers=headers)
             resp = conn.getresponse()
-            call.headers = True
+            call.headers = not call.expired  # the watchdog's shutdown can also end a trickle of headers
             data = self._read(resp, limit, method, path)
             if call.expired:  # the watchdog's shutdown can read as a clean end of the body
+                self._hold(-len(data))
                 raise socket.timeout()
             return resp.status, data
         except ForensicsError:
@@ -245,21 +259,34 @@ class Client:
 
     def _read(self, resp: http.client.HTTPResponse, limit: int, method: str, path: str) -> bytes:
         """The whole body, refused once past ``limit`` bytes (read in chunks: nothing is allocated at the size a
-        server declares), and refused when it ends before its declared length."""
+        server declares) or past what the client may hold at once (``MAX_HELD``), and refused when it ends before
+        its declared length. The bytes returned stay counted as held until the caller releases them."""
         parts: list[bytes] = []
         total = 0
-        while True:
-            chunk = resp.read1(_CHUNK)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > limit:
-                raise ForensicsError(f"{self.what}: the reply to {method} {path} is larger than "
-                                     f"{_size(limit)} (what this endpoint can hold)")
-            parts.append(chunk)
-        if resp.length:  # bytes the server declared and never sent
-            raise http.client.IncompleteRead(b"".join(parts), resp.length)
+        try:
+            while True:
+                chunk = resp.read1(_CHUNK)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > limit:
+                    raise ForensicsError(f"{self.what}: the reply to {method} {path} is larger than "
+                                         f"{_size(limit)} (what this endpoint can hold)")
+                self._hold(len(chunk), method, path)
+                parts.append(chunk)
+            if resp.length:  # bytes the server declared and never sent
+                raise http.client.IncompleteRead(b"", resp.length)
+        except BaseException:
+            self._hold(-sum(len(p) for p in parts))
+            raise
         return b"".join(parts)
+
+    def _hold(self, n: int, method: str = "", path: str = "") -> None:
+        with self._lock:
+            if n > 0 and self._held + n > MAX_HELD:
+                raise ForensicsError(f"{self.what}: the replies in flight (at {method} {path}) hold more than "
+                                     f"{_size(MAX_HELD)} together: lower --concurrency or --max-tokens")
+            self._held += n
 
     def _late(self, call: _Call, method: str, path: str) -> ForensicsError:
         if call.sock is None:
@@ -268,8 +295,8 @@ class Client:
         if call.headers:
             return ForensicsError(f"{self.what} did not finish its reply to {method} {path} within {self.timeout:g} s "
                                   "(trickling? --timeout bounds the whole call; raise it for a slow server)")
-        return ForensicsError(f"{self.what} sent no reply within {self.timeout:g} s on {method} {path} (stalled? "
-                              "raise --timeout for a slow server)")
+        return ForensicsError(f"{self.what} did not send its reply headers within {self.timeout:g} s on {method} "
+                              f"{path} (stalled or trickling? raise --timeout for a slow server)")
 
     def _decode(self, path: str, body: bytes) -> str:
         try:
