@@ -139,16 +139,18 @@ def quoting_401(req: Request, conn: Conn) -> None:
 class Hostile:
     """A raw HTTP server on 127.0.0.1: ``url``; ``seen`` lists (method, path) of each request; ``close()``."""
 
-    def __init__(self, routes: dict[str, Route], *, accept: bool = True, lifetime: float = LIFETIME) -> None:
+    def __init__(self, routes: dict[str, Route], *, accept: bool = True, accept_limit: int | None = None,
+                 lifetime: float = LIFETIME) -> None:
         self.routes = routes
         self.stopped = threading.Event()
         self.stalled = threading.Event()  # set by a route once it has sent what it will send
+        self.accept_limit = accept_limit  # stop accepting after this many connections, backlog filled
         self.end = time.monotonic() + lifetime
         self.seen: list[tuple[str, str]] = []
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(0 if not accept else 64)
+        self.lsock.listen(0 if not accept else 8)
         self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
         self.fillers: list[socket.socket] = []
         self._socks: list[socket.socket] = []
@@ -158,14 +160,7 @@ class Hostile:
             self.thread.start()
         else:  # never accepted: fill the backlog so the probe's connect waits in SYN-SENT
             self.thread = None
-            for _ in range(4):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.setblocking(False)
-                try:
-                    s.connect(("127.0.0.1", self.lsock.getsockname()[1]))
-                except BlockingIOError:
-                    pass
-                self.fillers.append(s)
+            self._fill(4)
             timer = threading.Timer(lifetime, self.close)
             timer.daemon = True
             timer.start()
@@ -186,12 +181,30 @@ class Hostile:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
 
+    def _fill(self, n: int) -> None:
+        """Connect ``n`` idle clients that are never accepted: the backlog is full, later connects hang."""
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", self.lsock.getsockname()[1]))
+            except BlockingIOError:
+                pass
+            self.fillers.append(s)
+
     def _serve(self) -> None:
+        accepted = 0
         while not self.stopped.is_set() and time.monotonic() < self.end:
+            if self.accept_limit is not None and accepted >= self.accept_limit:
+                self._fill(16)  # the backlog (8) full: the next client's connect hangs
+                self.stalled.set()
+                self.stopped.wait(max(0.0, self.end - time.monotonic()))
+                break
             try:
                 sock, _ = self.lsock.accept()
             except (socket.timeout, OSError):
                 continue
+            accepted += 1
             self._socks.append(sock)
             threading.Thread(target=self._handle, args=(sock,), daemon=True).start()
         self.stopped.set()

@@ -169,6 +169,22 @@ def test_signal_ends_the_probe_within_3_s(engine: str, signum: int, prompts: Pat
         assert run.code == 2 and "interrupted (Ctrl-C)" in _one_line(run), run.err
 
 
+def test_signal_ends_a_worker_stuck_connecting(prompts: Path) -> None:
+    """A server that stops accepting after the probe's first calls: the generation's connect, on a worker thread,
+    waits in SYN-SENT under --timeout 120; Ctrl-C still ends the probe within 3 s (a blocking connect cannot be
+    woken from another thread, so the probe connects in short polls that see the abort)."""
+    # detect: /model_info; info: /model_info, /server_info; then no more
+    with Hostile(sglang_routes(), accept_limit=3) as server:
+        def ready() -> None:
+            assert server.stalled.wait(30), "the probe never made its first calls"
+            time.sleep(1.0)
+
+        run = run_probe(server.url, "--prompts", str(prompts), "--timeout", "120", "--concurrency", "2",
+                        signal_when=(ready, signal.SIGINT), timeout=20)
+    assert run.seconds < 3.0, (run.seconds, run.err)
+    assert run.code == 2 and "interrupted (Ctrl-C)" in _one_line(run), run.err
+
+
 # -- 3. bounded parse ----------------------------------------------------------------------------------------
 
 def _reply(meta_extra: str = "", completion: str = "8") -> bytes:

@@ -15,11 +15,14 @@ and the key is redacted from any text a server sends back (``redact``).
 from __future__ import annotations
 
 import base64
+import errno
 import http.client
 import ipaddress
 import json
 import math
+import os
 import re
+import selectors
 import socket
 import threading
 import time
@@ -110,6 +113,7 @@ class _Call:
         self.sock: socket.socket | None = None
         self.expired = False
         self.stopped = False
+        self.connected = False
         self.headers = False  # the reply's headers are in
 
     def own(self, sock: socket.socket) -> None:
@@ -124,6 +128,23 @@ class _Call:
             self.stopped = True
             if self.sock is not None:
                 _shut(self.sock)
+
+
+def _connect_polled(sock: socket.socket, addr: Any, call: _Call, deadline: float) -> None:
+    """Connect ``sock`` without blocking, polling every 0.1 s until it is connected, the deadline passes
+    (``socket.timeout``) or the call is stopped (``OSError``)."""
+    sock.setblocking(False)
+    err = sock.connect_ex(addr)
+    with selectors.DefaultSelector() as sel:
+        sel.register(sock, selectors.EVENT_WRITE)
+        while err in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK, errno.EAGAIN):
+            left = deadline - time.monotonic()
+            if call.stopped or left <= 0:
+                raise socket.timeout() if call.expired or left <= 0 else OSError(errno.EINTR, "stopped")
+            if sel.select(min(0.1, left)):
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if err:
+        raise OSError(err, os.strerror(err))
 
 
 def _shut(sock: socket.socket) -> None:
@@ -244,10 +265,29 @@ class Client:
                 call.sock.close()
 
     def _connect(self, call: _Call, deadline: float) -> socket.socket:
-        """A connected socket (TLS for https), owned by ``call`` before any byte is read from it."""
-        left = max(deadline - time.monotonic(), 0.001)
-        sock = socket.create_connection((self.host, self.port or (443 if self.scheme == "https" else 80)), left)
-        call.own(sock)
+        """A connected socket (TLS for https), owned by ``call`` before it connects: the connect itself waits in
+        short polls that see the deadline and ``abort()`` (a blocking connect to a server that never accepts
+        could not be woken from another thread)."""
+        port = self.port or (443 if self.scheme == "https" else 80)
+        last: OSError = OSError(f"{self.host} has no address")
+        for family, kind, proto, _, addr in socket.getaddrinfo(self.host, port, type=socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            call.own(sock)
+            try:
+                _connect_polled(sock, addr, call, deadline)
+                break
+            except (socket.timeout, TimeoutError):
+                sock.close()
+                raise
+            except OSError as exc:  # refused on this address: the next one may answer
+                sock.close()
+                last = exc
+                if call.stopped:
+                    raise
+        else:
+            raise last
+        call.connected = True
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
         if self.scheme != "https":
             return sock
         import ssl
@@ -289,7 +329,7 @@ class Client:
             self._held += n
 
     def _late(self, call: _Call, method: str, path: str) -> ForensicsError:
-        if call.sock is None:
+        if not call.connected:
             return ForensicsError(f"{self.what} did not take the connection within {self.timeout:g} s ({method} "
                                   f"{path}): is the address right, the server up and not overloaded?")
         if call.headers:
