@@ -70,7 +70,7 @@ def run_probe(*args: str, timeout: float = 60.0, env: dict[str, str] | None = No
             ready, signum = signal_when
             ready()
             start = time.monotonic()
-            proc.send_signal(signum)
+            os.kill(proc.pid, signum)  # not send_signal: its poll() would reap the child before wait4 reads it
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
