@@ -38,8 +38,9 @@ MAX_REPLY = 64 * 1024 * 1024  # a /metrics page or a reply of a few thousand tok
 MAX_HELD = 256 * 1024 * 1024
 MAX_TIMEOUT = 86400.0  # one day: past this a "timeout" is a typo (and socket timeouts overflow at inf)
 _CHUNK = 64 * 1024
-# RFC 6750 section 2.1: a Bearer token is b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="
-_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+# what an Authorization header can carry: visible ASCII (RFC 9110 field values), no space inside the key. RFC 6750's
+# b64token is narrower, but SGLang's and vLLM's --api-key compare whatever string they were given.
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # RFC 1123 (and "_", as resolvers take)
 REDACTED = "[key redacted]"
 
@@ -51,9 +52,8 @@ def bearer_key(raw: str, source: str) -> str:
     if not key:
         raise ForensicsError(f"{source}: the key is empty")
     if not _TOKEN.fullmatch(key):
-        raise ForensicsError(f"{source}: the key holds a character an HTTP Bearer token cannot (a space, a control "
-                             "character, a quote or non-ASCII; RFC 6750 allows letters, digits and -._~+/ then =): "
-                             "check how it was set (the key is not shown)")
+        raise ForensicsError(f"{source}: the key holds a character an HTTP header cannot carry in a Bearer token (a "
+                             "space, a control character or non-ASCII): check how it was set (the key is not shown)")
     return key
 
 
