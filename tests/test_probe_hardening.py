@@ -131,6 +131,29 @@ def test_timeout_bounds_the_whole_call(where: str, route, prompts: Path, startup
     assert run.seconds < 3 + 5 + startup, (run.seconds, startup, line)
 
 
+def test_a_hung_name_lookup_is_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver cannot be interrupted: a name is looked up on a daemon thread the call does not wait past its
+    deadline for (a literal address is never looked up)."""
+    from eagleforensics.errors import ForensicsError
+    from eagleforensics.io.httpclient import Client
+
+    real = socket.getaddrinfo
+    looked: list[str] = []
+
+    def slow(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+        looked.append(host)
+        if host == "slow.example":
+            time.sleep(8)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    start = time.monotonic()
+    with pytest.raises(ForensicsError, match="did not take the connection within 1 s"):
+        Client("http://slow.example:80", timeout=1).get_json("/model_info")
+    assert time.monotonic() - start < 3.0
+    assert looked == ["slow.example"]
+
+
 # -- 2. Ctrl-C and SIGTERM within 3 s ----------------------------------------------------------------------
 
 def _metrics_page(positions: int = 3) -> bytes:

@@ -130,6 +130,33 @@ class _Call:
                 _shut(self.sock)
 
 
+def _resolve(host: str, port: int, call: _Call, deadline: float) -> list[Any]:
+    """``getaddrinfo`` within the deadline: an address is answered at once; a name is looked up on a daemon
+    thread (the resolver cannot be interrupted) while this one polls the deadline and ``abort()``."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except ValueError:
+        pass
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def look_up() -> None:
+        try:
+            box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            box["error"] = exc
+        done.set()
+
+    threading.Thread(target=look_up, name="probe-resolve", daemon=True).start()
+    while not done.wait(0.1):
+        if call.stopped or time.monotonic() >= deadline:
+            raise socket.timeout() if not call.stopped or call.expired else OSError(errno.EINTR, "stopped")
+    if "error" in box:
+        raise box["error"]
+    return box["infos"]
+
+
 def _connect_polled(sock: socket.socket, addr: Any, call: _Call, deadline: float) -> None:
     """Connect ``sock`` without blocking, polling every 0.1 s until it is connected, the deadline passes
     (``socket.timeout``) or the call is stopped (``OSError``)."""
@@ -270,7 +297,7 @@ class Client:
         could not be woken from another thread)."""
         port = self.port or (443 if self.scheme == "https" else 80)
         last: OSError = OSError(f"{self.host} has no address")
-        for family, kind, proto, _, addr in socket.getaddrinfo(self.host, port, type=socket.SOCK_STREAM):
+        for family, kind, proto, _, addr in _resolve(self.host, port, call, deadline):
             sock = socket.socket(family, kind, proto)
             call.own(sock)
             try:
