@@ -485,7 +485,7 @@ def test_output_onto_an_input_is_refused_before_any_request(option: str, tmp_pat
     with StandIn(Plan(engine="sglang", release="0.5.13")) as s:
         res = CliRunner().invoke(probe_cmd, [s.url, "--prompts", str(p), option, str(p)])
         assert s.plan.seen == []  # nothing sent
-    assert res.exit_code == 2 and "would overwrite" in res.output, res.output
+    assert res.exit_code == 2 and "would overwrite the input --prompts " in res.output, res.output  # as typed
     assert p.read_text() == "Tell me about the sea.\n"
 
 

@@ -67,7 +67,7 @@ def command_inputs() -> list[tuple[str, str]]:
         if not (isinstance(param.type, click.Path) or isinstance(param, click.Argument)):
             continue  # free text (--title, --engine) is never a path, even when a folder of that name exists
         value = ctx.params.get(param.name)
-        role = (f"--{param.name.replace('_', '-')}" if isinstance(param, click.Option) else param.name.upper())
+        role = (max(param.opts, key=len) if isinstance(param, click.Option) else param.name.upper())  # as typed
         for v in value if isinstance(value, (tuple, list)) else (value,):
             if not isinstance(v, (str, os.PathLike)) or isinstance(v, bool):
                 continue
