@@ -13,10 +13,12 @@ from typing import Any
 
 from ..errors import ForensicsError, printable
 from ..io.httpclient import MAX_REPLY, Client
+from . import probecounts as pc
 from . import probeformats as pf
 
 ENGINES = ("sglang", "vllm")
 DECLARED = "#declared "  # counters() keys for a spec-decode family the page declares
+FAMILIES = "#vllm-families"  # counters() key present when the page carries any vllm: family at all
 # What a reply may hold (docs/probe.md, "Hardening"): a server's account of itself is a few KiB; /metrics is
 # hundreds of KiB; a generation's reply grows with its tokens. Values bound what parsing builds.
 INFO_BYTES = 1 << 20
@@ -48,6 +50,8 @@ class ServerInfo:
     cuda_graph: bool | None = None
     prefix_cache: bool | None = None
     counters: pf.CounterFormat | None = None
+    adaptive: bool | None = None  # SGLang speculative_adaptive: the step count moves at run time
+    identity: tuple[tuple[str, str], ...] = ()  # SGLang server-info fields that tell one back-end from another
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,14 @@ def _declared(client: Client, path: str, args: dict[str, Any], key: str, hi: int
     return value
 
 
-def _info_json(client: Client, path: str, *, missing_ok: bool = False) -> Any:
+def info_json(client: Client, path: str, *, missing_ok: bool = False) -> Any:
+    """A server's account of itself (``/server_info``, ``/version``, ...), within ``INFO_BYTES`` and ``INFO_VALUES``."""
     return client.get_json(path, missing_ok=missing_ok, limit=INFO_BYTES, max_items=INFO_VALUES)
+
+
+def metrics_page(client: Client) -> str:
+    """The ``/metrics`` page, within ``METRICS_BYTES``."""
+    return client.get_text("/metrics", limit=METRICS_BYTES)
 
 
 def detect(client: Client) -> str:
@@ -99,10 +109,10 @@ def detect(client: Client) -> str:
     A 404 moves on to the next endpoint; any other failure (refused, stalled, malformed) is said at once.
     """
     for path in pf.SGLANG_MODEL_INFO:
-        info = _info_json(client, path, missing_ok=True)
+        info = info_json(client, path, missing_ok=True)
         if isinstance(info, dict) and "model_path" in info:
             return "sglang"
-    ver = _info_json(client, "/version", missing_ok=True)
+    ver = info_json(client, "/version", missing_ok=True)
     if isinstance(ver, dict) and isinstance(ver.get("version"), str):
         return "vllm"
     raise ForensicsError(f"{client.what} answers neither SGLang's /model_info nor vLLM's /version: pass --engine")
@@ -110,7 +120,7 @@ def detect(client: Client) -> str:
 
 def _first(client: Client, paths: tuple[str, ...]) -> tuple[str, Any]:
     for path in paths:
-        got = _info_json(client, path, missing_ok=True)
+        got = info_json(client, path, missing_ok=True)
         if got is not None:
             return path, got
     raise ForensicsError(f"{client.what} answers none of {', '.join(paths)} (is it an SGLang server?)")
@@ -139,11 +149,12 @@ def info(client: Client, engine: str) -> ServerInfo:
                           _declared(client, path, args, "speculative_num_draft_tokens", pf.MAX_DRAFT_TOKENS),
                           args.get("speculative_draft_model_path") if isinstance(
                               args.get("speculative_draft_model_path"), str) else None,
-                          flag("disable_cuda_graph"), flag("disable_radix_cache"))
-    ver = _info_json(client, "/version")
+                          flag("disable_cuda_graph"), flag("disable_radix_cache"),
+                          adaptive=args.get("speculative_adaptive") is True, identity=pc.identity(args))
+    ver = info_json(client, "/version")
     if not isinstance(ver, dict) or not isinstance(ver.get("version"), str):
         raise _bad(client, "/version", "no version string")
-    models = _info_json(client, "/v1/models")
+    models = info_json(client, "/v1/models")
     data = models.get("data") if isinstance(models, dict) else None
     if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
         raise _bad(client, "/v1/models", "no data[0].id")
@@ -179,7 +190,7 @@ def counters(client: Client) -> dict[str, float]:
     counters whether or not it speculates, and writes samples once it has logged spec-decode stats)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = client.get_text("/metrics", limit=METRICS_BYTES)
+    text = metrics_page(client)
     # only the spec-decode families are parsed: a real page carries every histogram (hundreds of KiB),
     # and the probe reads it once per counter window
     lines = [line for line in text.splitlines()
@@ -189,6 +200,8 @@ def counters(client: Client) -> dict[str, float]:
                              f"writes (at most {METRICS_SERIES:,}: a series per draft position per engine)")
     keep = "\n".join(lines)
     out: dict[str, float] = {}
+    if pc.has_vllm_family(text):
+        out[FAMILIES] = 1.0
     try:
         for family in text_string_to_metric_families(keep + "\n" if keep else ""):
             if family.name.startswith("vllm:spec_decode_"):
@@ -291,5 +304,10 @@ def _vllm_reply(client: Client, got: Any, seconds: float) -> Reply:
         raise _bad(client, path, "usage.completion_tokens is not a count")
     choice = choices[0]
     finish = choice.get("finish_reason")
+    spec = pc.request_spec(got)
+    if spec is not None and not spec.k <= pf.MAX_STEPS:
+        shown = str(spec.k) if len(str(spec.k)) <= 24 else f"a number of {len(str(spec.k))} digits"
+        raise _bad(client, path, f"metrics.speculative_decoding declares num_spec_tokens = {shown}, which no engine "
+                                 f"runs (at most {pf.MAX_STEPS}; docs/probe.md, Hardening)")
     return Reply(choice["text"], _ids(choice.get("token_ids")), done, finish if isinstance(finish, str) else None,
-                 seconds)
+                 seconds, extra={"spec": spec})

@@ -99,3 +99,29 @@ def read_probe_run(path: str | Path) -> dict[str, Any]:
     out["server_args"] = clean
     return out
 
+
+
+def read_probe_counters(path: str | Path) -> dict[str, Any]:
+    """An earlier probe's server-wide counters at its end (``server_counters``), for ``probe --since``: the
+    engine, the counter values and the wall time, checked; one line when the file has none."""
+    p = Path(path)
+    try:
+        doc = parse_json(read_regular(p, MAX_BYTES, "probe JSON"), p, "probe JSON")
+    except ValueError as exc:
+        raise ForensicsError(f"not valid JSON: {' '.join(str(exc).split())[:120]}", path=p) from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise _bad(p, "no schema line")
+    engine = (doc.get("server") or {}).get("engine") if isinstance(doc.get("server"), dict) else None
+    block = doc.get("server_counters")
+    if engine not in ("sglang", "vllm"):
+        raise _bad(p, "server.engine is not sglang or vllm")
+    if not isinstance(block, dict):
+        raise ForensicsError("--since: that probe file has no server_counters (written by an older probe)", path=p)
+    end, when = block.get("end"), block.get("end_time")
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when) or when < 0:
+        raise _bad(p, "server_counters.end_time is not a time")
+    if end is not None and (not isinstance(end, dict) or len(end) > 16 or any(
+            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or v < 0 for k, v in end.items())):
+        raise _bad(p, "server_counters.end is not a map of counter values")
+    return {"engine": engine, "end": end, "end_time": float(when)}
