@@ -258,6 +258,33 @@ def test_impossible_step_count_is_refused(steps: int, prompts: Path, tmp_path: P
     assert not out.exists()
 
 
+def test_impossible_k_in_per_request_metrics_is_refused(prompts: Path) -> None:
+    """vLLM 0.29+'s metrics.speculative_decoding names k (num_spec_tokens): 10^12 of them looped chain_reach."""
+    def complete(req: ph.Request, conn: ph.Conn) -> None:
+        n = int(json.loads(req.body)["max_tokens"])
+        conn.send(200, {"choices": [{"index": 0, "text": "w1 " * n, "finish_reason": "length"}],
+                        "usage": {"completion_tokens": n},
+                        "metrics": {"speculative_decoding": {
+                            "num_spec_steps": 2, "num_accepted_draft_tokens": 1, "num_draft_tokens": 2,
+                            "num_spec_tokens": 10 ** 12, "acceptance_histogram": [1, 1]}}})
+
+    with Hostile(vllm_routes(lambda: _metrics_page(), completion=complete)) as server:
+        run = run_probe(server.url, "--prompts", str(prompts), "--max-tokens", "8", timeout=30)
+    line = _one_line(run)
+    assert run.code == 2 and "num_spec_tokens" in line and "128" in line, line
+
+
+def test_impossible_adaptive_steps_gauge_is_refused(prompts: Path) -> None:
+    """SGLang's adaptive steps gauge (sglang:spec_num_steps) of 10^12 became the steps the probe fits."""
+    routes = sglang_routes(server_info={"speculative_adaptive": True})
+    routes["/metrics"] = lambda req, conn: conn.send(
+        200, b"# TYPE sglang:spec_num_steps gauge\nsglang:spec_num_steps 1e12\n", "text/plain")
+    with Hostile(routes) as server:
+        run = run_probe(server.url, "--prompts", str(prompts), "--max-tokens", "8", timeout=30)
+    line = _one_line(run)
+    assert run.code == 2 and "sglang:spec_num_steps" in line and "128" in line, line
+
+
 def test_long_histogram_is_refused(prompts: Path) -> None:
     """A 200,000-count histogram (quadratic per-position sums: minutes on main) is more than any engine's steps."""
     def reply(req):  # type: ignore[no-untyped-def]
