@@ -30,7 +30,8 @@ from typing import Any
 
 from .engines import probecounts as pc
 from .engines import probeformats as pf
-from .engines.probeapi import DECLARED, ENGINES, FAMILIES, Reply, ServerInfo, counters, detect, generate, info, v0_k
+from .engines.probeapi import (DECLARED, ENGINES, FAMILIES, Reply, ServerInfo, counters, detect, generate, info,
+                               info_json, metrics_page, v0_k)
 from .errors import ForensicsError, printable
 from .serving.acceptcurve import accepted_variance
 from .evidence.probestats import MIN_ROUNDS, NOTHING, chain_reach, degenerate, first_difference, per_position, ratio
@@ -330,7 +331,7 @@ def load_prompts(inputs: ProbeInputs) -> list[Prompt]:
     if inputs.prompts is not None and inputs.train:
         raise ForensicsError("give --prompts or --train, not both")
     if inputs.prompts is not None:
-        from .io.guards import read_regular
+        from .io.guards import parse_json, read_regular
 
         p = Path(inputs.prompts)
         if not p.exists():
@@ -346,7 +347,7 @@ def load_prompts(inputs: ProbeInputs) -> list[Prompt]:
             value = line
             if line.lstrip().startswith("{"):
                 try:
-                    obj = json.loads(line)
+                    obj = parse_json(line, p, f"line {n}", max_items=10_000, strict_numbers=True)
                 except json.JSONDecodeError:
                     raise ForensicsError(f"line {n} starts with '{{' but is not JSON", path=p) from None
                 value = obj.get("prompt") if isinstance(obj, dict) else None
@@ -398,11 +399,13 @@ def _run(client: Client, server: ServerInfo, prompts: list[Prompt], inputs: Prob
                         temperature=temperature, model=server.model)
 
     try:
-        if per_request_windows:  # one request at a time, counters read around each
+        if per_request_windows:  # one request at a time; the page read once per window (one window's end is
+            after = None  # the next one's start)
             for i in range(len(prompts)):
-                before = counters(client)
+                before = counters(client) if after is None else after
                 replies[i] = one(i)
-                snaps.append((before, counters(client)))
+                after = counters(client)
+                snaps.append((before, after))
             return [r for r in replies if r is not None], snaps
         before = counters(client) if server.engine == "vllm" else None
         # not a ``with`` block: its exit joins the workers before an interrupt could abort their calls
@@ -505,6 +508,9 @@ def _early_k(server: ServerInfo, snaps: list[tuple[dict[str, float], dict[str, f
     if not good:
         return server, set(range(len(units)))
     k = max(1, int(round(median(good))))
+    if k > pf.MAX_STEPS:
+        raise ForensicsError(f"vLLM's counters give {k} draft tokens per round, more than any engine runs (at most "
+                             f"{pf.MAX_STEPS}; docs/probe.md, Hardening)")
     off = {i for i, e in enumerate(est) if e is None or abs(e - k) > 0.2 * k}
     notes.append(f"vLLM 0.8.3/0.8.4 count no drafts: k = {k} draft tokens per round, taken from the probe's own tokens "
                  "(tokens after a request's first = rounds + accepted)" +
@@ -661,7 +667,7 @@ def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], repli
         seen = [server.identity]
         for _ in range(4):  # a round-robin router answers successive reads from successive back-ends
             try:
-                args = next((got for got in (client.get_json(p, missing_ok=True) for p in pf.SGLANG_SERVER_INFO)
+                args = next((got for got in (info_json(client, p, missing_ok=True) for p in pf.SGLANG_SERVER_INFO)
                              if got is not None), None)
             except ForensicsError:
                 break
@@ -713,9 +719,12 @@ def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], repli
     if server.adaptive:
         running, how = None, ""
         try:
-            value = pc.gauge(client.get_text("/metrics"), pc.SGLANG_STEPS_GAUGE)
+            value = pc.gauge(metrics_page(client), pc.SGLANG_STEPS_GAUGE)
         except ForensicsError:
             value = None
+        if value is not None and value > pf.MAX_STEPS:
+            raise ForensicsError(f"{client.what}: /metrics says {pc.SGLANG_STEPS_GAUGE} = {value:g}, which no engine "
+                                 f"runs (at most {pf.MAX_STEPS}; docs/probe.md, Hardening)")
         if value is not None and value >= 1:
             running, how = int(round(value)), f"the gauge {pc.SGLANG_STEPS_GAUGE} on /metrics"
         elif pc.served_steps(pos) is not None:
@@ -745,7 +754,7 @@ def _snapshot(client: Client, engine: str) -> dict[str, float] | None:
         keep = {k: values[k] for k in (pf.V1_DRAFTS, pf.V1_ACCEPTED) if k in values}
         return keep if len(keep) == 2 else None
     try:
-        text = client.get_text("/metrics")
+        text = metrics_page(client)
     except ForensicsError:  # 404 without --enable-metrics
         return None
     gen, calls = (pc.gauge(text, n, combine=sum) for n in (pc.SGLANG_GENERATED, pc.SGLANG_VERIFY_CALLS))

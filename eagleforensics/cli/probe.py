@@ -31,7 +31,8 @@ from .common import echo_text, run_guarded
                    "reused in turn).")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Requests in flight at once.")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
-              help="Seconds a call may wait for the server before the probe stops (no retries).")
+              help="Seconds one call to the server may take in all (connect, reply headers and body) before the "
+                   "probe stops (no retries).")
 @click.option("--settle", type=float, default=15.0, show_default=True,
               help="vLLM 0.7.3: seconds to wait for its counters to publish the probe's tokens.")
 @click.option("--replay", "replay_json", type=click.Path(), default=None,
@@ -74,15 +75,28 @@ def probe(url: str, engine: str | None, prompts_file: str | None, train: tuple[s
     """
 
     def body():  # type: ignore[no-untyped-def]
+        from ..io.guards import check_not_input, check_output_target
+        from ..io.httpclient import bearer_key, check_address, check_timeout
         from ..probe import ProbeInputs, make_probe, render_html
 
+        # everything the user typed is checked before any request is sent
+        check_address(url, "the server")
+        if baseline_url is not None:
+            check_address(baseline_url, "--baseline")
+        check_timeout(timeout)
         key = None
         if api_key_env is not None:
+            source = f"--api-key-env {printable(api_key_env)[:80]}"
             key = os.environ.get(api_key_env)
             if not key:
-                raise ForensicsError(f"--api-key-env {api_key_env!r}: that environment variable is not set")
+                raise ForensicsError(f"{source}: that environment variable is not set")
+            key = bearer_key(key, f"{source} (the environment variable)")
         if report_path is not None and not report_path.lower().endswith((".html", ".htm")):
             raise ForensicsError(f"--report expects an .html file name, got {report_path!r}")
+        for path, what in ((out_path, "--out run"), (report_path, "--report page")):
+            if path is not None:  # the same guard the write applies, before any request rather than after all
+                check_output_target(path, what)
+                check_not_input(path, (), what)
         if drafter is not None and (not control or replay_json is not None):
             raise ForensicsError("--drafter is for --control without --replay: it replays the drafter on the records "
                                  "probe sends")

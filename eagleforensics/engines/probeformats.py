@@ -64,12 +64,28 @@ reads them before and after its own requests):
   ``return_token_ids`` (0.11.0, ``entrypoints/openai/protocol.py``) adds ``choices[].token_ids``.
   ``GET /v1/models`` names the model, ``GET /version`` the release (both releases,
   ``entrypoints/openai/api_server.py``).
+
+Bounds on what a server can declare (``MAX_STEPS``; docs/probe.md, "Hardening"):
+
+* vLLM's V1 rejection sampler asserts ``max_spec_len <= MAX_SPEC_LEN``: 32 in 0.9.2, 0.10.0 and
+  0.10.1.1, 128 in 0.11.0 to 0.33.0 (``vllm/v1/sample/rejection_sampler.py``); 0.34.0 moved the
+  sampler (``v1/worker/gpu``) and was not read for a limit.
+* SGLang 0.5.9 and 0.5.23 (``srt/server_args.py``) set no upper bound on ``speculative_num_steps``,
+  ``speculative_eagle_topk`` or ``speculative_num_draft_tokens``: the probe takes vLLM's 128 steps
+  as the sane bound, and 1024 for top-k and draft tokens (what ``plan`` reads from a run).
+* SGLang's ``spec_correct_drafts_histogram`` grows one entry per count of accepted drafts
+  (``Req.update_spec_correct_drafts_histogram``, ``srt/managers/schedule_batch.py``, 0.5.23), so it
+  has at most steps + 1 entries; vLLM's per-position counter has one ``position`` per step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
+
+MAX_STEPS = 128  # draft steps (positions) any engine runs: vLLM's MAX_SPEC_LEN from 0.11.0; SGLang has no bound
+MAX_TOPK = 1024  # SGLang has no bound; what ``plan`` reads from a probe run
+MAX_DRAFT_TOKENS = 1024  # likewise
 
 SGLANG_RELEASES = ("0.4.6", "0.5.3", "0.5.13", "0.5.23")
 VLLM_RELEASES = ("0.7.3", "0.8.2", "0.8.3", "0.8.4", "0.9.0", "0.10.1.1", "0.11.0", "0.29.0", "0.34.0")

@@ -14,6 +14,7 @@ from .guards import parse_json, read_regular
 
 SCHEMA = "eagleforensics-probe-v1"
 MAX_BYTES = 64 * 1024 * 1024  # 1024 requests with their figures are well below this
+MAX_POSITIONS = 128  # per-position rates a run may hold: engines.probeformats.MAX_STEPS, the most any engine runs
 _HEAD = 4096
 
 
@@ -76,7 +77,7 @@ def read_probe_run(path: str | Path) -> dict[str, Any]:
     out["rounds"] = _number(run, "rounds", p, 0.0, 1e12)
     pos = run.get("per_position_acceptance")
     if pos is not None:
-        if not isinstance(pos, list) or not 1 <= len(pos) <= 64 or any(
+        if not isinstance(pos, list) or not 1 <= len(pos) <= MAX_POSITIONS or any(
                 isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0 for v in pos):
             raise _bad(p, "run.per_position_acceptance is not a list of rates in [0, 1]")
         pos = tuple(float(v) for v in pos)
