@@ -74,8 +74,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SGLANG_PREFIX = re.compile(
     r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{1,6}))?((?: [A-Z][A-Z_]*\d+)*)\] "
 )
+# ``[file.py:123] ``: vLLM's shortened source path (vllm/logging_utils/formatter.py 0.33.0); bounded and free of
+# brackets, so a line of repeated prefixes without a closing bracket is not scanned to its end from every one.
 _VLLM_PREFIX = re.compile(
-    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? \[[^\]]*\] "
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? \[[^\[\]\n]{0,256}\] "
 )
 _SGLANG_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (#running-req: .*)$")
 _VLLM_SPEC = re.compile(r"SpecDecoding metrics: (.*)$")

@@ -109,7 +109,9 @@ _PROBES = (
     ("vllm-version", " server version ", _VLLM_VERSION),
     ("vllm-logo", "version", _VLLM_LOGO),
 )
-_ENUM = re.compile(r"<\s*[\w.]*?\.?(\w+)\s*:.*>\s*$", re.S)
+# ``<SpeculativeAlgorithm.EAGLE3: 3>``: the dotted name and its colon; the rest is checked by hand. One greedy run
+# (no lazy prefix before it), so a '<' and 120k letters is read in one pass, not retried at every split.
+_ENUM_HEAD = re.compile(r"<\s*([\w.]+)\s*:")
 _SGLANG_REPR_UNTIL = "0.5.18"
 _SGLANG_DICT_SINCE = "0.5.19"
 
@@ -133,9 +135,9 @@ def normalise_algorithm(raw: object) -> str | None:
     if raw is None:
         return None
     text = str(raw).strip()
-    m = _ENUM.match(text)
-    if m:
-        text = m.group(1)
+    member = _enum_member(text)
+    if member:
+        text = member
     text = text.strip("'\" ").lower()
     if text in ("", "none", "null"):
         return None
@@ -144,6 +146,14 @@ def normalise_algorithm(raw: object) -> str | None:
     if text == "mtp" or text.endswith("_mtp"):
         return "mtp"
     return text
+
+
+def _enum_member(text: str) -> str | None:
+    """The member name of an enum repr ``<Class.MEMBER: value>`` (the last dotted part), else None."""
+    m = _ENUM_HEAD.match(text)
+    if not m or not text.rstrip().endswith(">") or len(text.rstrip()) - 1 < m.end():
+        return None
+    return m.group(1).rsplit(".", 1)[-1] or None
 
 
 @dataclass(frozen=True)
