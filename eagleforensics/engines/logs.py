@@ -260,7 +260,7 @@ def parse_log(path: str | Path, run: str | None = None, engine: str | None = Non
         raise ForensicsError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     p = Path(path)
     seen = [0]
-    scanner = ServerArgsScanner(engine)
+    scanner = ServerArgsScanner(engine, p)
     with open_text(p) as fh:
         try:
             found = list(_iter_rows(fh, engine, seen, scanner))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ForensicsError
+from .bounds import check_config_ints
 from .guards import parse_json, read_regular
 from .formats import read_safetensors_header
 from .safeload import SafetensorsFile, open_safetensors
@@ -129,6 +130,7 @@ def read_config(path: str | Path, what: str = "config.json") -> dict[str, Any]:
         raise ForensicsError(f"{what} is not valid JSON ({' '.join(str(exc).split())[:120]})", path=p) from None
     if not isinstance(obj, dict):
         raise ForensicsError(f"{what} is not a JSON object", path=p)
+    check_config_ints(obj, p)  # layer counts, widths, vocabularies within what any engine serves
     return obj
 
 
