@@ -52,7 +52,7 @@ def test_a_billion_mtp_layers_leave_the_mtp_check_not_run(tmp_path: Path) -> Non
     assert code in (0, 1) and "Traceback" not in err, (code, err[-1500:])
     rows = {c["name"]: c for c in json.loads(out)["checks"]}
     assert rows["mtp-weights"]["status"] == "not-run"
-    assert "num_nextn_predict_layers = 1000000000, past 64" in rows["mtp-weights"]["reason"]
+    assert "num_nextn_predict_layers = 1000000000, past the cap of 64" in rows["mtp-weights"]["reason"]
     assert rows["sizes"]["status"] == "clean"
 
 
@@ -69,7 +69,7 @@ def test_a_vllm_log_with_a_billion_pipeline_stages_is_one_line(tmp_path: Path) -
     log = vllm_log(tmp_path / "server.log", "0.14.0", SAMPLES / "target", spec, pipeline_parallel_size=10 ** 9)
     code, out, err = run_limited(["doctor", "--drafter", SAMPLES / "drafter", "--target", SAMPLES / "target",
                                   "--log", log], tmp_path)
-    _one_line(code, err, "server.log", "line 2", "pipeline_parallel_size is 1000000000, past 1,024")
+    _one_line(code, err, "server.log", "line 2", "pipeline_parallel_size is 1000000000, past the cap of 1,024")
 
 
 @pytest.mark.parametrize("field, value", [("speculative_num_steps", 10 ** 12), ("speculative_eagle_topk", 100_000),
@@ -81,7 +81,7 @@ def test_an_sglang_launch_past_the_engines_bounds_is_one_line(field: str, value:
     log = tmp_path / "sglang.log"
     log.write_text(src[:at] + f"{field}={value}" + src[end:])
     code, out, err = run_limited(["logs", f"run={log}"], tmp_path)
-    _one_line(code, err, "sglang.log", f"{field} is {value}, past")
+    _one_line(code, err, "sglang.log", f"{field} is {value}", "past the cap of")
 
 
 @pytest.mark.parametrize("field", ["num_hidden_layers", "vocab_size", "hidden_size"])
@@ -89,7 +89,7 @@ def test_a_target_config_past_any_served_model_is_one_line(field: str, tmp_path:
     target = shutil.copytree(SAMPLES / "target", tmp_path / "target")
     edit_config(target, **{field: 10 ** 9})
     code, out, err = run_limited(["doctor", "--drafter", SAMPLES / "drafter", "--target", target], tmp_path)
-    _one_line(code, err, "config.json", f"{field} is 1000000000, past")
+    _one_line(code, err, "config.json", f"{field} is 1000000000, past the cap of")
 
 
 def test_a_nested_config_field_is_named_with_its_path(tmp_path: Path) -> None:
@@ -107,6 +107,6 @@ def test_a_launch_line_past_a_bound_reads_as_none_or_one_line() -> None:
 
     line = "INFO 11-29 12:58:00 [utils.py:233] non-default args: {'model': 'm', 'pipeline_parallel_size': 5000}"
     assert parse_server_args_line(line) is None
-    with pytest.raises(ForensicsError, match="pipeline_parallel_size is 5000, past 1,024"):
+    with pytest.raises(ForensicsError, match="pipeline_parallel_size is 5000, past the cap of 1,024"):
         parse_server_args_line(line, strict=True)
     assert parse_server_args_line(line.replace("5000", "2")).pp == 2

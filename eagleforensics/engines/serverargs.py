@@ -493,7 +493,7 @@ def out_of_bounds(rec: ServerArgs) -> str | None:
 
     Checked where the log is read: ``pipeline_parallel_size`` = 10^9 would make a billion pipeline stages."""
     for name, bound in LAUNCH_INTS.items():
-        why = past_bound(getattr(rec, name), bound)
+        why = past_bound(getattr(rec, name), bound, "draft steps" if name == "num_steps" else "")
         if why:
             field_name = _SGLANG_FIELDS[name] if rec.engine == "sglang" else _VLLM_NAMES.get(name, name)
             return f"{field_name} is {why}"

@@ -58,12 +58,12 @@ LAUNCH_INTS: dict[str, tuple[int, str]] = {
 }
 
 
-def past_bound(value: Any, bound: tuple[int, str]) -> str | None:
+def past_bound(value: Any, bound: tuple[int, str], unit: str = "") -> str | None:
     """Why an integer ``value`` is past ``bound`` (``(largest, why)``), or None (within it, or not an integer)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= bound[0]:
         return None
     shown = str(value) if value < 10 ** 30 else f"about 10^{int(value.bit_length() * 0.30103)}"  # str() stops at 4300 digits
-    return f"{shown}, past {bound[0]:,} ({bound[1]})"
+    return f"{shown}{' ' + unit if unit else ''}, past the cap of {bound[0]:,} ({bound[1]})"
 
 
 def check_config_ints(cfg: Any, path: str | Path, *, _at: str = "", _depth: int = 0) -> None:
