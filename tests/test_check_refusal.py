@@ -55,6 +55,15 @@ def test_the_replay_row_runs_when_the_flags_table_stops_short(tmp_path: Path) ->
     assert _rows(out)["replay"]["status"] in ("clean", "found", "not-run")
 
 
+def test_drafter_baseline_judges_the_checkpoint_when_the_flags_table_stops_short(tmp_path: Path) -> None:
+    """drafter-baseline asks the flags table what the engine drops; a refusal there is judged as the checkpoint."""
+    code, out, err, _ = run_process(["doctor", "--drafter", DRAFTER, "--target", TARGET, "--capture",
+                                     SAMPLES / "capture.pt", "--engine", "vllm", "--engine-version", "0.9.2",
+                                     "--only", "drafter-baseline", "--json"], tmp_path, timeout=300)
+    assert code in (0, 1) and "Traceback" not in err, (code, err[-1500:])
+    assert _rows(out)["drafter-baseline"]["status"] in ("clean", "found"), _rows(out)["drafter-baseline"]
+
+
 def test_a_bad_input_file_still_refuses_the_run(tmp_path: Path) -> None:
     """A drafter config.json that is no JSON is read inside a check: still one line naming it, exit 2."""
     drafter = shutil.copytree(DRAFTER, tmp_path / "drafter")
