@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .checks.base import CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs
+from .checks.base import (CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Check, CheckOutcome, DoctorInputs,
+                          is_refusal)
 from .causes import Cause
 from .causes import build as build_causes
 from .checks.drafterbaseline import settle as settle_baseline
@@ -233,6 +234,10 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
     except MissingShard as exc:  # a partial download: this check needs a shard the user has not fetched
         return CheckOutcome(check.name, check.title, NOT_RUN,
                             reason=f"needs {exc.shard} in the target directory (it holds {exc.tensor}; not downloaded)")
+    except ForensicsError as exc:  # its own refusal (a rules table that stops short): this row only
+        if not is_refusal(exc):
+            raise
+        return CheckOutcome(check.name, check.title, NOT_RUN, reason=f"cannot run: {exc.detail}")
     if result.skipped:
         return CheckOutcome(check.name, check.title, NOT_RUN, reason=result.skipped, data=dict(result.data))
     stray = [f.code for f in result.findings if f.code not in check.codes]
@@ -349,7 +354,12 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     from .replay import run_replay
 
     i = art.inputs
-    dropped = sorted(f for f in served_without(art) if f in SERVED_FEATURES)  # flagrules names = replay names
+    try:
+        dropped = sorted(f for f in served_without(art) if f in SERVED_FEATURES)  # flagrules names = replay names
+    except ForensicsError as exc:  # the flags table stops short of this release: replay as trained, no "as served"
+        if not is_refusal(exc):
+            raise
+        dropped = []
     aligned = art.memoised("aligned")  # the wiring row's alignment, when it ran
     try:
         rep = run_replay(i.drafter, art.capture, target=i.target, train=aligned if aligned is not None else i.train,
@@ -450,7 +460,13 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
             outcomes.append(CheckOutcome(name, PIPELINE_TITLES[name], NOT_RUN, reason=selected(name, inputs)))
             summaries[name] = None
             continue
-        outcome, summary, level = pipe(art)
+        try:
+            outcome, summary, level = pipe(art)
+        except ForensicsError as exc:  # the pipeline's own refusal: its row only, as for a check
+            if not name or not is_refusal(exc):
+                raise
+            outcome, summary, level = CheckOutcome(name, PIPELINE_TITLES[name], NOT_RUN,
+                                                   reason=f"cannot run: {exc.detail}"), None, OK
         outcomes.append(outcome)
         summaries[outcome.name] = summary
         extra = max(extra, level, key=_LEVEL_RANK.__getitem__)

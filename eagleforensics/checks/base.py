@@ -4,11 +4,14 @@ A check names the inputs it needs (``needs``: each an input name, or ``a|b`` for
 finding codes it may emit, and a function from ``Artifacts`` to a ``CheckResult``. The doctor
 runs every check whose inputs are there and lists the others with the option that would enable
 them. Loading is lazy and shared: ten checks that read the drafter's config parse it once.
+
+A check that refuses its own work (a rules table that does not reach the version, a value past what the engines
+accept) is "not run" with the reason; a bad input file is one line, exit 2, for the whole run (``is_refusal``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -112,6 +115,28 @@ class CheckOutcome:
                 "data": self.data}
 
 
+def is_refusal(exc: ForensicsError) -> bool:
+    """Whether ``exc``, raised inside one check, is that check's own refusal (a rule lookup, a bound), not bad input.
+
+    Bad input names its file (``exc.path``) or was raised while an input was read (``Artifacts``' readers mark
+    it): the whole run stops there, exit 2, as where the file is first read. Anything else concerns the check
+    that asked (a version older than its rules table), so only that check is "not run".
+    """
+    return exc.path is None and not getattr(exc, "about_input", False)
+
+
+def _input(read: Callable[[Any], Any]) -> cached_property:
+    """An ``Artifacts`` reader, read once; an error while reading marks itself as about the input (``is_refusal``)."""
+    @wraps(read)
+    def marked(self: Any) -> Any:
+        try:
+            return read(self)
+        except ForensicsError as exc:
+            exc.about_input = True  # type: ignore[attr-defined]
+            raise
+    return cached_property(marked)
+
+
 class Artifacts:
     """The user's artifacts behind ``DoctorInputs``, each read once on first use (bad input raises one line)."""
 
@@ -160,7 +185,7 @@ class Artifacts:
         return [need for need in needs if not any(self.available(alt) for alt in need.split("|"))]
 
     # ------------------------------------------------------------------ the artifacts
-    @cached_property
+    @_input
     def drafter(self) -> ModelDir:
         if self.inputs.drafter is None:
             raise ForensicsError("no --drafter given")
@@ -168,20 +193,20 @@ class Artifacts:
         check_weight_kinds(md)  # an integer fc / norm / lm_head is one line, as replay says it
         return md
 
-    @cached_property
+    @_input
     def target(self) -> ModelDir:
         if self.inputs.target is None:
             raise ForensicsError("no --target given")
         return ModelDir(self.inputs.target, "target directory")
 
-    @cached_property
+    @_input
     def draft_config(self) -> dict[str, Any]:
         """The draft config an engine reads: ``--draft-config`` when given, else the drafter's config.json."""
         if self.inputs.draft_config is not None:
             return read_config(self.inputs.draft_config, "draft config")
         return self.drafter.config
 
-    @cached_property
+    @_input
     def record_paths(self) -> list[str]:
         """The training record files: ``--train`` itself, or up to ``max_records`` found under the directory."""
         train = self.inputs.train
@@ -210,7 +235,7 @@ class Artifacts:
         self._memo["train-skipped"] = skipped  # model directories and captures inside --train: said in the inputs row
         return keep
 
-    @cached_property
+    @_input
     def records(self) -> list[TrainingRecord]:
         from ..io.training import load_training
 
@@ -218,7 +243,7 @@ class Artifacts:
         return [loaded.get(path) or load_training(path, allow_unsafe=self.inputs.allow_unsafe)
                 for path in self.record_paths]
 
-    @cached_property
+    @_input
     def capture(self) -> Capture:
         from ..io.capture import load_capture
 
@@ -228,7 +253,7 @@ class Artifacts:
                             allow_unsafe=self.inputs.allow_unsafe)
 
     # ------------------------------------------------------------------ the server log
-    @cached_property
+    @_input
     def server_log(self) -> pd.DataFrame:
         """The log's data lines (``engines.logs.parse_log``); ``attrs["server_args"]`` is its arguments line."""
         from ..engines.logs import parse_log
@@ -244,7 +269,7 @@ class Artifacts:
             return None
         return self.server_log.attrs.get("server_args")
 
-    @cached_property
+    @_input
     def served_prompts(self) -> list[Any]:
         """The served requests of ``--served-prompts`` (``io.servedprompts.ServedPrompt``)."""
         from ..io.servedprompts import load_served_prompts
@@ -253,7 +278,7 @@ class Artifacts:
             raise ForensicsError("no --served-prompts given")
         return load_served_prompts(self.inputs.served_prompts)
 
-    @cached_property
+    @_input
     def audit(self) -> Any:
         """The training-data audit's view of the target (``scan.audit.TargetAudit``): head and template skeleton."""
         from ..scan.audit import TargetAudit

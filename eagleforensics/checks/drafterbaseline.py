@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ForensicsError
 from ..drafter.baseline import MIN_ROWS, BigramTable, Judgement, judge, pooled, step1_rows
 from ..results import Finding
-from .base import Artifacts, Check, CheckResult
+from .base import Artifacts, Check, CheckResult, is_refusal
 from .registry import register
 
 MAX_RECORDS = 4  # records replayed (each a step-1 forward over its first RECORD_ROWS rows)
@@ -49,7 +49,12 @@ def as_served(art: Artifacts) -> frozenset[str]:
 
     if art.inputs.target is None:
         return frozenset()
-    return frozenset(f for f in served_without(art) if f in SERVED_FEATURES)
+    try:
+        return frozenset(f for f in served_without(art) if f in SERVED_FEATURES)
+    except ForensicsError as exc:  # the flags table stops short of this release: judged as the checkpoint holds it
+        if not is_refusal(exc):
+            raise
+        return frozenset()
 
 
 def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgement]:

@@ -44,22 +44,23 @@ ONE = 1.005  # an accept length at or below this is 1.00 as printed
 
 
 def is_eagle3(art: Artifacts) -> tuple[bool | None, str]:
-    """Whether the drafter is an EAGLE-3 one (aux states into fc), from its config and fc width; None unknown."""
+    """Whether the drafter is an EAGLE-3 one (aux states into fc), None unknown: from its fc width first (structure),
+    then its config's own words (``speculators_model_type``, an architecture the engines load as EAGLE-3)."""
     if not art.available("draft_config"):
         return None, ""
     cfg = art.draft_config
     facts = draft_facts(cfg)
-    archs = [a for a in facts.architectures if "eagle3" in a.lower()]
-    if archs:
-        return True, f"its architectures say {archs[0]}"
-    if str(cfg.get("speculators_model_type", "")).lower() == "eagle3":
-        return True, "speculators_model_type eagle3"
     if art.available("drafter"):
         fc = drafter_tensor(art.drafter.tensors, "fc.weight")
         h = facts.target_hidden_size
         if fc is not None and h and len(art.drafter.tensors[fc].shape) == 2 and \
                 art.drafter.tensors[fc].shape[1] >= 2 * h and art.drafter.tensors[fc].shape[1] % h == 0:
             return True, f"its fc reads {art.drafter.tensors[fc].shape[1]} = {art.drafter.tensors[fc].shape[1] // h} x {h} features"
+    if str(cfg.get("speculators_model_type", "")).lower() == "eagle3":
+        return True, "speculators_model_type eagle3"
+    archs = [a for a in facts.architectures if "eagle3" in a.lower()]  # the drafter's own class name, as engines read it
+    if archs:
+        return True, f"its architectures say {archs[0]}"
     return None, ""
 
 

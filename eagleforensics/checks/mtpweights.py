@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ForensicsError
+from ..io.bounds import MAX_MTP_LAYERS, MTP_WHY, past_bound
 from ..io.modeldir import text_config
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
@@ -80,6 +81,9 @@ def run(art: Artifacts) -> CheckResult:
     if declared is None:
         return CheckResult(note="the target's config declares no MTP / next-n layers")
     key, count = declared
+    past = past_bound(count, (MAX_MTP_LAYERS, MTP_WHY))
+    if past:  # this check's input only: its row is "not run", the others answer
+        return CheckResult(skipped=f"the target's config.json declares {key} = {past}: not a count of MTP layers")
     num_layers = positive_int(text_config(cfg).get("num_hidden_layers")) or 0
     try:
         names = stored_names(art)

@@ -21,8 +21,10 @@ from .base import Artifacts, Check, CheckResult
 from .registry import register
 
 VERIFIER_SOURCE = "speculators 0.9.0 speculators/config.py (VerifierConfig); SafeAILab/EAGLE#258 (catalogue row 17)"
+# ``.*\Z`` with re.S: the first hit ends the search (with '.' stopping at a line break, a name of 100k '-fp8' and a
+# line break was rescanned to the break from every one).
 _SUFFIX = re.compile(r"[-_.](fp8|fp4|nvfp4|mxfp4|w\d+a\d+|int[48]|awq|gptq|bnb|4bit|8bit|quarot|dynamic|static|"
-                     r"block|fp8-dynamic|quantized|mlx|gguf)\b.*$", re.I)
+                     r"block|fp8-dynamic|quantized|mlx|gguf)\b.*\Z", re.I | re.S)
 
 
 def short_name(name: Any) -> str:

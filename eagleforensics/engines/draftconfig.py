@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ForensicsError
+from ..io.bounds import check_config_ints
 from ..io.guards import load_yaml, parse_json, read_regular
 from ..io.formats import read_safetensors_header
 from ..positions import Position, default_aux_positions
@@ -134,6 +135,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ForensicsError(f"expected a mapping at the top level, got {type(data).__name__}",
                              path=path)
+    check_config_ints(data, path)  # layer counts, widths, vocabularies within what any engine serves
     return data
 
 

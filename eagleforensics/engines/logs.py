@@ -74,8 +74,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SGLANG_PREFIX = re.compile(
     r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{1,6}))?((?: [A-Z][A-Z_]*\d+)*)\] "
 )
+# ``[file.py:123] ``: vLLM's shortened source path (vllm/logging_utils/formatter.py 0.33.0); bounded and free of
+# brackets, so a line of repeated prefixes without a closing bracket is not scanned to its end from every one.
 _VLLM_PREFIX = re.compile(
-    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? \[[^\]]*\] "
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? \[[^\[\]\n]{0,256}\] "
 )
 _SGLANG_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] (#running-req: .*)$")
 _VLLM_SPEC = re.compile(r"SpecDecoding metrics: (.*)$")
@@ -258,7 +260,7 @@ def parse_log(path: str | Path, run: str | None = None, engine: str | None = Non
         raise ForensicsError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     p = Path(path)
     seen = [0]
-    scanner = ServerArgsScanner(engine)
+    scanner = ServerArgsScanner(engine, p)
     with open_text(p) as fh:
         try:
             found = list(_iter_rows(fh, engine, seen, scanner))

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import ForensicsError, printable
+from ..io.bounds import LAUNCH_INTS, past_bound
 from .loglines import read_lines
 from .pyrepr import ARGS_KEY, CALL_KEY, ReprError, parse_repr, split_assignments
 
@@ -109,7 +110,9 @@ _PROBES = (
     ("vllm-version", " server version ", _VLLM_VERSION),
     ("vllm-logo", "version", _VLLM_LOGO),
 )
-_ENUM = re.compile(r"<\s*[\w.]*?\.?(\w+)\s*:.*>\s*$", re.S)
+# ``<SpeculativeAlgorithm.EAGLE3: 3>``: the dotted name and its colon; the rest is checked by hand. One greedy run
+# (no lazy prefix before it), so a '<' and 120k letters is read in one pass, not retried at every split.
+_ENUM_HEAD = re.compile(r"<\s*([\w.]+)\s*:")
 _SGLANG_REPR_UNTIL = "0.5.18"
 _SGLANG_DICT_SINCE = "0.5.19"
 
@@ -133,9 +136,9 @@ def normalise_algorithm(raw: object) -> str | None:
     if raw is None:
         return None
     text = str(raw).strip()
-    m = _ENUM.match(text)
-    if m:
-        text = m.group(1)
+    member = _enum_member(text)
+    if member:
+        text = member
     text = text.strip("'\" ").lower()
     if text in ("", "none", "null"):
         return None
@@ -144,6 +147,14 @@ def normalise_algorithm(raw: object) -> str | None:
     if text == "mtp" or text.endswith("_mtp"):
         return "mtp"
     return text
+
+
+def _enum_member(text: str) -> str | None:
+    """The member name of an enum repr ``<Class.MEMBER: value>`` (the last dotted part), else None."""
+    m = _ENUM_HEAD.match(text)
+    if not m or not text.rstrip().endswith(">") or len(text.rstrip()) - 1 < m.end():
+        return None
+    return m.group(1).rsplit(".", 1)[-1] or None
 
 
 @dataclass(frozen=True)
@@ -459,30 +470,52 @@ def parse_server_args_line(line: str | bytes, *, engine: str | None = None, line
         if strict:
             raise ForensicsError(f"damaged arguments line{f' {line_no}' if line_no else ''}: {exc}") from None
         return None
-    if kind.startswith("sglang"):
-        return _sglang_record(value, kind, line_no)
-    if kind == "vllm-engine-config":
-        version, config = value
-        return _vllm_record(None, kind, line_no, config, version)
     if kind == "vllm-version":
         return None
-    return _vllm_record(value, kind, line_no, None, None)
+    if kind.startswith("sglang"):
+        rec = _sglang_record(value, kind, line_no)
+    elif kind == "vllm-engine-config":
+        rec = _vllm_record(None, kind, line_no, value[1], value[0])
+    else:
+        rec = _vllm_record(value, kind, line_no, None, None)
+    why = out_of_bounds(rec)
+    if why and strict:
+        raise ForensicsError(f"arguments line{f' {line_no}' if line_no else ''}: {why}")
+    return None if why else rec
+
+
+_VLLM_NAMES = {"num_steps": "num_speculative_tokens", "tp": "tensor_parallel_size", "pp": "pipeline_parallel_size",
+               "dp": "data_parallel_size", "max_len": "max_model_len"}
+
+
+def out_of_bounds(rec: ServerArgs) -> str | None:
+    """Why a launch's integer is past what the engines accept (``io.bounds.LAUNCH_INTS``), or None.
+
+    Checked where the log is read: ``pipeline_parallel_size`` = 10^9 would make a billion pipeline stages."""
+    for name, bound in LAUNCH_INTS.items():
+        why = past_bound(getattr(rec, name), bound, "draft steps" if name == "num_steps" else "")
+        if why:
+            field_name = _SGLANG_FIELDS[name] if rec.engine == "sglang" else _VLLM_NAMES.get(name, name)
+            return f"{field_name} is {why}"
+    return None
 
 
 # --- a whole log -----------------------------------------------------------------------------
 
 class ServerArgsScanner:
-    """Feed a log line by line; ``result()`` is the last server start with its vLLM config and version.
+    """Feed a log line by line; ``result()`` is the last server start with its vLLM config and version (a value past
+    what the engines accept, ``out_of_bounds``, is one line naming ``path`` and the line).
 
     ``feed`` returns True for every arguments, engine-config and version line (so the caller never
     reads it as metrics), also for a damaged one, which is listed in ``damaged`` as
     ``(line number, reason)``.
     """
 
-    def __init__(self, engine: str | None = None) -> None:
+    def __init__(self, engine: str | None = None, path: str | Path | None = None) -> None:
         if engine is not None and engine not in ENGINES:
             raise ForensicsError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
         self.engine = engine
+        self.path = path  # named by the error for a launch value past its bound
         self.damaged: list[tuple[int, str]] = []
         self._blocks: list[dict[str, Any]] = []
         self._starts = 0
@@ -533,6 +566,9 @@ class ServerArgsScanner:
                 version = block.get("version") or cfg_version
                 rec = _vllm_record(raw, kind or "vllm-engine-config", line_no if line_no else cfg_line,
                                    config, version)
+            why = out_of_bounds(rec)
+            if why:
+                raise ForensicsError(f"line {rec.line_no}: {why}", path=self.path)
             return replace(rec, starts=starts)
         return None
 
@@ -544,7 +580,7 @@ def find_server_args(source: str | os.PathLike[str] | Iterable[str | bytes], eng
     The last server start wins when the log holds several; None when it holds no arguments line.
     A path that cannot be read is a ForensicsError naming it (the log reader's checks).
     """
-    scanner = ServerArgsScanner(engine)
+    scanner = ServerArgsScanner(engine, source if isinstance(source, (str, os.PathLike)) else None)
     if isinstance(source, (str, os.PathLike)):
 
         for number, line in read_lines(Path(source)):

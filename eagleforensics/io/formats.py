@@ -148,7 +148,7 @@ def _check_tiling(spans: list[tuple[int, int, str]], data_len: int, path: Path) 
     at = 0
     for start, end, name in sorted(spans):
         if start != at:
-            raise ForensicsError(f"safetensors entry {name!r} starts at byte {start} of the data, expected {at} "
+            raise ForensicsError(f"safetensors entry {name[:80]!r} starts at byte {start} of the data, expected {at} "
                                  "(tensors overlap or leave a gap): corrupt header", path=path)
         at = end
     if at != data_len:

@@ -284,22 +284,14 @@ def check_zip_members(zf: zipfile.ZipFile, path: str | Path, where: str = "") ->
 _DEPTH_CHUNK = 1 << 20
 
 
-def nesting_depth(data: bytes) -> int:
-    """Deepest ``[``/``{`` nesting of JSON (or YAML flow) text, strings skipped: one linear numpy pass, no recursion.
+def json_levels(data: bytes) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per 1 MiB chunk of JSON text: (offset, its bytes, outside-a-string mask, nesting level after each byte).
 
     A quote opens or closes a string unless an odd run of backslashes precedes it; brackets
-    count only outside strings. Exact for valid JSON and for every prefix a parser reads
-    before it fails, so it bounds the parser's recursion. Read in 1 MiB chunks (state carried
-    over), in time and memory linear in the input whatever the bytes (no regex backtracking).
+    count only outside strings. State is carried from chunk to chunk: one linear numpy pass,
+    no recursion, no regex backtracking, memory bounded by the chunk whatever the bytes.
     """
-    return json_shape(data)[0]
-
-
-def json_shape(data: bytes) -> tuple[int, int]:
-    """(nesting depth, values) of JSON text in one linear pass (see ``nesting_depth``). Values counts every
-    ``,``, ``[`` and ``{`` outside strings: at least the values a parser builds less one and at most twice them
-    (keys aside), so a reply of a million empty objects is refused by its count before any of them is built."""
-    depth = best = items = 0
+    depth = 0
     quotes = 0  # unescaped quotes seen so far (odd: inside a string)
     run = 0  # backslashes just before the chunk
     for at in range(0, len(data), _DEPTH_CHUNK):
@@ -314,14 +306,31 @@ def json_shape(data: bytes) -> tuple[int, int]:
         live = (c == 0x22) & (before % 2 == 0)
         seen = np.cumsum(live, dtype=np.int64)
         outside = (quotes + seen - live) % 2 == 0
-        opens = (c == 0x5B) | (c == 0x7B)
-        step = opens.astype(np.int64) - ((c == 0x5D) | (c == 0x7D))
+        step = ((c == 0x5B) | (c == 0x7B)).astype(np.int64) - ((c == 0x5D) | (c == 0x7D))
         level = np.cumsum(np.where(outside, step, 0)) + depth
-        best = max(best, int(level.max()))
-        items += int(np.count_nonzero(outside & (opens | (c == 0x2C))))
+        yield at, c, outside, level
         depth = int(level[-1])
         quotes += int(seen[-1])
         run = run + c.size if last[-1] < 0 else c.size - 1 - int(last[-1])
+
+
+def nesting_depth(data: bytes) -> int:
+    """Deepest ``[``/``{`` nesting of JSON (or YAML flow) text, strings skipped (``json_levels``).
+
+    Exact for valid JSON and for every prefix a parser reads before it fails, so it bounds the
+    parser's recursion; linear in time and memory whatever the bytes.
+    """
+    return json_shape(data)[0]
+
+
+def json_shape(data: bytes) -> tuple[int, int]:
+    """(nesting depth, values) of JSON text in one linear pass (``json_levels``). Values counts every ``,``, ``[``
+    and ``{`` outside strings: at least the values a parser builds less one and at most twice them (keys aside), so
+    a reply of a million empty objects is refused by its count before any of them is built."""
+    best = items = 0
+    for _, c, outside, level in json_levels(data):
+        best = max(best, int(level.max()))
+        items += int(np.count_nonzero(outside & ((c == 0x5B) | (c == 0x7B) | (c == 0x2C))))
     return best, items
 
 

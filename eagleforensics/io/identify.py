@@ -32,20 +32,45 @@ def _layers(cfg: dict[str, Any]) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
+def _hidden(cfg: dict[str, Any]) -> int | None:
+    h = text_config(cfg).get("hidden_size")
+    return h if isinstance(h, int) and not isinstance(h, bool) and h > 0 else None
+
+
+def _fc_width(md: ModelDir, names: Any) -> tuple[str, int | None] | None:
+    """(name, in-features) of a top-level ``fc.weight`` (in-features None when its shard is absent), else None."""
+    name = next((n for n in ("fc.weight", "model.fc.weight") if n in names), None)
+    if name is None:
+        return None
+    try:
+        shape = md.info(name).shape
+    except (ForensicsError, OSError):
+        return name, None
+    return name, shape[1] if len(shape) == 2 else None
+
+
 def model_kind(path: str | Path) -> ModelKind:
-    """Recognise a model directory from its config.json and tensor names (nothing else is read)."""
+    """Recognise a model directory from its config.json and tensor names (nothing else is read).
+
+    From structure, never from a word in the architecture's name (NVIDIA's ``Eagle2_5_VLForConditionalGeneration``
+    is a vision-language target): a drafter has an ``fc`` reading k x H features (k >= 2: the aux states, or
+    EAGLE-1's embedding and state), SpecForge's ``midlayer`` weights, or a trainer's config keys (aux ids,
+    ``eagle_config``, ``draft_vocab_size``, ...); a target has two or more decoder layers and none of these.
+    """
     try:
         md = ModelDir(path, "model directory")
-        cfg, names = md.config, list(md.tensors)
+        cfg, names = md.config, md.names
     except (ForensicsError, OSError):
         return ModelKind(None, "")
-    fc = any(n in ("fc.weight", "model.fc.weight") for n in names)
-    arch = " ".join(str(a) for a in cfg.get("architectures") or [] if isinstance(a, str))
-    markers = [k for k in _MARKERS if k in cfg] + (["an Eagle architecture"] if "eagle" in arch.lower() else [])
+    hidden = _hidden(cfg)
+    fc = _fc_width(md, names)
+    fc_aux = fc is not None and (fc[1] is None or hidden is None or (fc[1] >= 2 * hidden and fc[1] % hidden == 0))
+    midlayer = any(n.startswith(("midlayer.", "model.midlayer.")) for n in names)
+    markers = [k for k in _MARKERS if k in cfg]
     layers = _layers(cfg)
-    if fc or markers:
-        why = ", ".join((["an fc over the aux states"] if fc else []) + markers[:2]
-                        + ([f"{layers} decoder layer{'s' if layers != 1 else ''}"] if layers else []))
+    if fc_aux or midlayer or markers:
+        why = ", ".join((["an fc over the aux states"] if fc_aux else []) + (["midlayer weights"] if midlayer else [])
+                        + markers[:2] + ([f"{layers} decoder layer{'s' if layers != 1 else ''}"] if layers else []))
         return ModelKind(DRAFTER, why)
     if layers is not None and layers >= 2:
         return ModelKind(TARGET, f"{layers} decoder layers and no fc")

@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import ForensicsError
+from .bounds import check_config_ints
 from .guards import parse_json, read_regular
 from .formats import read_safetensors_header
 from .safeload import SafetensorsFile, open_safetensors
+from .shardindex import weight_map_of
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 BIN_NAME, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -77,16 +79,9 @@ def read_index(path: str | Path) -> dict[str, str]:
 
 def _parse_index(p: Path) -> dict[str, str]:
     raw = read_regular(p, MAX_INDEX_BYTES, "safetensors shard index")
-    try:
-        obj = parse_json(raw, p, "safetensors shard index")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ForensicsError(f"safetensors shard index is not valid JSON ({' '.join(str(exc).split())[:120]})",
-                             path=p) from None
+    wmap = weight_map_of(raw, p)  # only weight_map is decoded: metadata and the rest are skipped, never built
     del raw
-    if not isinstance(obj, dict):
-        raise ForensicsError("safetensors shard index is not a JSON object", path=p)
-    wmap = obj.get("weight_map")
-    if not isinstance(wmap, dict) or not wmap:
+    if not wmap:
         raise ForensicsError("shard index has no weight_map object", path=p)
     shards: dict[str, str] = {}
     out: dict[str, str] = {}
@@ -129,6 +124,7 @@ def read_config(path: str | Path, what: str = "config.json") -> dict[str, Any]:
         raise ForensicsError(f"{what} is not valid JSON ({' '.join(str(exc).split())[:120]})", path=p) from None
     if not isinstance(obj, dict):
         raise ForensicsError(f"{what} is not a JSON object", path=p)
+    check_config_ints(obj, p)  # layer counts, widths, vocabularies within what any engine serves
     return obj
 
 

@@ -161,6 +161,10 @@ def _compile(template: str, path: Path) -> Any:
                              path=path) from None
     except RecursionError:
         raise ForensicsError("chat template nests too deeply to parse", path=path) from None
+    except (SyntaxError, MemoryError) as exc:  # jinja2 parsed it; Python refuses the code it compiles to
+        why = exc.msg if isinstance(exc, SyntaxError) else "out of memory"
+        raise ForensicsError(f"chat template nests its blocks deeper than Python can compile ({why}): no engine "
+                             "can render it either", path=path) from None
 
 
 @dataclass
