@@ -125,3 +125,22 @@ def test_labels_that_agree_with_the_content_are_left_alone(tmp_path: Path, model
     r = align(rec, cap, final_norm=_gain(model))
     assert r.matches[-1].best == Position(N, True) and "capture-relabelled" not in _codes(r)
     assert "final-post-norm" in _codes(r)
+
+
+def test_the_doctor_reads_the_gain_from_the_target(tmp_path: Path) -> None:
+    """doctor --train --capture --target: the wiring row's align gets the target's final norm weight, so the raw
+    final of a speculators record is placed raw on 40 tokens (too few to fit a gain); without --target the label
+    stands (the fitted gain needs 128 rows here)."""
+    from eagleforensics.checks.base import Artifacts, DoctorInputs
+    from eagleforensics.testing.drafterbuild import export_target
+
+    model = build_model("qwen3", num_layers=N, hidden=H, seed=3, massive=0.0)
+    s, ids = _states(model, 40)
+    rec, cap = _speculators_vs_raw_sweep(tmp_path, s, ids)
+    target = export_target(model, tmp_path / "target")
+    with_target = Artifacts(DoctorInputs(train=str(rec), capture=str(cap), target=str(target)))
+    gain = with_target.final_norm()
+    assert gain is not None and np.allclose(np.asarray(gain, np.float32), _gain(model), rtol=1e-2, atol=1e-2)
+    assert with_target.aligned().matches[-1].best == Position(N)
+    without = Artifacts(DoctorInputs(train=str(rec), capture=str(cap)))
+    assert without.final_norm() is None and without.aligned().matches[-1].best == Position(N, True)

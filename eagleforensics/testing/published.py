@@ -149,22 +149,18 @@ def _plant_fp8_dynamic(d: Path) -> dict[str, Any]:
     return {"engine": "vllm", "engine_version": "0.11.0"}
 
 
-def _plant_spinquant(d: Path) -> dict[str, Any]:
-    cfg = _config(d)
-    q = dict(cfg.get("quantization_config") or quant_block("w4a16"))
-    q["transform_config"] = quant_block("transform-spinquant-r1")
-    cfg["quantization_config"] = q
-    _write_config(d, cfg)
-    return {"engine": "vllm", "engine_version": "0.33.0"}
-
-
-def _plant_quip(d: Path) -> dict[str, Any]:  # a near miss: transforms inside layers only (info)
-    cfg = _config(d)
-    q = dict(cfg.get("quantization_config") or quant_block("w4a16"))
-    q["transform_config"] = quant_block("transform-quip")
-    cfg["quantization_config"] = q
-    _write_config(d, cfg)
-    return {"engine": "vllm", "engine_version": "0.33.0"}
+def _transform(name: str) -> Callable[[Path], dict[str, Any]]:
+    """Plant compressed-tensors transform ``name`` into the target's quantization block (a W4A16 one where it has
+    none), served on vLLM 0.33.0: SpinQuant's R1 rotates the residual stream; QuIP's stays inside layers (a near
+    miss, info)."""
+    def plant(d: Path) -> dict[str, Any]:
+        cfg = _config(d)
+        q = dict(cfg.get("quantization_config") or quant_block("w4a16"))
+        q["transform_config"] = quant_block(f"transform-{name}")
+        cfg["quantization_config"] = q
+        _write_config(d, cfg)
+        return {"engine": "vllm", "engine_version": "0.33.0"}
+    return plant
 
 
 def _plant_vision_tower(d: Path) -> dict[str, Any]:
@@ -186,9 +182,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("fp8-dynamic-vllm-0.11.0", "compressed-tensors FP8-dynamic block, served on vLLM 0.11.0",
             lambda d, c: not is_quantized(d, c), _plant_fp8_dynamic, [("target-quantized", "warning")]),
     Variant("spinquant-r1", "a SpinQuant R1 transform_config (compressed-tensors), served on vLLM 0.33.0",
-            lambda d, c: True, _plant_spinquant, [("target-rotated", "error")]),
+            lambda d, c: True, _transform("spinquant-r1"), [("target-rotated", "error")]),
     Variant("quip-near-miss", "QuIP transforms inside layers only (no residual rotation), vLLM 0.33.0",
-            lambda d, c: True, _plant_quip, []),
+            lambda d, c: True, _transform("quip"), []),
     Variant("vision-tower-sglang", "a Qwen2-VL vision tower, served on SGLang 0.5.23",
             lambda d, c: not is_multimodal(c) and not declares_mtp(c), _plant_vision_tower,
             [("multimodal-target", "error")]),
