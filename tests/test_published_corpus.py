@@ -94,3 +94,24 @@ def test_a_reexport_without_the_mtp_layer_counts_the_index_names(tmp_path: Path)
     log = sglang_log(tmp_path / "nextn.log", t, t, speculative_algorithm="EAGLE")  # SGLang logs NEXTN so
     _, found = _mtp(t, log=str(log))
     assert [(f.code, f.severity) for f in found] == [("mtp-weights-missing", "error")]
+
+
+def test_a_log_that_accepts_contradicts_a_random_mtp_head(tmp_path: Path) -> None:
+    """The issue's run said accept length 1.00 while its own log showed 2.4: with the MTP layer missing from the
+    --target index but a NEXTN log accepting 2.4 tokens a step, the served checkpoint has the layer; the finding
+    says the directory is not the one served (warning), not that every draft is rejected. A log at 1.00 stays an
+    error."""
+    from eagleforensics.testing.defects import sglang_log
+
+    t = materialise(ENTRIES["deepseek-r1"], tmp_path / "ds")
+    from eagleforensics.testing.published import drop_mtp
+
+    assert drop_mtp(t) == 1_564
+    log = sglang_log(tmp_path / "ok.log", t, t, accept_lens=(2.4, 2.41, 2.38, 2.42), speculative_algorithm="EAGLE")
+    outcome, found = _mtp(t, log=str(log))
+    assert [(f.code, f.severity) for f in found] == [("mtp-weights-missing", "warning")]
+    assert "accept 2.40 tokens a step" in found[0].message and "accept length 1.00" not in found[0].message
+    log = sglang_log(tmp_path / "one.log", t, t, accept_lens=(1.0, 1.0, 1.0, 1.0), speculative_algorithm="EAGLE")
+    _, found = _mtp(t, log=str(log))
+    assert [(f.code, f.severity) for f in found] == [("mtp-weights-missing", "error")]
+    assert "accept length 1.00" in found[0].message

@@ -68,6 +68,23 @@ def mtp_tensors(names: list[str], num_layers: int, count: int) -> list[str]:
     return out
 
 
+ACCEPTING = 1.2  # a mean accept length above this: the served drafts are accepted (a random head gives 1.00)
+
+
+def logged_accept_length(art: Artifacts) -> tuple[float, int] | None:
+    """(mean accept length, decode lines) of the log's decode lines, or None without a log or such lines."""
+    if art.inputs.log is None:
+        return None
+    try:
+        df = art.server_log
+    except ForensicsError:
+        return None
+    if "accept_length" not in df.columns:
+        return None
+    values = [float(v) for v in df["accept_length"].tolist() if v is not None and float(v) == float(v)]
+    return (sum(values) / len(values), len(values)) if values else None
+
+
 def _served_by_mtp(art: Artifacts) -> bool | None:
     """True when the log's launch drafts with MTP, False when with an EAGLE-3 drafter, None when unknown."""
     args = art.server_args
@@ -111,6 +128,15 @@ def run(art: Artifacts) -> CheckResult:
            "quantization's ignore list), or serve with an EAGLE-3 drafter instead of MTP.")
     served = _served_by_mtp(art)
     data["served_by_mtp"] = served
+    logged = logged_accept_length(art) if served else None
+    if logged is not None and logged[0] > ACCEPTING:
+        data["logged_accept_length"] = round(logged[0], 3)
+        return CheckResult((Finding("mtp-weights-missing", "warning", head + f"; yet the log's launch drafts with MTP "
+                                    f"and its {logged[1]} decode lines accept {logged[0]:.2f} tokens a step, which a "
+                                    "random head cannot: the served checkpoint has its MTP layer, so this --target "
+                                    "directory is not the one served (another export or download).",
+                                    fix="Point --target at the directory the server loads (its model path).",
+                                    source=MTP_SOURCE, impact="low"),), "", data)
     if served:
         return CheckResult((Finding("mtp-weights-missing", "error", head + "; the log's launch drafts with MTP, so "
                                     "the engine builds a random head and every draft is rejected (accept length 1.00).",
