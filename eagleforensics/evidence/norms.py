@@ -107,6 +107,8 @@ def fit_gain(targets: Any, raw: Any) -> np.ndarray:
 GAIN_RMS_TOL = 0.02  # |rms(y / g) - 1| of every finite row at most this: post-norm
 GAIN_RAW_DEV = 0.1  # a row this far off (and no fit within GAIN_RMS_TOL): not normalised by that gain
 FIT_ROWS_PER_DIM = 2  # the gain is fitted only from at least this many rows per dimension (else: undecided)
+FIT_ROWS_MAX_PER_DIM = 4  # and from at most this many (the fit is decided well before)
+FIT_MAX_DIM = 1024  # wider states (the fit holds 4H x H float64 values): only with the target's gain
 
 
 def rms_after_gain(rows: Any, gain: Any) -> np.ndarray:
@@ -121,17 +123,22 @@ def rms_after_gain(rows: Any, gain: Any) -> np.ndarray:
 
 def fitted_rms_gain(rows: Any) -> tuple[np.ndarray, float] | None:
     """The per-dimension gain that makes every row's RMS 1 in the least-squares sense, and the RMS of what is
-    left (1 - mean(y^2 / g^2) per row); None when there are too few finite rows to fit ``H`` gains or some
-    fitted 1/g^2 is not positive (no gain can make the rows unit-RMS)."""
-    y = np.asarray(f32(as_array(rows)), dtype=np.float64)
-    y = y[np.isfinite(y).all(axis=-1)]
-    if y.ndim != 2 or y.shape[0] < FIT_ROWS_PER_DIM * y.shape[1]:
+    left (1 - mean(y^2 / g^2) per row); None when there are too few finite rows to fit ``H`` gains, or ``H`` is
+    over ``FIT_MAX_DIM``. Gains are NaN when some fitted 1/g^2 is not positive (no gain makes the rows unit-RMS).
+    At most ``FIT_ROWS_MAX_PER_DIM * H`` rows are used (a float64 copy of at most 32 MiB); the fit is solved on
+    the rows themselves (the normal equations square the condition number and lose the 1e-4 residual)."""
+    y = as_array(rows)
+    if y.ndim != 2 or y.shape[1] > FIT_MAX_DIM:
         return None
-    a = np.square(y) / y.shape[1]
+    h = int(y.shape[1])
+    a = np.asarray(f32(y[: FIT_ROWS_MAX_PER_DIM * h]), dtype=np.float64)
+    a = np.square(a[np.isfinite(a).all(axis=-1)]) / h
+    if a.shape[0] < FIT_ROWS_PER_DIM * h:
+        return None
     w = np.linalg.lstsq(a, np.ones(a.shape[0]), rcond=None)[0]  # w = 1 / g^2
     resid = float(np.sqrt(np.mean(np.square(a @ w - 1.0))))
     if not (w > 0).all():
-        return np.full(y.shape[1], np.nan), resid
+        return np.full(h, np.nan), resid
     return 1.0 / np.sqrt(w), resid
 
 
@@ -140,7 +147,7 @@ def gain_kind(rows: Any, gain: Any | None = None) -> tuple[str, str]:
 
     ``gain``: the final norm's weight (the target's); Gemma-style norms scale by ``1 + weight``, so that is
     tried too. Without it the gain is fitted from the rows themselves, which needs at least two rows per
-    hidden dimension; fewer rows and no gain: undecided."""
+    hidden dimension and states at most FIT_MAX_DIM wide; otherwise, without the gain: undecided."""
     if gain is not None:
         g = np.asarray(f32(as_array(gain)), dtype=np.float64).reshape(-1)
         if g.size != np.shape(as_array(rows))[-1]:
@@ -167,7 +174,9 @@ def gain_kind(rows: Any, gain: Any | None = None) -> tuple[str, str]:
         return "", f"divided by {name}, the rows' RMS is off 1 by up to {worst:.1e}: neither kind"
     fit = fitted_rms_gain(rows)
     if fit is None:
-        return "", "no final norm weight given and too few rows to fit one"
+        wide = np.shape(as_array(rows))[-1] > FIT_MAX_DIM
+        return "", ("no final norm weight given, and " + (f"states over {FIT_MAX_DIM} wide are not fitted (doctor "
+                    "--target passes it)" if wide else "too few rows to fit one"))
     g, resid = fit
     if np.isfinite(g).all() and resid <= GAIN_RMS_TOL / 2:
         return "post-norm", (f"a per-dimension gain fitted to the rows makes every row's RMS 1 (residual "
