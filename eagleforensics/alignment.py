@@ -118,6 +118,7 @@ def align(
     min_score: float | None = None, min_margin: float | None = None,
     draft_config: str | Path | None = None, engine: str | None = None, engine_version: str | None = None,
     model_type: str | None = None, device: str = "cpu", vllm_runner: str | None = None,
+    final_norm: Any | None = None,
 ) -> AlignmentResult:
     """Place every slot of a training record in the residual stream of a capture sweep.
 
@@ -125,13 +126,16 @@ def align(
     for the drafter against what the record holds (``crosscheck``; no config = engine default).
     ``device`` (cpu, cuda, auto) is where the per-position reduction runs (see ``match``).
     ``vllm_runner`` (v1, v2) overrides the model runner vLLM would pick for that version.
+    ``final_norm``: the target's final norm weight (its gain); with it the capture's final entry is raw or
+    post-norm by its rows' RMS after dividing by the gain, whatever its label says (without it the gain is fitted
+    when the compared rows are enough, ``evidence.norms.gain_kind``).
     """
     check_request(draft_config, engine, engine_version, model_type, vllm_runner)
     # a large input's kernels load on another thread while the inputs are read (fused.preload)
     loading = preload(stored_bytes(train) + stored_bytes(capture)) if device == "cpu" else None
     try:
         return _align(train, capture, fmt, convention, num_layers, max_tokens, allow_unsafe, progress, min_score,
-                      min_margin, draft_config, engine, engine_version, model_type, device, vllm_runner)
+                      min_margin, draft_config, engine, engine_version, model_type, device, vllm_runner, final_norm)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (interrupts.Terminated): stop now, the loader is a daemon
         loading = None
         raise
@@ -144,7 +148,8 @@ def _align(train: str | Path | TrainingRecord, capture: str | Path | Capture, fm
            num_layers: int | None, max_tokens: int | None, allow_unsafe: bool,
            progress: Callable[[Position], None] | None, min_score: float | None, min_margin: float | None,
            draft_config: str | Path | None, engine: str | None, engine_version: str | None,
-           model_type: str | None, device: str, vllm_runner: str | None) -> AlignmentResult:
+           model_type: str | None, device: str, vllm_runner: str | None, final_norm: Any | None = None
+           ) -> AlignmentResult:
     """``align``'s work, once the kernels are loading."""
     record = train if isinstance(train, TrainingRecord) else load_training(train, fmt=fmt, allow_unsafe=allow_unsafe)
     from .evidence.fingerprint import Fingerprint, is_fingerprint, load_fingerprint
@@ -197,7 +202,7 @@ def _align(train: str | Path | TrainingRecord, capture: str | Path | Capture, fm
     sm = run(tok)
     picks, idents = decide(tok, sm)
     if isinstance(cap, Capture):  # content over labels (evidence.labels): relabel and rescore, or unknown
-        labels = _check_labels(cap, sm, tok, record, picks)
+        labels = _check_labels(cap, sm, tok, record, picks, final_norm)
         if labels.relabel:
             cap = replace(cap, readers={labels.relabel.get(p, p): r for p, r in cap.readers.items()})
             sm = run(tok)
@@ -241,7 +246,7 @@ def _align(train: str | Path | TrainingRecord, capture: str | Path | Capture, fm
 
 
 def _check_labels(cap: Capture, sm: ScoreMatrix, tok: TokenAlignment, record: TrainingRecord,
-                  picks: list[Choice]) -> LabelCheck:
+                  picks: list[Choice], final_norm: Any | None = None) -> LabelCheck:
     """``evidence.labels.check_labels`` on this capture's compared rows (the ids of either side name them)."""
     cs, lw = tok.capture_start, tok.length
     if cap.input_ids is not None:
@@ -253,7 +258,7 @@ def _check_labels(cap: Capture, sm: ScoreMatrix, tok: TokenAlignment, record: Tr
     stored = [p for p in cap.positions if p in sm.column_norms]
     return check_labels(stored, sm.column_norms, getattr(cap, "label_kind", "sweep"), cap.convention,
                         int(cap.num_layers), lambda pos: cap.read_rows(pos, cs, cs + lw), row_ids,
-                        [c.best for c in picks])
+                        [c.best for c in picks], final_norm)
 
 
 def _raw_placed(picks: list[Choice]) -> int:

@@ -233,7 +233,7 @@ def run_check(check: Check, art: Artifacts) -> CheckOutcome:
         result = check.run(art)
     except MissingShard as exc:  # a partial download: this check needs a shard the user has not fetched
         return CheckOutcome(check.name, check.title, NOT_RUN,
-                            reason=f"needs {exc.shard} in the target directory (it holds {exc.tensor}; not downloaded)")
+                            reason=f"needs {exc.shard} in {exc.path} (it holds {exc.tensor}; not downloaded)")
     except ForensicsError as exc:  # its own refusal (a rules table that stops short): this row only
         if not is_refusal(exc):
             raise

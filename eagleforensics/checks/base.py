@@ -164,7 +164,21 @@ class Artifacts:
         return self.memo("aligned", lambda: align(
             self.record_paths[0], self.capture, engine=engine, draft_config=draft,
             engine_version=self.engine_version if engine else None, model_type=self.model_type if engine else None,
-            vllm_runner=self.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe))
+            vllm_runner=self.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe,
+            final_norm=self.final_norm()))
+
+    def final_norm(self) -> Any:
+        """The target's final norm weight (align decides the capture's final kind by it), or None without
+        ``--target``, without such a tensor, or with its shard not downloaded."""
+        if not self.available("target"):
+            return None
+        name = self.target.find("norm")
+        if name is None:
+            return None
+        try:
+            return self.target.read(name)
+        except ForensicsError:  # MissingShard included: then the gain is fitted from the rows, or not used
+            return None
 
     # ------------------------------------------------------------------ which inputs are there
     def available(self, name: str) -> bool:

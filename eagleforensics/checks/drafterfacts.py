@@ -7,10 +7,11 @@ a flat Llama config; speculators nests the decoder layer's config under ``transf
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..io.modeldir import text_config
+from ..io.modeldir import ModelDir, TensorInfo, text_config
 
 FLOAT_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 _CONFIG_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
@@ -100,6 +101,29 @@ def target_facts(cfg: dict[str, Any]) -> TargetFacts:
         num_layers=positive_int(text.get("num_hidden_layers")), dtype=config_dtype(text) or config_dtype(cfg),
         model_type=mtype if isinstance(mtype, str) else None,
         max_positions=positive_int(text.get("max_position_embeddings")), raw=cfg)
+
+
+class Listed(Mapping[str, TensorInfo]):
+    """Every tensor a model directory lists (its shard index's names, else its headers), each one's dtype and
+    shape read from its shard's header when asked: a partial download's absent shard is not a missing tensor
+    (looking one up raises ``io.modeldir.MissingShard``, and the doctor says the row is not run, naming the file)."""
+
+    def __init__(self, md: ModelDir) -> None:
+        self.md = md
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        if name not in self.md.names:
+            raise KeyError(name)
+        return self.md.info(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.md.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.md.names)
+
+    def __len__(self) -> int:
+        return len(self.md.names)
 
 
 def drafter_tensor(names: Any, canon: str) -> str | None:

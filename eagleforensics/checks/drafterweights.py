@@ -25,7 +25,7 @@ from ..io.drafter import LAYER_PARTS
 from ..process import usable_cores
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
-from .drafterfacts import drafter_tensor, target_facts
+from .drafterfacts import Listed, drafter_tensor, target_facts
 from .registry import register
 from .rowcompare import compare_rows, init_signature, sample_rows
 
@@ -67,7 +67,7 @@ def at_init(rows: np.ndarray, cfg: dict[str, Any]) -> tuple[bool, str, dict[str,
 
 def missing_parts(art: Artifacts) -> list[str]:
     """Stored names of the tensors the drafter's forward needs but the checkpoint lacks."""
-    names = art.drafter.tensors
+    names = Listed(art.drafter)
     out = [c for c in ("fc.weight", "norm.weight", "lm_head.weight") if drafter_tensor(names, c) is None]
     prefix = layer_prefix(names)
     if prefix is None:
@@ -78,7 +78,7 @@ def missing_parts(art: Artifacts) -> list[str]:
 
 
 def _sample(art: Artifacts, name: str) -> np.ndarray | None:
-    info = art.drafter.tensors[name]
+    info = Listed(art.drafter)[name]
     if len(info.shape) != 2 or info.dtype not in ("F16", "BF16", "F32", "F64") or 0 in info.shape:
         return None
     return art.drafter.rows(name, sample_rows(info.shape[0], seed=2))
@@ -90,13 +90,13 @@ def head_is_target_copy(art: Artifacts, stored: str) -> bool:
     if not art.available("target"):
         return False
     ref = art.target.find("lm_head")
-    info = art.drafter.tensors[stored]
+    info = Listed(art.drafter)[stored]
     if ref is None or art.target.info(ref).shape[1:] != info.shape[1:]:
         return False
     n, vocab = info.shape[0], art.target.info(ref).shape[0]
     ids = np.arange(n)
-    d2t = drafter_tensor(art.drafter.tensors, "d2t")
-    if d2t is not None and art.drafter.tensors[d2t].shape == (n,):
+    d2t = drafter_tensor(Listed(art.drafter), "d2t")
+    if d2t is not None and Listed(art.drafter)[d2t].shape == (n,):
         ids = ids + np.asarray(art.drafter.read(d2t)).astype(np.int64)
     if ids.min() < 0 or ids.max() >= vocab:
         return False
@@ -111,7 +111,7 @@ def random_parts(art: Artifacts) -> tuple[list[str], dict[str, Any]]:
 
 
 def _random_parts(art: Artifacts) -> tuple[list[str], dict[str, Any]]:
-    names, cfg = art.drafter.tensors, art.drafter.config
+    names, cfg = Listed(art.drafter), art.drafter.config
     parts: dict[str, list[str]] = {}
     for canon in ("fc.weight", "lm_head.weight"):
         stored = drafter_tensor(names, canon)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .base import Artifacts
-from .drafterfacts import draft_facts, drafter_tensor, positive_int, target_facts
+from .drafterfacts import Listed, draft_facts, drafter_tensor, positive_int, target_facts
 
 INT_DTYPES = ("I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64")
 UNSIGNED_WIDE = ("U16", "U32", "U64")  # torch promotes none of them with int64 (uint8 it does)
@@ -81,7 +81,7 @@ def read_vocab_map(art: Artifacts) -> VocabMap:
     if vocab is None and art.available("target"):
         vocab = target_facts(art.target.config).vocab_size
     declared = positive_int(cfg.get("draft_vocab_size")) or positive_int(facts.layer.get("draft_vocab_size"))
-    names = art.drafter.tensors
+    names = Listed(art.drafter)
     d2t_name, t2d_name = drafter_tensor(names, "d2t"), drafter_tensor(names, "t2d")
     d2t = t2d = None
     dtype = shape = None

@@ -18,7 +18,7 @@ import numpy as np
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .draftvocab import MapDiagnosis
-from .drafterfacts import draft_facts, drafter_tensor
+from .drafterfacts import Listed, draft_facts, drafter_tensor
 from .engineembed import trainer_copies_head, uses_own_embedding
 from .registry import register
 from .rowcompare import FRESH_COS, compare_rows, init_signature, sample_rows
@@ -60,7 +60,7 @@ def _engine_clause(uses_own: bool | None, rule: str) -> str:
 
 def check_embedding(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]:
     """Compare the drafter's ``embed_tokens`` with the target's on sampled rows."""
-    names = art.drafter.tensors
+    names = Listed(art.drafter)
     own = drafter_tensor(names, "embed_tokens.weight")
     if own is None:
         return [], "no embed_tokens of its own: engines embed with the target's", {}
@@ -130,7 +130,7 @@ def check_head(art: Artifacts) -> tuple[list[Finding], str, dict[str, Any]]:
     copies, trainer, trainer_source = trainer_copies_head(art)
     if not copies:
         return [], f"lm_head not compared: {trainer} trains its head from scratch", {}
-    names = art.drafter.tensors
+    names = Listed(art.drafter)
     own, ref = drafter_tensor(names, "lm_head.weight"), art.target.find("lm_head")
     if own is None or ref is None:
         return [], "no lm_head to compare (the sizes row reports a missing head)", {}

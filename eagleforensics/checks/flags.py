@@ -32,7 +32,7 @@ LEFT_TO_EMBEDDING = ("own_embedding", "own_lm_head")
 
 def features_of(art: Artifacts) -> set[str]:
     """The drafter features the served drafter carries: its draft config and, with --drafter, its tensor names."""
-    names = set(art.drafter.tensors) if art.available("drafter") else set()
+    names = set(art.drafter.names) if art.available("drafter") else set()
     return drafter_features(dict(art.draft_config), names)
 
 

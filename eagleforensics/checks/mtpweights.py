@@ -39,8 +39,16 @@ def declared_mtp(cfg: dict[str, Any]) -> tuple[str, int] | None:
 
 
 def stored_names(art: Artifacts) -> list[str]:
-    """The target's tensor names as its safetensors headers / shard index list them (``io.modeldir``)."""
-    return list(art.target.tensors)
+    """The target's tensor names: the shard index's ``weight_map`` when it has one (a partial download lists every
+    tensor there, stored or not), else the safetensors headers (``io.modeldir.ModelDir.names``)."""
+    return list(art.target.names)
+
+
+def counted(art: Artifacts, n: int) -> str:
+    """How the names were read, for the message: "the 91,991 names the index lists" or "its 12 stored tensors"."""
+    if art.target.index is not None:
+        return f"the {n:,} name{'s' if n != 1 else ''} the shard index lists"
+    return f"its {n:,} stored tensor{'s' if n != 1 else ''}"
 
 
 def mtp_tensors(names: list[str], num_layers: int, count: int) -> list[str]:
@@ -58,6 +66,23 @@ def mtp_tensors(names: list[str], num_layers: int, count: int) -> list[str]:
         if name.startswith("mtp") or ".mtp" in name[:40]:
             out.append(name)
     return out
+
+
+ACCEPTING = 1.2  # a mean accept length above this: the served drafts are accepted (a random head gives 1.00)
+
+
+def logged_accept_length(art: Artifacts) -> tuple[float, int] | None:
+    """(mean accept length, decode lines) of the log's decode lines, or None without a log or such lines."""
+    if art.inputs.log is None:
+        return None
+    try:
+        df = art.server_log
+    except ForensicsError:
+        return None
+    if "accept_length" not in df.columns:
+        return None
+    values = [float(v) for v in df["accept_length"].tolist() if v is not None and float(v) == float(v)]
+    return (sum(values) / len(values), len(values)) if values else None
 
 
 def _served_by_mtp(art: Artifacts) -> bool | None:
@@ -92,16 +117,26 @@ def run(art: Artifacts) -> CheckResult:
                                    "index or safetensors files")
     found = mtp_tensors(names, num_layers, count)
     data = {"key": key, "declared": count, "num_hidden_layers": num_layers, "mtp_tensors": len(found),
-            "tensors_listed": len(names)}
-    if found:
-        return CheckResult(note=f"{key} = {count}: {len(found)} MTP tensors stored", data=data)
+            "tensors_listed": len(names), "names_from": "index" if art.target.index is not None else "headers"}
     where = f"layers {num_layers}..{num_layers + count - 1}" if count > 1 else f"layer {num_layers}"
-    head = (f"the target's config declares {key} = {count}, but none of its {len(names)} stored tensors belongs "
-            f"to an MTP layer ({where}, or an mtp prefix): the export dropped them")
+    if found:
+        return CheckResult(note=f"{key} = {count}: of {counted(art, len(names))}, {len(found):,} belong to the MTP "
+                                f"{'layers' if count > 1 else 'layer'} ({where}, or an mtp prefix)", data=data)
+    head = (f"the target's config declares {key} = {count}, but none of {counted(art, len(names))} belongs to an "
+            f"MTP layer ({where}, or an mtp prefix): the export dropped them")
     fix = ("Take the MTP weights from the unquantized checkpoint (or an export that keeps them, e.g. listed in the "
            "quantization's ignore list), or serve with an EAGLE-3 drafter instead of MTP.")
     served = _served_by_mtp(art)
     data["served_by_mtp"] = served
+    logged = logged_accept_length(art) if served else None
+    if logged is not None and logged[0] > ACCEPTING:
+        data["logged_accept_length"] = round(logged[0], 3)
+        return CheckResult((Finding("mtp-weights-missing", "warning", head + f"; yet the log's launch drafts with MTP "
+                                    f"and its {logged[1]} decode lines accept {logged[0]:.2f} tokens a step, which a "
+                                    "random head cannot: the served checkpoint has its MTP layer, so this --target "
+                                    "directory is not the one served (another export or download).",
+                                    fix="Point --target at the directory the server loads (its model path).",
+                                    source=MTP_SOURCE, impact="low"),), "", data)
     if served:
         return CheckResult((Finding("mtp-weights-missing", "error", head + "; the log's launch drafts with MTP, so "
                                     "the engine builds a random head and every draft is rejected (accept length 1.00).",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
-from .drafterfacts import FLOAT_DTYPES, draft_facts, drafter_tensor, target_facts
+from .drafterfacts import FLOAT_DTYPES, Listed, draft_facts, drafter_tensor, target_facts
 from .registry import register
 
 SIZE_SOURCE = "sgl-project/sglang#8163, vllm-project/vllm#17740, deepseek-ai/DeepSpec#44"
@@ -30,7 +30,7 @@ def _weight_dtype(art: Artifacts) -> str | None:
 def _size_findings(art: Artifacts) -> list[str]:
     d = draft_facts(art.drafter.config)
     t = target_facts(art.target.config)
-    names = art.drafter.tensors
+    names = Listed(art.drafter)
     out: list[str] = []
     if d.target_hidden_size and t.hidden_size and d.target_hidden_size != t.hidden_size:
         out.append(f"the drafter expects aux states {d.target_hidden_size} wide (config "

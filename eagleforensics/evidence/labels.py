@@ -30,6 +30,7 @@ import numpy as np
 
 from ..arrays import as_array, f32
 from ..positions import Position
+from .norms import gain_kind
 
 MASSIVE_RATIO = 10.0  # a row this many times the median per-token norm: a massive activation (raw stream)
 FLAT_RATIO = 2.0  # a post-norm state: no row more than this many times the median ...
@@ -122,47 +123,51 @@ def embedding_signature(rows: Any, ids: Any | None) -> tuple[bool | None, str]:
 
 def check_labels(positions: list[Position], column_norms: dict[Position, np.ndarray], label_kind: str,
                  convention: str, num_layers: int, read_rows: Callable[[Position], np.ndarray],
-                 row_ids: Any | None, best: list[Position | None]) -> LabelCheck:
+                 row_ids: Any | None, best: list[Position | None], gain: Any | None = None) -> LabelCheck:
     """Check every label of a capture against its content (see the module doc).
 
     ``column_norms``: per-token norms of every stored position; ``read_rows(pos)``: the compared
     rows of a position; ``row_ids``: the token ids of those rows (either side's), or None;
-    ``best``: each slot's best column so far (the embedding is tested only when a slot needs it).
+    ``best``: each slot's best column so far (the embedding is tested only when a slot needs it);
+    ``gain``: the target's final norm weight, when known (else the final's kind is tested with a fitted gain).
     """
     relabel: dict[Position, Position] = {}
     unknown: set[Position] = set()
     notes: list[tuple[str, str]] = []
     have = set(positions)
     kinds = {p: norm_kind(column_norms[p]) for p in positions if p in column_norms}
+    by_gain = final_kinds(positions, kinds, num_layers, read_rows, gain)
+    kinds.update({p: k for p, (k, _) in by_gain.items()})
     raw_deep = [p for p in positions if not p.normed and p.p >= MIN_STEP and p in kinds]
     for p in positions:
         kind = kinds.get(p, "")
         if p.normed and kind == "raw":
             target = Position(p.p)
             ratio = massive_ratio(column_norms[p])
+            why = by_gain[p][1] if p in by_gain else (f"holds a row {ratio:.0f}x the median per-token norm (a massive "
+                                                      "activation), which a normalised state cannot")
             if target in have:
                 unknown.add(p)
                 notes.append(("labels-not-positions", f"capture entry {p.label} is read as the post-norm final "
-                              f"(convention {convention}), but holds a row {ratio:.0f}x the median per-token norm, "
-                              "which a normalised state cannot; the raw p{0} is stored too, so its position is "
-                              "unknown".format(p.p)))
+                              f"(convention {convention}), but {why}; the raw p{p.p} is stored too, so its position "
+                              "is unknown"))
             else:
                 relabel[p] = target
                 notes.append(("capture-relabelled", f"capture entry {p.label} is read as the post-norm final "
-                              f"(convention {convention}), but holds a row {ratio:.0f}x the median per-token norm "
-                              f"(a massive activation), which a normalised state cannot: it is read as the raw "
-                              f"{target.label} (pass --capture-convention vllm if the last entry is the raw last layer)"))
+                              f"(convention {convention}), but {why}: it is read as the raw {target.label} (pass "
+                              "--capture-convention vllm if the last entry is the raw last layer)"))
         elif not p.normed and kind == "post-norm" and p.p >= MIN_STEP:
             others = [q for q in raw_deep if q != p]
-            if not others or any(kinds[q] != "raw" for q in others):
+            if p not in by_gain and (not others or any(kinds[q] != "raw" for q in others)):
                 continue  # nothing shows that these rows carry a massive row in the raw stream
             target = Position(p.p, normed=True)
             top = max(q.p for q in positions if not q.normed)
             if p.p == top == num_layers and target not in have:
                 relabel[p] = target
-                notes.append(("capture-relabelled", f"capture entry {p.label} is read as a raw state, but its "
-                              f"per-token norms are flat like a normalised state's, while every other raw entry of "
-                              f"the same rows holds a massive-activation row ({', '.join(q.label for q in others)}): "
+                why = by_gain[p][1] if p in by_gain else (
+                    "its per-token norms are flat like a normalised state's, while every other raw entry of the same "
+                    f"rows holds a massive-activation row ({', '.join(q.label for q in others)})")
+                notes.append(("capture-relabelled", f"capture entry {p.label} is read as a raw state, but {why}: "
                               f"it is read as the post-norm final {target.label}"))
             else:
                 unknown.add(p)
@@ -199,6 +204,22 @@ def check_labels(positions: list[Position], column_norms: dict[Position, np.ndar
                           "a slot matching it is not placed there, and no embedding-included finding rests on the "
                           "label alone. Capture the full sweep, or a prompt that repeats a token"))
     return LabelCheck(relabel, frozenset(relabel.get(p, p) for p in unknown), tuple(notes))
+
+
+def final_kinds(positions: list[Position], kinds: dict[Position, str], num_layers: int,
+                read_rows: Callable[[Position], np.ndarray], gain: Any | None) -> dict[Position, tuple[str, str]]:
+    """The kind (raw or post-norm) of the capture's final entries by the RMS-after-gain test, where it decides:
+    every entry labelled post-norm, and the raw-labelled last layer. A massive row already says raw (no gain
+    needed); otherwise this test overrides the norm-flatness guess, which random norm gains blur."""
+    top = max((p.p for p in positions if not p.normed), default=None)
+    out: dict[Position, tuple[str, str]] = {}
+    for p in positions:
+        if p not in kinds or kinds[p] == "raw" or not (p.normed or p.p == top == num_layers):
+            continue
+        kind, why = gain_kind(read_rows(p), gain)
+        if kind:
+            out[p] = (kind, why)
+    return out
 
 
 def _has_power(positions: list[Position], read_rows: Callable[[Position], np.ndarray], row_ids: Any | None) -> bool:
