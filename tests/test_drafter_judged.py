@@ -119,7 +119,12 @@ def test_a_part_left_at_its_init_is_random_and_no_better_than_the_baselines(buil
 def test_a_missing_part_is_found(built: dict, layout: str, part: str) -> None:
     report = _doctor(built, _plant(built, layout, part, "missing"))
     assert "drafter-weights-missing" in _codes(report), report.to_text()
-    assert report.level == "PROBLEM"
+    # vLLM (newest release read) serves the target's lm_head in place of a missing one (engines.lmheadrules): a
+    # warning that names the release assumed; any other part missing breaks the drafter
+    assert report.level == ("ACTION" if part == "lm_head" else "PROBLEM"), report.to_text()
+    if part == "lm_head":
+        found = next(r.finding for r in report.flagged if r.finding.code == "drafter-weights-missing")
+        assert found.severity == "warning" and "vllm" in found.message.lower(), found.message
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
