@@ -8,6 +8,7 @@ and the per-release model-class table matches a fresh read of two releases' whee
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ from eagleforensics.engines.releasetables import ReleaseRow, failure_sources, ma
 from eagleforensics.engines.rules import NEWEST
 
 ROOT = Path(__file__).resolve().parents[1]
-WHEELS = Path("/work/wheels/src")
+# the released wheels unpacked as scripts/make_model_classes.py reads them; absent on CI (the file checks skip)
+WHEELS = Path(os.environ.get("EAGLEFORENSICS_WHEELS", "/work/wheels/src"))
 VERSION = re.compile(r"(?<![\w.#])(\d+\.\d+(?:\.\d+)*(?:\.post\d+)?)(?!\w)")
 FILE = re.compile(r"[\w/]+\.py\b")
 
