@@ -6,9 +6,9 @@ The recipe (deterministic: fixed seeds and prompt order; about 20-25 minutes on 
    bf16, cached; run here in float32);
 2. ``--prompts`` templated prompts (``realsamples.prompts``), the last ``--heldout`` of them held out;
 3. answers written greedily by the target through its chat template (the default system prompt,
-   ``add_generation_prompt``), at most ``--max-new`` tokens, cut at the first disagreement with one full
-   forward (``realsamples.greedy_answers``);
-4. EAGLE-3 features with SpecForge's default aux ids for 30 layers, [1, 14, 26] (outputs of those
+   ``add_generation_prompt``), at most ``--max-new`` tokens, and from the same passes (``realsamples.
+   generate_features``: batched, KV cache, float32)
+4. the EAGLE-3 features with SpecForge's default aux ids for 30 layers, [1, 14, 26] (outputs of those
    layers: hidden_states[2], [15], [27]), bf16 as SpecForge stores them, and the target's greedy next token;
 5. a draft vocabulary of ``--draft-vocab`` tokens (the most frequent supervised target tokens, SpecForge's
    d2t offsets and t2d mask);
@@ -138,12 +138,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "data_samples" / "real")
     ap.add_argument("--work", type=Path, default=realtarget.cache_root() / "real-samples")
-    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--prompts", type=int, default=176)
     ap.add_argument("--heldout", type=int, default=64)
-    ap.add_argument("--max-new", type=int, default=48)
+    ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--gen-batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -155,23 +156,21 @@ def main() -> None:
     log(f"target {tdir} loaded ({time.perf_counter() - t0:.0f} s)")
     a.work.mkdir(parents=True, exist_ok=True)
     texts = realsamples.prompts(a.prompts)
-    seq_file = a.work / f"answers-{a.prompts}-{a.max_new}.json"
-    if seq_file.exists():
-        seqs = [tuple(x) for x in json.loads(seq_file.read_text())]
-    else:
-        t = time.perf_counter()
-        seqs = realsamples.greedy_answers(model, tok, texts, a.max_new, log=log)
-        seq_file.write_text(json.dumps(seqs))
-        log(f"answers written in {time.perf_counter() - t:.0f} s")
+    items = []
+    t = time.perf_counter()
+    for b in range(0, a.prompts, a.gen_batch):  # each batch kept in the work folder: a rerun skips it
+        cached = a.work / f"batch-{a.prompts}-{a.max_new}-{b}.pt"
+        if cached.exists():
+            items += torch.load(cached)
+            continue
+        got = realsamples.generate_features(model, tok, texts[b:b + a.gen_batch], a.max_new, HELD_POSITIONS)
+        torch.save(got, cached)
+        items += got
+        log(f"answered {len(items)}/{a.prompts} ({time.perf_counter() - t:.0f} s)")
     t_answers = time.perf_counter() - t0
     n_train = a.prompts - a.heldout
-    t = time.perf_counter()
-    train_items = realsamples.features(model, seqs[:n_train], TRAINED)
-    held_items = realsamples.features(model, seqs[n_train:], HELD_POSITIONS)
-    cut = sum(int(it["ids"].shape[0]) < len(s) for it, (s, _) in zip(train_items + held_items, seqs))
-    figures_cut = cut
-    log(f"features of {len(seqs)} sequences in {time.perf_counter() - t:.0f} s ({cut} answers cut where batched "
-        "generation and the full forward disagree)")
+    train_items, held_items = items[:n_train], items[n_train:]
+    figures_cut = sum(int(it["ids"].shape[0]) - it["prompt_tokens"] == a.max_new for it in items)
     vocab = model.config.vocab_size
     sup = torch.cat([it["y"][it["loss_mask"] > 0] for it in train_items])
     keep, d2t, t2d = frequency_vocab(sup, vocab, a.draft_vocab)
@@ -215,7 +214,7 @@ def main() -> None:
                      "epochs": a.epochs, "batch": a.batch, "lr": a.lr, "ttt_steps": TTT_STEPS,
                      "supervised_tokens": int(sum(int(it["loss_mask"].sum()) for it in train_items)),
                      "train_seconds": round(seconds, 1), "answer_seconds": round(t_answers, 1),
-                     "aux_ids": [p - 1 for p in TRAINED], "answers_cut": figures_cut, "heldout_acc": {}}
+                     "aux_ids": [p - 1 for p in TRAINED], "answers_at_max_new": figures_cut, "heldout_acc": {}}
     per_wiring = {}
     for name, positions in WIRINGS.items():
         per_wiring[name] = evaluate(spec, evalw, held_items, positions, to_draft)

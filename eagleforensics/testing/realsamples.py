@@ -123,6 +123,72 @@ def features(model: Any, seqs: list[tuple[list[int], int]], positions: tuple[int
     return res
 
 
+def generate_features(model: Any, tokenizer: Any, texts: list[str], max_new: int, positions: tuple[int, ...]
+                      ) -> list[dict[str, torch.Tensor]]:
+    """The target's greedy answers to ``texts`` through its chat template and, from the same passes, what
+    ``features`` gives (ids, loss_mask, y, final, ``p{n}``): one batch, left padding with its attention mask and
+    position ids, a KV cache, each answer token the argmax of the pass that wrote it, up to and with
+    ``<|im_end|>`` or ``max_new`` tokens. The answers' rows are not computed twice (the CPU budget of the recipe)."""
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    chunk = [chat_prompt_ids(tokenizer, t) for t in texts]
+    width, b = max(len(c) for c in chunk), len(chunk)
+    ids = torch.zeros((b, width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, c in enumerate(chunk):
+        ids[i, width - len(c):] = torch.tensor(c)
+        mask[i, width - len(c):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    keep: dict[str, list[torch.Tensor]] = {f"p{q}": [] for q in positions}
+    keep["final"], keep["y"], keep["ids"] = [], [], []
+    done = torch.zeros(b, dtype=torch.bool)
+    length = torch.full((b,), max_new, dtype=torch.long)
+    cache = None
+    step_ids = ids
+    with torch.no_grad():
+        for step in range(max_new + 1):
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True, output_hidden_states=True)
+            cache = out.past_key_values
+            hs = out.hidden_states
+            for q in positions:
+                keep[f"p{q}"].append(hs[q].to(torch.bfloat16))
+            keep["final"].append(hs[-1].to(torch.bfloat16))
+            nxt = out.logits[:, -1:].argmax(-1) if step else out.logits.argmax(-1)
+            keep["y"].append(nxt if step else nxt)
+            keep["ids"].append(step_ids)
+            nxt = nxt[:, -1:]
+            if step == max_new:
+                break
+            newly = (nxt[:, 0] == eos) & ~done
+            length[newly] = step + 1
+            done |= newly
+            if bool(done.all()):
+                keep["ids"].append(nxt)
+                out = model(input_ids=nxt, attention_mask=torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1),
+                            position_ids=pos[:, -1:] + 1, past_key_values=cache, use_cache=True,
+                            output_hidden_states=True)
+                for q in positions:
+                    keep[f"p{q}"].append(out.hidden_states[q].to(torch.bfloat16))
+                keep["final"].append(out.hidden_states[-1].to(torch.bfloat16))
+                keep["y"].append(out.logits.argmax(-1))
+                break
+            step_ids = nxt
+            mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1)
+            pos = pos[:, -1:] + 1
+    cat = {k: torch.cat(v, 1) for k, v in keep.items()}
+    res = []
+    for i, c in enumerate(chunk):
+        p = len(c)
+        t = p + int(length[i])
+        rows = slice(width - p, width - p + t)
+        item = {"ids": cat["ids"][i, rows].clone(), "y": cat["y"][i, rows].clone(),
+                "loss_mask": torch.cat([torch.zeros(p), torch.ones(t - p)]).long(), "prompt_tokens": p,
+                "final": cat["final"][i, rows].clone()}
+        item.update({f"p{q}": cat[f"p{q}"][i, rows].clone() for q in positions})
+        res.append(item)
+    return res
+
+
 def write_record(item: dict[str, torch.Tensor], positions: tuple[int, ...], path: Path) -> Path:
     """A SpecForge 0.2.0 ``data_*.ckpt`` record from ``features`` output: aux states at ``positions`` (bf16)."""
     path.parent.mkdir(parents=True, exist_ok=True)
