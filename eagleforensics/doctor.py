@@ -297,6 +297,10 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                              source="align (content of the record against the capture)",
                              impact={"error": "collapse", "warning": "high"}.get(f.severity, ""))
                      for i, f in enumerate(result.findings))
+    unmatched = art.memoised("capture-record-note")
+    if unmatched:  # --train DIR held no record of the captured sequence: said beside align's verdict
+        findings += (Finding("capture-record-unmatched", "info", unmatched,
+                             source="align (content of the record against the capture)"),)
     status = FOUND if verdict.level != OK else CLEAN
     note = f"{verdict.level}: {verdict.summary}"
     return (CheckOutcome("wiring", WIRING_TITLE, status, findings, note, data={"level": verdict.level}),

@@ -137,9 +137,29 @@ class Artifacts:
         i, engine = self.inputs, self.engine
         draft = (i.draft_config or i.drafter) if engine is not None else None
         return self.memo("aligned", lambda: align(
-            self.record_paths[0], self.capture, engine=engine, draft_config=draft,
+            self.capture_record_path(), self.capture, engine=engine, draft_config=draft,
             engine_version=self.engine_version if engine else None, model_type=self.model_type if engine else None,
             vllm_runner=self.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe))
+
+    def capture_record_path(self) -> str:
+        """The record of the captured sequence: with --train DIR, the one whose token ids hold the capture's
+        (``evidence.recordmatch``), else the first record (one file given, or no ids to compare). When none holds
+        them, the record sharing the longest opening with the capture, and ``capture_record_note`` says so."""
+        paths = self.record_paths
+        if len(paths) < 2 or self.capture.input_ids is None or all(r.input_ids is None for r in self.records):
+            return paths[0]
+        from ..evidence.recordmatch import closest_record, match_record
+
+        m = self.memo("capture-record", lambda: match_record(self.capture.input_ids, self.records))
+        if m is not None:
+            return paths[m.index]
+        c = closest_record(self.capture.input_ids, self.records)
+        self._memo["capture-record-note"] = (
+            f"no training record of the {len(paths)} read under --train holds the capture's "
+            f"{self.capture.input_ids.shape[0]} token ids (another sequence was captured?): aligned against "
+            f"{Path(paths[c.index]).name}, which shares only its first {c.shared}; capture a record's own ids "
+            "(capture --input-ids RECORD, or --prompts with its ids) to compare the same sequence")
+        return paths[c.index]
 
     # ------------------------------------------------------------------ which inputs are there
     def available(self, name: str) -> bool:

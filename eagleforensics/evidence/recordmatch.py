@@ -49,3 +49,14 @@ def match_record(capture_ids: Any, records: Sequence[Any]) -> RecordMatch | None
         if best is None or shared > best.shared:
             best = RecordMatch(i, shared, int(ids.shape[0]), int(cap.shape[0]))
     return best
+
+
+def closest_record(capture_ids: Any, records: Sequence[Any]) -> RecordMatch:
+    """The record sharing the longest opening with the capture (the first on a tie; index 0 when none has ids)."""
+    cap = as_array(capture_ids).reshape(-1)
+    best = RecordMatch(0, 0, 0, int(cap.shape[0]))
+    for i, rec in enumerate(records):
+        ids = record_ids(rec)
+        if ids is not None and (shared := common_prefix(ids, cap)) > best.shared:
+            best = RecordMatch(i, shared, int(ids.shape[0]), int(cap.shape[0]))
+    return best
