@@ -51,8 +51,8 @@ def capture_many(model_dir: str | Path, prompts_file: str | Path, out_dir: str |
     from .tokenizer import load_tokenizer
 
     requests = read_requests(prompts_file)
-    tok = load_tokenizer(model_dir)
-    seqs = [r.token_ids(tok) for r in requests]
+    tok = load_tokenizer(model_dir) if any(r.ids is None for r in requests) else None  # ids need no tokenizer
+    seqs = [list(r.ids) if r.ids is not None else r.token_ids(tok) for r in requests]
     for r, s in zip(requests, seqs):
         if not s:
             raise ForensicsError(f"line {r.line} renders to no tokens", path=prompts_file)
