@@ -13,8 +13,9 @@ The recipe (deterministic: fixed seeds and prompt order; about 20-25 minutes on 
 5. a draft vocabulary of ``--draft-vocab`` tokens (the most frequent supervised target tokens, SpecForge's
    d2t offsets and t2d mask);
 6. a drafter in SpecForge's layout (a Llama decoder layer shaped like the target's, 9 heads, 3 kv heads,
-   intermediate 1536; ``fc`` over 3 x 576; ``lm_head`` over the draft vocabulary; the target's embedding,
-   frozen, not stored) trained with the project's own loop (``DraftForward``, as scripts/train_drafter.py):
+   intermediate 1536; ``fc`` over 3 x 576; ``lm_head`` over the draft vocabulary, initialised from the target's
+   tied head at the draft ids and ``norm`` from its final norm, both trained; the target's embedding, frozen,
+   not stored) trained with the project's own loop (``DraftForward``, as scripts/train_drafter.py):
    a 3-step test-time-training unroll, cross-entropy on supervised rows (row t, step k counts when
    loss_mask[t+k-1] = 1), AdamW with a one-cycle schedule;
 7. the trainer's own acc_k on the held-out sequences, on the trained wiring (p2, p15, p27) and on three
@@ -138,7 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "data_samples" / "real")
     ap.add_argument("--work", type=Path, default=realtarget.cache_root() / "real-samples")
-    ap.add_argument("--prompts", type=int, default=176)
+    ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--heldout", type=int, default=64)
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--draft-vocab", type=int, default=8192)
@@ -183,6 +184,11 @@ def main() -> None:
     spec = read_spec(ddir)
     gen = torch.Generator().manual_seed(0)
     w = init_weights(cfg, gen)
+    with torch.no_grad():  # the head starts as the target's own (its tied head's rows at the draft ids, its final
+        # norm's gains), as speculators initialises one; with a few thousand supervised tokens on 2 cores, a head
+        # learned from scratch would spend the budget relearning what the target already knows
+        w["lm_head.weight"].copy_(model.lm_head.weight.detach()[keep])
+        w["norm.weight"].copy_(model.model.norm.weight.detach())
     frozen = {"embed": model.model.embed_tokens.weight.detach().clone(), "d2t": d2t}
     opt = torch.optim.AdamW(list(w.values()), lr=a.lr, weight_decay=0.0)
     per_epoch = math.ceil(n_train / a.batch)
