@@ -13,12 +13,14 @@ The recipe (deterministic: fixed seeds and prompt order; about 20-25 minutes on 
 5. a draft vocabulary of ``--draft-vocab`` tokens (the most frequent supervised target tokens, SpecForge's
    d2t offsets and t2d mask);
 6. a drafter in SpecForge's layout (a Llama decoder layer shaped like the target's, 9 heads, 3 kv heads,
-   intermediate 1536; ``fc`` over 3 x 576; ``lm_head`` over the draft vocabulary, initialised from the target's
-   tied head at the draft ids and ``norm`` from its final norm, both trained; the target's embedding, frozen,
-   not stored) trained with the project's own loop (``DraftForward``, as scripts/train_drafter.py):
-   a 3-step test-time-training unroll, cross-entropy on supervised rows (row t, step k counts when
-   loss_mask[t+k-1] = 1), AdamW with a one-cycle schedule;
-7. the trainer's own acc_k on the held-out sequences, on the trained wiring (p2, p15, p27) and on three
+   intermediate 1536; ``fc`` over 3 x 576; ``lm_head`` over the draft vocabulary: the target's tied head at the
+   draft ids, frozen (as speculators keeps it); ``norm`` from the target's final norm, trained; the target's
+   embedding, frozen, not stored) trained with the project's own loop (``DraftForward``, as
+   scripts/train_drafter.py) under bf16 autocast: a 2-step test-time-training unroll, cross-entropy to the
+   target's greedy token on every row that has one (the prompt's rows too: the data is small, and the target's
+   next token is defined there as well), AdamW with a one-cycle schedule;
+7. the trainer's own acc_k (SpecForge's: supervised rows, step k at row t when loss_mask[t+k-1] = 1, float32)
+   on the held-out sequences, on the trained wiring (p2, p15, p27) and on three
    others (one layer shallower p1, p14, p26; deeper p3, p16, p28; the wrong fix p0, p2, p15), per sequence.
 
 Writes ``data_samples/real/``: ``drafter/`` (config.json with ``eagle_config`` ids [1, 14, 26];
@@ -53,7 +55,7 @@ from eagleforensics.testing.drafterbuild import frequency_vocab  # noqa: E402
 TRAINED = (2, 15, 27)  # SpecForge aux ids [1, 14, 26]: outputs of those layers
 WIRINGS = {"trained": TRAINED, "shallower": (1, 14, 26), "deeper": (3, 16, 28), "wrong_fix": (0, 2, 15)}
 HELD_POSITIONS = tuple(sorted({p for w in WIRINGS.values() for p in w}))
-TTT_STEPS = 3
+TTT_STEPS = 2
 
 
 def log(msg: str) -> None:
@@ -92,10 +94,10 @@ def init_weights(cfg: dict, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return w
 
 
-def step_labels(item: dict, to_draft: torch.Tensor, k: int) -> torch.Tensor:
-    """Step k's label at row t: the target's token y[t+k] in draft ids, -100 where loss_mask[t+k-1] = 0 or past
-    the end or outside the draft vocabulary."""
-    y, m = item["y"], item["loss_mask"]
+def step_labels(item: dict, to_draft: torch.Tensor, k: int, every_row: bool = False) -> torch.Tensor:
+    """Step k's label at row t: the target's token y[t+k] in draft ids, -100 where loss_mask[t+k-1] = 0 (unless
+    ``every_row``) or past the end or outside the draft vocabulary."""
+    y, m = item["y"], torch.ones_like(item["loss_mask"]) if every_row else item["loss_mask"]
     t = y.shape[0]
     lab = torch.full((t,), -100, dtype=torch.long)
     if t > k:
@@ -139,8 +141,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "data_samples" / "real")
     ap.add_argument("--work", type=Path, default=realtarget.cache_root() / "real-samples")
-    ap.add_argument("--prompts", type=int, default=128)
-    ap.add_argument("--heldout", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=96)
+    ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--epochs", type=int, default=3)
@@ -187,10 +189,11 @@ def main() -> None:
     with torch.no_grad():  # the head starts as the target's own (its tied head's rows at the draft ids, its final
         # norm's gains), as speculators initialises one; with a few thousand supervised tokens on 2 cores, a head
         # learned from scratch would spend the budget relearning what the target already knows
-        w["lm_head.weight"].copy_(model.lm_head.weight.detach()[keep])
+        w["lm_head.weight"].copy_(model.lm_head.weight.detach()[keep])  # frozen below
         w["norm.weight"].copy_(model.model.norm.weight.detach())
     frozen = {"embed": model.model.embed_tokens.weight.detach().clone(), "d2t": d2t}
-    opt = torch.optim.AdamW(list(w.values()), lr=a.lr, weight_decay=0.0)
+    w["lm_head.weight"].requires_grad_(False)  # kept as the target's head (speculators freezes it too)
+    opt = torch.optim.AdamW([v for v in w.values() if v.requires_grad], lr=a.lr, weight_decay=0.0)
     per_epoch = math.ceil(n_train / a.batch)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=a.epochs * per_epoch, pct_start=0.1)
     t_train = time.perf_counter()
@@ -201,11 +204,12 @@ def main() -> None:
             items = [train_items[i] for i in order[b:b + a.batch]]
             ids, feats, pos, doc = pack(items, TRAINED)
             fwd = DraftForward(spec, {**w, **frozen})
-            pre = fwd.prefix(fwd.project(feats), ids, chunk=ids.shape[0], pos=pos, doc=doc)
             loss = torch.zeros(())
-            for k, logits in enumerate(fwd.chain(pre, TTT_STEPS, 0, ids.shape[0]), start=1):
-                y = torch.cat([step_labels(it, to_draft, k) for it in items])
-                loss = loss + 0.8 ** (k - 1) * F.cross_entropy(logits, y, ignore_index=-100)
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 products, as the trainers train (2.3x here)
+                pre = fwd.prefix(fwd.project(feats), ids, chunk=ids.shape[0], pos=pos, doc=doc)
+                for k, logits in enumerate(fwd.chain(pre, TTT_STEPS, 0, ids.shape[0]), start=1):
+                    y = torch.cat([step_labels(it, to_draft, k, every_row=True) for it in items])
+                    loss = loss + 0.8 ** (k - 1) * F.cross_entropy(logits.float(), y, ignore_index=-100)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -223,9 +227,9 @@ def main() -> None:
                      "aux_ids": [p - 1 for p in TRAINED], "answers_at_max_new": figures_cut, "heldout_acc": {}}
     per_wiring = {}
     for name, positions in WIRINGS.items():
-        per_wiring[name] = evaluate(spec, evalw, held_items, positions, to_draft)
-        hits = [sum(s[k][0] for s in per_wiring[name]) for k in range(TTT_STEPS)]
-        counts = [sum(s[k][1] for s in per_wiring[name]) for k in range(TTT_STEPS)]
+        per_wiring[name] = evaluate(spec, evalw, held_items, positions, to_draft, steps=3)
+        hits = [sum(s[k][0] for s in per_wiring[name]) for k in range(3)]
+        counts = [sum(s[k][1] for s in per_wiring[name]) for k in range(3)]
         figures["heldout_acc"][name] = [round(h / max(c, 1), 4) for h, c in zip(hits, counts)]
         log(f"held-out acc_k, {name} p{positions}: {figures['heldout_acc'][name]} over {counts} rows")
     train_eval = evaluate(spec, evalw, train_items[:64], TRAINED, to_draft, steps=1)

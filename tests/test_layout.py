@@ -38,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "checks": BOTTOM | {"io", "evidence", "drafter", "dataaudit", "serving", "engines", "scan", "alignment", "replay"},
     "alignment": BOTTOM | {"io", "evidence", "engines"},
     "replay": BOTTOM | {"io", "evidence", "drafter", "engines", "alignment"},
+    "replaypool": BOTTOM | {"io", "evidence", "drafter", "engines", "alignment", "replay", "scan"},
     "doctor": BOTTOM | {"io", "evidence", "drafter", "dataaudit", "serving", "engines", "scan", "checks", "alignment",
                         "replay", "causes"},
     "plan": BOTTOM | {"io", "evidence", "serving", "engines"},
@@ -45,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": BOTTOM | {"io", "evidence", "drafter", "dataaudit", "serving", "engines", "scan", "checks", "alignment",
                         "replay", "doctor", "plan", "causes"},
     "cli": BOTTOM | {"io", "evidence", "drafter", "dataaudit", "serving", "engines", "scan", "checks", "alignment",
-                     "replay", "doctor", "plan", "probe", "report", "causes"},
+                     "replay", "replaypool", "doctor", "plan", "probe", "report", "causes"},
     "__init__": BOTTOM,
     "__main__": {"cli"},
 }
