@@ -146,3 +146,21 @@ def test_doctor_train_dir_aligns_the_record_of_the_captured_sequence(world: dict
     report = diagnose(DoctorInputs(train=str(records), capture=str(other)), checks=[])
     notes = [r.finding for r in report.findings if r.finding.code == "capture-record-unmatched"]
     assert len(notes) == 1 and notes[0].severity == "info"
+
+
+def test_doctor_on_a_capture_set_pools_replay_and_aligns_the_matching_capture(world: dict, tmp_path: Path) -> None:
+    """--capture DIR: align and the single-sequence checks read the capture a record holds (seq-0000 here, listed
+    after nothing else matching), the replay row adds the pooled figures of every capture."""
+    from eagleforensics.checks.base import DoctorInputs
+    from eagleforensics.doctor import diagnose
+
+    records = tmp_path / "records"
+    records.mkdir()
+    shutil.copy(SAMPLES / "data_0.ckpt", records / "data_0.ckpt")
+    report = diagnose(DoctorInputs(drafter=str(SAMPLES / "drafter"), target=str(SAMPLES / "target"),
+                                   train=str(records), capture=str(world["out"])), checks=[])
+    assert report.align["capture"]["path"].endswith("seq-0000.safetensors")
+    pooled = report.replay["pooled"]
+    assert len(pooled["sequences"]) == 3 and pooled["sequences"][0]["record"] == "data_0.ckpt"
+    row = next(o for o in report.outcomes if o.name == "replay")
+    assert "pooled over 3 captures" in row.note

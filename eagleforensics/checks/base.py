@@ -244,8 +244,29 @@ class Artifacts:
 
         if self.inputs.capture is None:
             raise ForensicsError("no --capture given")
-        return load_capture(self.inputs.capture, convention=self.inputs.capture_convention,
+        return load_capture(self.capture_path, convention=self.inputs.capture_convention,
                             allow_unsafe=self.inputs.allow_unsafe)
+
+    @cached_property
+    def capture_path(self) -> str:
+        """--capture, or for a capture set (``capture --prompts``) the capture the single-sequence checks read: the
+        first whose ids a training record holds (else the first); replay pools every capture of the set."""
+        from ..io.captureset import list_capture_set
+
+        files = list_capture_set(self.inputs.capture) if self.inputs.capture is not None else None
+        if files is None:
+            return str(self.inputs.capture)
+        self._memo["capture-set"] = files
+        if self.inputs.train is not None:
+            from ..evidence.recordmatch import match_record
+            from ..io.capture import load_capture
+
+            records = self.records
+            for f in files:
+                ids = load_capture(f, allow_unsafe=self.inputs.allow_unsafe).input_ids
+                if ids is not None and match_record(ids, records) is not None:
+                    return str(f)
+        return str(files[0])
 
     # ------------------------------------------------------------------ the server log
     @cached_property
