@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--gen-batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
