@@ -40,12 +40,14 @@ def pair(target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     requests = root / "heldout.jsonl"
     requests.write_text("".join(json.dumps({"input_ids": h["input_ids"]}) + "\n" for h in held))
     captures, n, _ = capture_many(target, requests, root / "captures", dtype="bfloat16")
+    (root / "prompts.txt").write_text("".join(h["prompt"] + "\n" for h in held))
+    served, _, _ = capture_many(target, root / "prompts.txt", root / "served")  # the requests as served: prompts
     model, tok = realtarget.load(target)
     items = realsamples.features(model, [(h["input_ids"], h["prompt_tokens"]) for h in held], TRAINED + SHALLOWER)
     for name, positions in (("trained", TRAINED), ("shallower", SHALLOWER)):
         for i, it in enumerate(items):
             realsamples.write_record(it, positions, root / name / f"data_{i}.ckpt")
-    return {"root": root, "held": held, "captures": captures, "tok": tok, "n": n, "model": model}
+    return {"root": root, "held": held, "captures": captures, "served": served, "tok": tok, "n": n, "model": model}
 
 
 def _trainer_acc(held: list[dict], wiring: str) -> float:
@@ -54,25 +56,22 @@ def _trainer_acc(held: list[dict], wiring: str) -> float:
     return hits / rows
 
 
-def test_the_target_is_smollm2_and_capture_renders_its_chat_template_as_served(target: Path, pair: dict,
-                                                                                tmp_path: Path) -> None:
-    """30 layers, H 576, vocabulary 49152, tied head; capture --prompts renders a user message with the target's
-    template as transformers' apply_chat_template(add_generation_prompt=True) does (the default system prompt)."""
+def test_the_target_is_smollm2_and_capture_renders_its_chat_template_as_served(target: Path, pair: dict) -> None:
+    """30 layers, H 576, vocabulary 49152, tied head; capture --prompts renders each user message with the target's
+    template as transformers' apply_chat_template(add_generation_prompt=True) does (the default system prompt),
+    which is also how the recipe's sequences open."""
     from eagleforensics.io.capture import load_capture
-    from eagleforensics.io.captureset import capture_many
 
     cfg = json.loads((target / "config.json").read_text())
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (30, 576, 49152)
     assert cfg["tie_word_embeddings"] is True
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("What is the capital of France?\nName three colours.\n")
-    out, n, _ = capture_many(target, prompts, tmp_path / "caps")
-    assert n == 2
     tok = pair["tok"]
-    for f, text in zip(sorted(out.glob("seq-*.safetensors")), ["What is the capital of France?", "Name three colours."]):
-        want = realsamples.chat_prompt_ids(tok, text)
-        assert load_capture(f).input_ids.tolist() == want
-        assert "You are a helpful AI assistant named SmolLM" in tok.decode(want)
+    files = sorted(pair["served"].glob("seq-*.safetensors"))
+    assert len(files) == SEQUENCES
+    for f, h in zip(files, pair["held"]):
+        want = realsamples.chat_prompt_ids(tok, h["prompt"])
+        assert load_capture(f).input_ids.tolist() == want == h["input_ids"][:h["prompt_tokens"]]
+    assert "You are a helpful AI assistant named SmolLM" in tok.decode(want)
 
 
 def test_align_places_real_records_where_they_were_built(pair: dict) -> None:
@@ -105,12 +104,16 @@ def test_pooled_replay_equals_the_trainers_acc0_on_held_out_sequences(target: Pa
 
 
 def test_doctor_is_ok_on_the_clean_real_pair(target: Path, pair: dict) -> None:
+    """The trained drafter, its target, the records it was trained like and the served prompt's capture: OK (the
+    record of the captured prompt is found among the 8 by its ids)."""
     from eagleforensics.checks.base import DoctorInputs
     from eagleforensics.doctor import diagnose
 
-    caps = sorted(pair["captures"].glob("seq-*.safetensors"))
+    # the capture of a served request (the prompt through the chat template), as a user captures one; data-size
+    # judges how much data there is: 8 records here by construction (it says too-little-data, rightly)
+    served = sorted(pair["served"].glob("seq-*.safetensors"))
     report = diagnose(DoctorInputs(drafter=str(REAL / "drafter"), target=str(target),
-                                   train=str(pair["root"] / "trained"), capture=str(caps[3])))
+                                   train=str(pair["root"] / "trained"), capture=str(served[3]), skip=("data-size",)))
     assert report.level == "OK", [(r.check, r.finding.code, r.finding.message[:120]) for r in report.flagged]
     data = json.loads(report.to_json())
     assert (data["level"], data["exit_code"]) == ("OK", 0)
