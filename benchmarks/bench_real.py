@@ -45,6 +45,21 @@ from eagleforensics.testing import realsamples, realtarget  # noqa: E402
 REAL = ROOT / "data_samples" / "real"
 
 
+def run_plain(label: str, args: list[str], timeout: int) -> dict:
+    """``python -m eagleforensics ARGS`` (no --json: capture prints one line) under peakrss.py: wall, peak RSS."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(HERE / "peakrss.py"), sys.executable, "-m", "eagleforensics", *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    wall = time.perf_counter() - t0
+    rss = next((int(line.split("=")[1]) for line in reversed(proc.stderr.splitlines())
+                if line.startswith("peak_rss_kib=")), 0)
+    return {"label": label, "wall_s": round(wall, 2), "peak_rss_gib": round(rss / 2 ** 20, 2), "exit": proc.returncode,
+            "output": proc.stdout.strip()[-200:]}
+
+
 def matmul_rate(threads: int) -> float:
     torch.set_num_threads(threads)
     a, b = torch.randn(4096, 576), torch.randn(576, 1536)
@@ -107,8 +122,7 @@ def main() -> None:
     rows = []
     for label, requests, out in (("capture chat prompts", work / "prompts.txt", work / "prompts"),
                                  ("capture sequences", work / "sequences.jsonl", work / "captures")):
-        r = run(label, ["capture", str(target), "--prompts", str(requests), "-o", str(out)], False, a.timeout)
-        r.pop("json", None)
+        r = run_plain(label, ["capture", str(target), "--prompts", str(requests), "-o", str(out)], a.timeout)
         tokens = sum(json.loads(x)["tokens"] for x in (out / "captures.jsonl").read_text().splitlines())
         floor = 2 * params * tokens / rate
         r.update(tokens=tokens, floor_s=round(floor, 2), ratio=round(floor / r["wall_s"], 3))
