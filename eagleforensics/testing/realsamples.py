@@ -1,9 +1,9 @@
 """Sequences, records and captures of the real target (``realtarget``), shared by the recipe, tests and benchmark.
 
 ``prompts`` writes the recipe's templated user prompts (no downloads: templates x subjects, in a seeded
-order); ``greedy_answers`` has the target answer them greedily through its chat template (batched
-generation, then checked against one full forward so every kept answer token is the argmax there);
-``write_record`` writes a SpecForge-layout record (``input_ids``, ``loss_mask`` over the answer,
+order); ``generate_features`` has the target answer them greedily through its chat template and keeps the
+EAGLE-3 features of the same passes; ``features`` runs one full forward over given sequences (and cuts an
+answer where a token is not that forward's argmax); ``write_record`` writes a SpecForge-layout record (``input_ids``, ``loss_mask`` over the answer,
 post-norm ``hidden_state``, ``aux_hidden_state`` at the given positions, bf16) from a real forward pass.
 """
 from __future__ import annotations
@@ -70,31 +70,6 @@ def _forward(model: Any, seqs: list[list[int]], pad: int, positions: tuple[int, 
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     hs = out.hidden_states
     return out.logits.argmax(-1), {p: hs[p] for p in positions}, hs[-1]
-
-
-def greedy_answers(model: Any, tokenizer: Any, texts: list[str], max_new: int, batch: int = 32,
-                   log: Any = print) -> list[tuple[list[int], int]]:
-    """(full ids, prompt length) per prompt: the target's greedy answer through its chat template, generated
-    batched (left padding), up to and with ``<|im_end|>`` or ``max_new`` tokens. ``features`` then checks each
-    answer against one full forward of its own."""
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    out: list[tuple[list[int], int]] = []
-    for a in range(0, len(texts), batch):
-        chunk = [chat_prompt_ids(tokenizer, t) for t in texts[a:a + batch]]
-        width = max(len(c) for c in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, c in enumerate(chunk):
-            ids[i, width - len(c):] = torch.tensor(c)
-            mask[i, width - len(c):] = 1
-        with torch.no_grad():
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                 pad_token_id=pad, eos_token_id=eos)[:, width:]
-        for c, g in zip(chunk, gen.tolist()):
-            out.append((c + (g[:g.index(eos) + 1] if eos in g else g), len(c)))
-        log(f"answered {min(a + batch, len(texts))}/{len(texts)}")
-    return out
 
 
 def features(model: Any, seqs: list[tuple[list[int], int]], positions: tuple[int, ...], batch: int = 16
