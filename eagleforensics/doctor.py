@@ -317,6 +317,10 @@ def wiring_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                              source="align (content of the record against the capture)",
                              impact={"error": "collapse", "warning": "high"}.get(f.severity, ""))
                      for i, f in enumerate(result.findings))
+    unmatched = art.memoised("capture-record-note")
+    if unmatched:  # --train DIR held no record of the captured sequence: said beside align's verdict
+        findings += (Finding("capture-record-unmatched", "info", unmatched,
+                             source="align (content of the record against the capture)"),)
     status = FOUND if verdict.level != OK else CLEAN
     note = f"{verdict.level}: {verdict.summary}"
     return (CheckOutcome("wiring", WIRING_TITLE, status, findings, note, data={"level": verdict.level}),
@@ -375,6 +379,18 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     add_paired_se(summary, rep)
     art.memo("replay-report", lambda: rep)
     parts = []
+    if art.memoised("capture-set"):  # a capture set: the figures above are one sequence's; replay pools them all
+        from .replaypool import run_pooled
+
+        pooled = run_pooled(i.drafter, i.capture, train=i.train, target=i.target, allow_unsafe=i.allow_unsafe,
+                            convention=i.capture_convention, device=i.device)
+        summary["pooled"] = pooled.to_dict()
+        summary["pooled_capture"] = art.capture_path
+        t = pooled.trained or (pooled.wirings[0] if pooled.wirings else None)
+        if t is not None and t.accept_length is not None:
+            parts.append(f"pooled over {len(pooled.sequences)} captures, {t.label}: accept length "
+                         f"{t.accept_length:.2f} (acc@1 {t.acc[0]:.2f} over {t.rows[0]} rows); per capture below from "
+                         f"{Path(art.capture_path).name}")
     for r in rep.results:
         tag = f" ({r.source})" if r.source else ""
         parts.append(f"{r.label}{tag}: accept length {r.accept_length:.2f} (acc@1 {r.acc[0]:.2f})")

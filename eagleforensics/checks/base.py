@@ -162,7 +162,7 @@ class Artifacts:
         i, engine = self.inputs, self.engine
         draft = (i.draft_config or i.drafter) if engine is not None else None
         return self.memo("aligned", lambda: align(
-            self.record_paths[0], self.capture, engine=engine, draft_config=draft,
+            self.capture_record_path(), self.capture, engine=engine, draft_config=draft,
             engine_version=self.engine_version if engine else None, model_type=self.model_type if engine else None,
             vllm_runner=self.vllm_runner if engine == "vllm" else None, allow_unsafe=i.allow_unsafe,
             final_norm=self.final_norm()))
@@ -179,6 +179,26 @@ class Artifacts:
             return self.target.read(name)
         except ForensicsError:  # MissingShard included: then the gain is fitted from the rows, or not used
             return None
+
+    def capture_record_path(self) -> str:
+        """The record of the captured sequence: with --train DIR, the one whose token ids hold the capture's
+        (``evidence.recordmatch``), else the first record (one file given, or no ids to compare). When none holds
+        them, the record sharing the longest opening with the capture, and ``capture_record_note`` says so."""
+        paths = self.record_paths
+        if len(paths) < 2 or self.capture.input_ids is None or all(r.input_ids is None for r in self.records):
+            return paths[0]
+        from ..evidence.recordmatch import closest_record, match_record
+
+        m = self.memo("capture-record", lambda: match_record(self.capture.input_ids, self.records))
+        if m is not None:
+            return paths[m.index]
+        c = closest_record(self.capture.input_ids, self.records)
+        self._memo["capture-record-note"] = (
+            f"no training record of the {len(paths)} read under --train holds the capture's "
+            f"{self.capture.input_ids.shape[0]} token ids (another sequence was captured?): aligned against "
+            f"{Path(paths[c.index]).name}, which shares only its first {c.shared}; capture a record's own ids "
+            "(capture --input-ids RECORD, or --prompts with its ids) to compare the same sequence")
+        return paths[c.index]
 
     # ------------------------------------------------------------------ which inputs are there
     def available(self, name: str) -> bool:
@@ -263,8 +283,29 @@ class Artifacts:
 
         if self.inputs.capture is None:
             raise ForensicsError("no --capture given")
-        return load_capture(self.inputs.capture, convention=self.inputs.capture_convention,
+        return load_capture(self.capture_path, convention=self.inputs.capture_convention,
                             allow_unsafe=self.inputs.allow_unsafe)
+
+    @cached_property
+    def capture_path(self) -> str:
+        """--capture, or for a capture set (``capture --prompts``) the capture the single-sequence checks read: the
+        first whose ids a training record holds (else the first); replay pools every capture of the set."""
+        from ..io.captureset import list_capture_set
+
+        files = list_capture_set(self.inputs.capture) if self.inputs.capture is not None else None
+        if files is None:
+            return str(self.inputs.capture)
+        self._memo["capture-set"] = files
+        if self.inputs.train is not None:
+            from ..evidence.recordmatch import match_record
+            from ..io.capture import load_capture
+
+            records = self.records
+            for f in files:
+                ids = load_capture(f, allow_unsafe=self.inputs.allow_unsafe).input_ids
+                if ids is not None and match_record(ids, records) is not None:
+                    return str(f)
+        return str(files[0])
 
     # ------------------------------------------------------------------ the server log
     @_input

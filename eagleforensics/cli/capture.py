@@ -1,6 +1,8 @@
 """``eagleforensics capture MODEL_DIR``: run a local HF model and save the full residual-stream sweep."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .common import echo_text, run_guarded
@@ -11,19 +13,35 @@ from .common import echo_text, run_guarded
 @click.option("--prompt", default=None, help="Text to tokenize with the model directory's tokenizer.")
 @click.option("--input-ids", "input_ids", default=None,
               help="Token ids instead of a prompt: comma-separated, or a .pt/.npy/.safetensors file holding them.")
-@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
-              help="Where to write the capture (.safetensors).")
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
+              help="Many requests in one call: a JSONL file (doctor --served-prompts' forms: chat messages rendered "
+                   "with the model's chat template and the generation prompt, text as written, token ids) or a text "
+                   "file of one user message per line; -o is then a directory, one capture per request.")
+@click.option("-o", "--output", "output", required=True, type=click.Path(),
+              help="Where to write the capture (.safetensors); with --prompts, a directory.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
-def capture(model_dir: str, prompt: str | None, input_ids: str | None, output: str, dtype: str) -> None:
-    """Capture positions p=0..N (raw) and the post-norm final of MODEL_DIR on one prompt."""
+def capture(model_dir: str, prompt: str | None, input_ids: str | None, prompts_file: str | None, output: str,
+            dtype: str) -> None:
+    """Capture positions p=0..N (raw) and the post-norm final of MODEL_DIR on one prompt (or, with --prompts,
+    on every request of a file: the model loaded once, the sequences run in batches)."""
 
     def run() -> str:
         from ..errors import ForensicsError, printable
         from ..io.guards import check_not_input
         from ..io.sweep import load_local_model, sweep, tokenize, write_capture
 
-        if (prompt is None) == (input_ids is None):
-            raise ForensicsError("give exactly one of --prompt or --input-ids")
+        if sum(x is not None for x in (prompt, input_ids, prompts_file)) != 1:
+            raise ForensicsError("give exactly one of --prompt, --input-ids or --prompts")
+        if prompts_file is not None:
+            from ..io.captureset import capture_many
+
+            check_not_input(output, [(model_dir, "the model directory"), (prompts_file, "the --prompts file")],
+                            "capture")
+            out, n, tokens = capture_many(model_dir, prompts_file, output, dtype)
+            return f"wrote {n} captures ({tokens} tokens) to {printable(out)}"
+        if Path(output).is_dir():
+            raise ForensicsError("is a directory; a capture of one prompt is a file (--prompts writes a directory)",
+                                 path=output)
         check_not_input(output, [(model_dir, "the model directory"), (input_ids, "the --input-ids file")], "capture")
         ids = tokenize(model_dir, prompt) if prompt is not None else _parse_ids(input_ids or "")
         model = load_local_model(model_dir)

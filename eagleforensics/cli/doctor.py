@@ -15,7 +15,9 @@ ENGINES = ("sglang", "vllm", "trtllm")
 @click.option("--target", type=click.Path(), default=None,
               help="Target model directory (config.json + safetensors shards; only the tensors a check needs are read).")
 @click.option("--train", type=click.Path(), default=None, help="A training record, or a directory of them.")
-@click.option("--capture", type=click.Path(), default=None, help="Hidden states captured from the served target.")
+@click.option("--capture", type=click.Path(), default=None,
+              help="Hidden states captured from the served target, or a capture set (capture --prompts): replay "
+                   "pools it.")
 @click.option("--draft-config", type=click.Path(), default=None,
               help="The draft config the engine reads (default: the drafter's config.json).")
 @click.option("--engine", type=click.Choice(ENGINES), default=None, help="The serving engine.")

@@ -65,11 +65,27 @@ def replay(drafter: str, capture: str, train: str | None, target: str | None, wi
     states are replayed), only supervised rows count, as SpecForge counts acc_k; --train also lends its
     token ids to a capture that has none.
 
+    CAPTURE may be a capture set (the directory capture --prompts writes): every sequence is replayed and
+    acc_k pooled over them, with each sequence's counts; --train DIR then pairs each capture with the
+    record whose token ids hold its sequence.
+
     Exit 0: measured (and, with --engine, the engine feeds the trained wiring). 1: the engine would feed
     another wiring. 2: bad input.
     """
+    from ..io.captureset import list_capture_set
     from ..replay import run_replay
 
+    if list_capture_set(capture) is not None:  # a capture set (capture --prompts): every sequence, pooled
+        from ..replaypool import run_pooled
+
+        pooled = run_guarded(lambda: run_pooled(
+            drafter, capture, train=train, steps=steps, allow_unsafe=allow_unsafe_pickle, convention=capture_convention,
+            target=target, wirings=list(wirings), cost_ratio=cost_ratio, engine=engine, draft_config=draft_config,
+            engine_version=engine_version, model_type=model_type, device=device, max_tokens=max_tokens,
+            temperature=temperature, top_p=top_p, topk=topk, draft_tokens=draft_tokens,
+            served_without=served_without))
+        echo_text(pooled.to_json() if as_json else pooled.to_text())
+        sys.exit(pooled.exit_code)
     result = run_guarded(lambda: run_replay(
         drafter, capture, target=target, train=train, wirings=list(wirings), steps=steps, cost_ratio=cost_ratio,
         engine=engine, draft_config=draft_config, engine_version=engine_version, model_type=model_type,
