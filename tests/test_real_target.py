@@ -119,6 +119,23 @@ def test_doctor_is_ok_on_the_clean_real_pair(target: Path, pair: dict) -> None:
     assert (data["level"], data["exit_code"]) == ("OK", 0)
 
 
+def test_the_capture_of_a_records_own_sequence_is_not_judged_by_a_table_that_memorised_it(target: Path,
+                                                                                       pair: dict) -> None:
+    """The capture of a record's whole sequence (prompt and answer, as `capture --input-ids` from the record gives):
+    the bigram baseline for the capture's rows is fitted without that record, which would hand it the answers (fitted
+    on every record it scored 0.74 against the drafter's 0.23 there: "no better than a lookup table")."""
+    from eagleforensics.checks.base import DoctorInputs
+    from eagleforensics.doctor import diagnose
+
+    caps = sorted(pair["captures"].glob("seq-*.safetensors"))
+    report = diagnose(DoctorInputs(drafter=str(REAL / "drafter"), target=str(target), train=str(pair["root"] / "trained"),
+                                   capture=str(caps[3]), only=("drafter-baseline",)))
+    row = next(o for o in report.outcomes if o.name == "drafter-baseline")
+    capture = next(j for j in row.data["judgements"] if j["source"] == "capture")
+    assert capture["rows"] >= 16 and capture["baselines"]["bigram"] < 0.5, capture
+    assert capture["drafter_acc1"] > capture["baselines"]["bigram"] and capture["diff"] > 0, capture
+
+
 def test_doctor_finds_the_incidents_one_layer_off_launch(target: Path, pair: dict, tmp_path: Path) -> None:
     """The incident on the real pair: the draft config SGLang reads carries ids one layer deeper ([2, 15, 27]) than the
     drafter was trained on ([1, 14, 26]); the doctor names the wiring, with --train DIR matched to the capture."""

@@ -82,6 +82,7 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
         check_finite(fwd.w, i.drafter)
     table = BigramTable()
     fitted: list[Any] = []
+    fitted_ids: list[Any] = []  # the ids each fitted record's rows came from
     records = art.records[:MAX_RECORDS] if art.available("train") else []
     for rec in records:
         try:  # a record replay cannot read as the trained wiring (a list layout of unnamed states) is left out
@@ -93,6 +94,7 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
         rows = step1_rows(fwd, aux_rows, seq.ids, y, mask, fitted=True)
         table.add(rows.prev, rows.want)
         fitted.append(rows)
+        fitted_ids.append(seq.ids)
     out = [judge("records", fitted, table)] if fitted else []
     if art.available("capture"):
         # the trained wiring from the wiring row's alignment (computed once per run), as replay reads it
@@ -112,8 +114,22 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
                 mask = None  # a capture of the prompt only: every row counts (as replay does)
             rows = step1_rows(fwd, reader, inp.seq.ids, inp.y, mask, fitted=False)
             trained = "trained" in w.sources
-            out.append(judge("capture", [rows], table,
+            out.append(judge("capture", [rows], _table_without(fitted, fitted_ids, inp.seq.ids, table),
                              f"{label}, {'the trained wiring' if trained else 'the engines default wiring'}"))
+    return out
+
+
+def _table_without(fitted: list[Any], fitted_ids: list[Any], capture_ids: Any, table: BigramTable) -> BigramTable:
+    """The bigram table for the capture's rows, fitted on the records that do not hold the captured sequence: a
+    table fitted on the very rows it scores would have memorised them (leave-one-out, as on the records)."""
+    from ..evidence.recordmatch import same_sequence
+
+    keep = [rows for rows, ids in zip(fitted, fitted_ids) if not same_sequence(ids, capture_ids)]
+    if len(keep) == len(fitted):
+        return table
+    out = BigramTable()
+    for rows in keep:
+        out.add(rows.prev, rows.want)
     return out
 
 

@@ -35,17 +35,26 @@ def record_ids(rec: Any) -> np.ndarray | None:
     return ids[:ids.shape[0] - trailing_padding(ids, rec.loss_mask)]
 
 
+def same_sequence(ids: Any, capture_ids: Any) -> int:
+    """How many ids the two share when one is a prefix of the other (the same sequence), else 0."""
+    a, b = as_array(ids).reshape(-1), as_array(capture_ids).reshape(-1)
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return 0
+    shared = common_prefix(a, b)
+    return shared if shared == min(a.shape[0], b.shape[0]) else 0  # they part somewhere: another sequence
+
+
 def match_record(capture_ids: Any, records: Sequence[Any]) -> RecordMatch | None:
     """The record whose ids hold the capture's sequence (see the module docstring), or None when none does."""
     cap = as_array(capture_ids).reshape(-1)
     best: RecordMatch | None = None
     for i, rec in enumerate(records):
         ids = record_ids(rec)
-        if ids is None or ids.shape[0] == 0 or cap.shape[0] == 0:
+        if ids is None:
             continue
-        shared = common_prefix(ids, cap)
-        if shared < min(ids.shape[0], cap.shape[0]):
-            continue  # they part somewhere: another sequence that opens the same way
+        shared = same_sequence(ids, cap)
+        if not shared:
+            continue
         if best is None or shared > best.shared:
             best = RecordMatch(i, shared, int(ids.shape[0]), int(cap.shape[0]))
     return best
