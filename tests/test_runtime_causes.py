@@ -21,7 +21,10 @@ from eagleforensics.testing.defects import SAMPLES, SGLANG_ARGS, vllm_log
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 NEW_CODES = ("drafter-cache-lost", "depth-past-trained", "block-drafter-settings", "spec-switched-off",
-             "accept-falls-with-batch")
+             "accept-falls-with-batch", "aux-id-past-layers", "default-temperature", "cumulative-accept-length",
+             "ar-fusion-partial-aux")
+NEW_CHECKS = ("launch", "drafter-cache", "spec-off", "batch-dependence", "depth", "block-drafter", "aux-range",
+              "default-temperature", "cumulative-average", "ar-fusion")
 FLAGGED = ("error", "warning")
 T0 = datetime(2026, 11, 29, 12, 0, 0)
 
@@ -64,8 +67,7 @@ def finding(report, code: str):  # noqa: ANN001, ANN201
 @pytest.mark.parametrize("log", sorted((FIXTURES / "serverargs").glob("*.log")) + sorted(FIXTURES.glob("*.log")),
                          ids=lambda p: p.name)
 def test_fixture_logs_raise_none_of_the_new_codes(log: Path) -> None:
-    report = doctor(("launch", "drafter-cache", "spec-off", "batch-dependence", "depth", "block-drafter"),
-                    log=log, drafter=SAMPLES / "drafter", target=SAMPLES / "target")
+    report = doctor(NEW_CHECKS, log=log, drafter=SAMPLES / "drafter", target=SAMPLES / "target")
     assert not [c for c, _ in codes(report) if c in NEW_CODES], report.to_text()
 
 
@@ -262,3 +264,84 @@ def test_block_drafter_without_mask_id_is_found(tmp_path: Path) -> None:
 def test_an_eagle3_drafter_is_not_a_block_drafter() -> None:
     report = doctor(("block-drafter",), drafter=SAMPLES / "drafter")
     assert not [r for r in report.findings if r.finding.code == "block-drafter-settings"]
+
+
+# ---------------------------------------------------------------- sub-mechanisms of rows 1, 8, 15, 20
+def _target_with(tmp_path: Path, gen: dict | None = None, **cfg_keys: object) -> Path:
+    t = tmp_path / "target"
+    t.mkdir()
+    cfg = json.loads((SAMPLES / "target" / "config.json").read_text())
+    (t / "config.json").write_text(json.dumps({**cfg, **cfg_keys}))
+    if gen is not None:
+        (t / "generation_config.json").write_text(json.dumps(gen))
+    return t
+
+
+@pytest.mark.parametrize("version, severity", [("0.14.1", "error"), (None, "warning"), ("0.25.0", None)])
+def test_aux_id_equal_to_the_layer_count_on_deepseek(tmp_path: Path, version: str | None, severity: str | None
+                                                      ) -> None:
+    t = _target_with(tmp_path, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
+    n = json.loads((t / "config.json").read_text())["num_hidden_layers"]
+    cfg = tmp_path / "draft.json"
+    cfg.write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [2, n // 2, n]}))
+    report = doctor(("aux-range",), draft_config=cfg, target=t, engine="vllm", engine_version=version)
+    if severity is None:
+        assert [r.finding.code for r in report.findings] == []
+    else:
+        f = finding(report, "aux-id-past-layers")
+        assert f.severity == severity and f"include {n}" in f.message and "deepseek_v2.py" in f.source
+
+
+def test_aux_ids_inside_the_layers_are_clean(tmp_path: Path) -> None:
+    t = _target_with(tmp_path, model_type="deepseek_v3")
+    cfg = tmp_path / "draft.json"
+    cfg.write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}))
+    assert doctor(("aux-range",), draft_config=cfg, target=t, engine="vllm").findings == []
+
+
+def test_default_temperature_from_generation_config(tmp_path: Path) -> None:
+    t = _target_with(tmp_path, gen={"temperature": 0.6, "top_p": 0.95, "do_sample": True})
+    log = sglang_run(tmp_path / "a.log", [], sampling_defaults="model")
+    f = finding(doctor(("default-temperature",), log=log, target=t), "default-temperature")
+    assert f.severity == "info" and "sampled at 0.6" in f.message and "replay --temperature 0.6" in f.fix
+    off = sglang_run(tmp_path / "b.log", [], sampling_defaults="openai")
+    assert doctor(("default-temperature",), log=off, target=t).findings == []
+
+
+def test_sglang_cumulative_average_is_said(tmp_path: Path) -> None:
+    log = sglang_run(tmp_path / "a.log", [(i, 4, 2.0, 0, 0) for i in range(8)])
+    with log.open("a") as fh:  # the line set_internal_state prints (sglang 0.5.9 scheduler.py)
+        fh.write("[2026-11-29 12:10:00] avg_spec_accept_length=3.41\n")
+    f = finding(doctor(("cumulative-average",), log=log), "cumulative-accept-length")
+    assert f.severity == "info" and "3.41" in f.message and "median of 2.00" in f.message
+
+
+# without --engine-version the 0.5.23 dict format's own range (0.5.19 on) is past the fix
+@pytest.mark.parametrize("version, severity", [("0.5.12", "error"), (None, "info"), ("0.5.14", "info")])
+def test_ar_fusion_with_tp_reads_partial_sums_on_old_releases(tmp_path: Path, version: str | None,
+                                                              severity: str) -> None:
+    log = sglang_run(tmp_path / "a.log", [], tp_size=8, enable_flashinfer_allreduce_fusion=True)
+    report = doctor(("ar-fusion",), log=log, engine_version=version, model_type="deepseek_v3")
+    f = finding(report, "ar-fusion-partial-aux")
+    assert f.severity == severity
+    if severity != "info":
+        assert "sgl-project/sglang#28343" in f.source and "partial sum" in f.message
+
+
+def test_ar_fusion_off_or_tp_one_is_clean(tmp_path: Path) -> None:
+    for i, fields in enumerate(({"tp_size": 8, "enable_flashinfer_allreduce_fusion": False},
+                                {"tp_size": 1, "enable_flashinfer_allreduce_fusion": True})):
+        log = sglang_run(tmp_path / f"{i}.log", [], **fields)
+        assert doctor(("ar-fusion",), log=log, engine_version="0.5.12", model_type="deepseek_v3").findings == []
+
+
+def test_ar_fusion_on_a_format_spanning_the_fix_asks_for_the_release(tmp_path: Path) -> None:
+    """SGLang's ServerArgs(...) repr spans 0.4.7 - 0.5.18: the finding says which releases and names the option."""
+    line = (FIXTURES / "serverargs" / "sglang_0.5.9_args.log").read_text().splitlines()
+    args = next(x for x in line if "server_args=ServerArgs(" in x)
+    assert "tp_size=2," in args and "speculative_algorithm='EAGLE3'" in args  # the fixture's own launch
+    args = args.replace("enable_flashinfer_allreduce_fusion=False", "enable_flashinfer_allreduce_fusion=True")
+    log = tmp_path / "a.log"
+    log.write_text(args + "\n")
+    f = finding(doctor(("ar-fusion",), log=log, model_type="deepseek_v3"), "ar-fusion-partial-aux")
+    assert f.severity == "warning" and "--engine-version" in f.message and "0.5.8 - 0.5.12" in f.message

@@ -15,7 +15,7 @@ MODULES: tuple[str, ...] = ("launch", "drafterweights", "drafterbaseline", "size
                            "flags", "rope", "template", "dataorigin", "datashape",
                            "targetquant", "mtpweights", "hybrid", "multimodal", "verifier", "datasize",
                            "penalty", "lora", "dpattention", "benchprompts",
-                           "draftercache", "specoff", "batchdep", "depth", "blockdrafter")
+                           "draftercache", "specoff", "batchdep", "depth", "blockdrafter", "auxrange", "defaulttemp", "cumulative", "arfusion")
 _CHECKS: dict[str, Check] = {}
 
 

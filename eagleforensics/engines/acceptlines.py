@@ -168,3 +168,22 @@ def spec_off_lines(points: pd.DataFrame, explains: Any) -> pd.DataFrame:
     mask = (points["accept"] <= ONE) & points["running"].map(
         lambda r: bool(explains(None if pd.isna(r) else int(r))))
     return points[mask]
+
+
+_CUMULATIVE = re.compile(r"avg_spec_accept_length=([0-9.]+)")
+
+
+def cumulative_lines(path: str | Path) -> list[tuple[int, float]]:
+    """SGLang's ``avg_spec_accept_length=X`` lines (line, X): the average since the server started or the last
+    ``set_internal_state`` (sglang 0.5.9 srt/managers/scheduler.py, 0.5.23
+    srt/managers/scheduler_components/internal_state.py ``_average_accept_length``: total accepted tokens over
+    total verify rounds; ``/get_server_info`` returns the same figure)."""
+    out = []
+    for number, text in read_lines(path):
+        m = _CUMULATIVE.search(text)
+        if m:
+            try:
+                out.append((number, float(m.group(1))))
+            except ValueError:
+                continue
+    return out

@@ -95,6 +95,21 @@ RUNTIME_RULES: tuple[RuntimeRule, ...] = (
                 _SGL.format(v="0.5.14, 0.5.17 - 0.5.20, 0.5.23", f="speculative/adaptive_spec_params.py") +
                 " DEFAULT_ADAPTIVE_CONFIG, AdaptiveSpeculativeParams.get_steps_for_batch"),
 )
+AR_FUSION_RULES: tuple[RuntimeRule, ...] = (
+    RuntimeRule("ar-fusion", "sglang", "0.5.8", "0.5.12", "partial-sums",
+                "with the MLP all-reduce deferred into the next layer's fused all-reduce + RMSNorm "
+                "(enable_flashinfer_allreduce_fusion, switched on by itself for DeepSeek-V3 / Kimi-K2.5 on SM90 / "
+                "SM100 with TP > 1 and no DP attention), the aux capture reads hidden_states + residual before that "
+                "all-reduce: each rank's partial sum, not the layer's output",
+                "sglang 0.5.8 - 0.5.12 sglang/srt/models/deepseek_v2.py DeepseekV2Model.forward "
+                "(aux_hidden_states.append(hidden_states + residual)); server_args.py auto-enable; fixed by "
+                "sgl-project/sglang#28343"),
+    RuntimeRule("ar-fusion", "sglang", "0.5.14", None, "reduced",
+                "the aux state is taken inside the layer communicator after the fused all-reduce "
+                "(captured_last_layer_outputs)",
+                "sglang 0.5.14, 0.5.17 - 0.5.20, 0.5.23 sglang/srt/layers/communicator.py, models/deepseek_v2.py "
+                "(0.5.13 not read)"),
+)
 ADAPTIVE_ZERO_FROM = 8  # SGLang's default adaptive config may pick 0 steps from this batch size on
 ADAPTIVE_OFF_FROM = 64  # ... and picks only 0 steps from this one
 
@@ -102,7 +117,7 @@ ADAPTIVE_OFF_FROM = 64  # ... and picks only 0 steps from this one
 def runtime_rules_between(topic: str, engine: str, first: str, last: str | None) -> list[RuntimeRule]:
     """Every row of ``topic`` for ``engine`` that may hold in releases ``first`` .. ``last`` (None: no bound)."""
     lo, hi = parse_version(first), parse_version(last) if last else None
-    rows = sorted((r for r in RUNTIME_RULES if r.topic == topic and r.engine == engine),
+    rows = sorted((r for r in RUNTIME_RULES + AR_FUSION_RULES if r.topic == topic and r.engine == engine),
                   key=lambda r: parse_version(r.since))
     out = []
     for i, r in enumerate(rows):
