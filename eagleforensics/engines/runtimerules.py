@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .rules import parse_version
+from .servingrules import ServingRule  # the same row shape: topic, engine, since, until, outcome, detail, source
 from .servingargs import _get, _is_none, _number, _truthy, spec_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,70 +34,52 @@ _SGL = "sglang {v} sglang/srt/{f}"
 _VLLM = "vllm {v} vllm/{f}"
 
 
-@dataclass(frozen=True)
-class RuntimeRule:
-    """What ``engine`` does on ``topic`` in releases ``since`` .. ``until`` (the last read where it holds)."""
-
-    topic: str
-    engine: str
-    since: str
-    until: str | None
-    outcome: str
-    detail: str
-    source: str
-
-    def span(self) -> str:
-        if self.until is None:
-            return f">= {self.since}"
-        return self.since if self.since == self.until else f"{self.since} - {self.until}"
-
-
-RUNTIME_RULES: tuple[RuntimeRule, ...] = (
-    RuntimeRule("hicache", "sglang", "0.4.10", "0.5.10", "target-only",
+RUNTIME_RULES: tuple[ServingRule, ...] = (
+    ServingRule("hicache", "sglang", "0.4.10", "0.5.10", "target-only",
                 "HiCache backs up and loads back the target's KV only: a prefix restored from host memory (L2) or "
                 "storage (L3) skips the target forward, so the draft's KV for it is never written and the "
                 "drafter reads stale slots",
                 _SGL.format(v="0.4.10, 0.5.4, 0.5.8 - 0.5.10", f="managers/cache_controller.py") +
                 " (no draft pool); fixed by sgl-project/sglang#21125"),
-    RuntimeRule("hicache", "sglang", "0.5.11", "0.5.17", "paired",
+    ServingRule("hicache", "sglang", "0.5.11", "0.5.17", "paired",
                 "the draft's MHA / MLA KV pool gets its own host pool and rides every L2/L3 backup and load "
                 "(set_draft_kv_pool); other draft pool types (packed NextN layers, DSA indexer or SWA draft "
                 "state) are skipped with a warning",
                 _SGL.format(v="0.5.11, 0.5.12, 0.5.14, 0.5.17", f="managers/cache_controller.py") +
                 " set_draft_kv_pool; managers/scheduler.py / mem_cache/kv_cache_builder.py 'Draft pool type %s "
                 "not supported for HiCache, skipping.' (sgl-project/sglang#21125)"),
-    RuntimeRule("hicache", "sglang", "0.5.18", None, "paired-packed",
+    ServingRule("hicache", "sglang", "0.5.18", None, "paired-packed",
                 "draft KV, indexer and SWA state are packed into (or attached beside) the target's host pools "
                 "and moved by the same L2/L3 operation",
                 _SGL.format(v="0.5.18 - 0.5.20, 0.5.23", f="mem_cache/hybrid_cache/hybrid_pool_assembler.py") +
                 " (DRAFT_INDEXER / DRAFT_SWA pools; 0.5.17 has none; sgl-project/sglang#30393)"),
-    RuntimeRule("spec-off", "vllm", "0.9.2", "0.9.2", "applied",
+    ServingRule("spec-off", "vllm", "0.9.2", "0.9.2", "applied",
                 "speculative_config.disable_by_batch_size: the V0 engine stops drafting for new requests once more "
                 "than that many are enqueued",
                 _VLLM.format(v="0.9.2", f="spec_decode/spec_decode_worker.py") + " disable_by_batch_size"),
-    RuntimeRule("spec-off", "vllm", "0.10.0", "0.14.1", "accepted-unused",
+    ServingRule("spec-off", "vllm", "0.10.0", "0.14.1", "accepted-unused",
                 "disable_by_batch_size is accepted by the config (>= 2) but no V1 code reads it: speculation stays "
                 "on at every batch size",
                 _VLLM.format(v="0.10.0, 0.11.0, 0.14.1", f="config/speculative.py") +
                 " (0.10.0 config.py); no use under vllm/v1"),
-    RuntimeRule("spec-off", "vllm", "0.33.0", None, "schedule",
+    ServingRule("spec-off", "vllm", "0.33.0", None, "schedule",
                 "num_speculative_tokens_per_batch_size: a list of (first batch size, last batch size, tokens); a "
                 "batch in a range with 0 tokens runs without drafts",
                 _VLLM.format(v="0.33.0, 0.34.0", f="config/speculative.py") +
                 " num_speculative_tokens_per_batch_size; v1/spec_decode/dynamic/utils.py (0.25.0, 0.29.0 lack it)"),
-    RuntimeRule("spec-off", "sglang", "0.5.11", "0.5.12", "adaptive",
+    ServingRule("spec-off", "sglang", "0.5.11", "0.5.12", "adaptive",
                 "speculative_adaptive: num_steps moves between candidate steps (default 1, 3, 7) with the "
                 "observed accept length; never switched off",
                 _SGL.format(v="0.5.11, 0.5.12", f="server_args.py") + " speculative_adaptive; "
                 "speculative/adaptive_spec_params.py (0.5.10 has no such field)"),
-    RuntimeRule("spec-off", "sglang", "0.5.14", None, "adaptive-by-batch",
+    ServingRule("spec-off", "sglang", "0.5.14", None, "adaptive-by-batch",
                 "speculative_adaptive: one step schedule per batch size; the default config allows 0 steps (no "
                 "drafts, accept length 1.00) from batch 8 and uses only 0 steps from batch 64",
                 _SGL.format(v="0.5.14, 0.5.17 - 0.5.20, 0.5.23", f="speculative/adaptive_spec_params.py") +
                 " DEFAULT_ADAPTIVE_CONFIG, AdaptiveSpeculativeParams.get_steps_for_batch"),
 )
-AR_FUSION_RULES: tuple[RuntimeRule, ...] = (
-    RuntimeRule("ar-fusion", "sglang", "0.5.8", "0.5.12", "partial-sums",
+AR_FUSION_RULES: tuple[ServingRule, ...] = (
+    ServingRule("ar-fusion", "sglang", "0.5.8", "0.5.12", "partial-sums",
                 "with the MLP all-reduce deferred into the next layer's fused all-reduce + RMSNorm "
                 "(enable_flashinfer_allreduce_fusion, switched on by itself for DeepSeek-V3 / Kimi-K2.5 on SM90 / "
                 "SM100 with TP > 1 and no DP attention), the aux capture reads hidden_states + residual before that "
@@ -104,7 +87,7 @@ AR_FUSION_RULES: tuple[RuntimeRule, ...] = (
                 "sglang 0.5.8 - 0.5.12 sglang/srt/models/deepseek_v2.py DeepseekV2Model.forward "
                 "(aux_hidden_states.append(hidden_states + residual)); server_args.py auto-enable; fixed by "
                 "sgl-project/sglang#28343"),
-    RuntimeRule("ar-fusion", "sglang", "0.5.14", None, "reduced",
+    ServingRule("ar-fusion", "sglang", "0.5.14", None, "reduced",
                 "the aux state is taken inside the layer communicator after the fused all-reduce "
                 "(captured_last_layer_outputs)",
                 "sglang 0.5.14, 0.5.17 - 0.5.20, 0.5.23 sglang/srt/layers/communicator.py, models/deepseek_v2.py "
@@ -114,7 +97,7 @@ ADAPTIVE_ZERO_FROM = 8  # SGLang's default adaptive config may pick 0 steps from
 ADAPTIVE_OFF_FROM = 64  # ... and picks only 0 steps from this one
 
 
-def runtime_rules_between(topic: str, engine: str, first: str, last: str | None) -> list[RuntimeRule]:
+def runtime_rules_between(topic: str, engine: str, first: str, last: str | None) -> list[ServingRule]:
     """Every row of ``topic`` for ``engine`` that may hold in releases ``first`` .. ``last`` (None: no bound)."""
     lo, hi = parse_version(first), parse_version(last) if last else None
     rows = sorted((r for r in RUNTIME_RULES + AR_FUSION_RULES if r.topic == topic and r.engine == engine),
@@ -212,7 +195,7 @@ class SpecOffSetting:
     text: str
     off_from: int | None
     maybe_from: int | None
-    rule: RuntimeRule | None
+    rule: ServingRule | None
 
     def explains(self, running: int | None) -> bool:
         """Whether a decode line at ``running`` requests may read accept length 1.00 because of this setting."""
