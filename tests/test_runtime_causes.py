@@ -186,6 +186,15 @@ def test_vllm_kv_connector_with_speculation_is_said(tmp_path: Path) -> None:
     assert f.severity == "info" and "LMCacheConnectorV1" in f.message and "not read" in f.message
 
 
+def test_vllm_prefix_caching_with_a_context_cache_drafter_is_said(tmp_path: Path) -> None:
+    spec = {"method": "dflash", "model": str(SAMPLES / "drafter"), "num_speculative_tokens": 7}
+    log = vllm_log(tmp_path / "v.log", "0.14.0", SAMPLES / "target", spec)
+    f = finding(doctor(("drafter-cache",), log=log), "drafter-cache-lost")
+    assert f.severity == "info" and "vllm-project/vllm#47930" in f.message
+    off = vllm_log(tmp_path / "w.log", "0.14.0", SAMPLES / "target", spec, enable_prefix_caching=False)
+    assert doctor(("drafter-cache",), log=off).findings == []
+
+
 # ---------------------------------------------------------------- row 32: deeper than trained
 def _drafter_with(tmp_path: Path, **keys: object) -> Path:
     d = tmp_path / "drafter"

@@ -34,7 +34,8 @@ from .specoff import explained_lines
 SOURCE = ("sgl-project/sglang#32176, sgl-project/sglang#31600, sgl-project/sglang#28771, vllm-project/vllm#47930 "
           "(docs/causes.md row 31)")
 CAUSE = "engine bug in the serving path"
-PACKED = ("mtp", "nextn")  # algorithms whose draft layers the engine packs beside the target's pool
+PACKED = ("mtp", "nextn")
+CONTEXT_CACHE = ("dflash", "dspark")  # block drafters that keep a context cache of the target's states  # algorithms whose draft layers the engine packs beside the target's pool
 
 
 def _log_signal(art: Artifacts) -> tuple[str, bool, dict[str, Any]]:
@@ -116,6 +117,14 @@ def run(art: Artifacts) -> CheckResult:
                + (f" The log: {trend_text}." if trend_text else ""))
         findings.append(Finding("drafter-cache-lost", "warning" if falls else "info", printable(msg),
                                 fix=fix if falls else None, source=SOURCE, impact="high" if falls else "low"))
+    elif args.engine == "vllm" and cache.prefix_caching and args.algorithm_raw and \
+            str(args.algorithm_raw).lower() in CONTEXT_CACHE:
+        findings.append(Finding("drafter-cache-lost", "warning" if falls else "info", printable(
+            f"vLLM caches prefixes (enable_prefix_caching on, V1's default) for a {args.algorithm_raw} drafter, which "
+            "keeps its own context cache: on a prefix hit that cache is not rebuilt (vllm-project/vllm#47930: 2.98 "
+            "-> 1.25 as the cached share grows, reported open; not read in the wheels)."
+            + (f" The log: {trend_text}." if trend_text else "")), fix="Compare with --no-enable-prefix-caching.",
+            source=SOURCE, impact="high" if falls else "low"))
     elif falls:
         findings.append(Finding("drafter-cache-lost", "info", printable(
             f"{trend_text}: accept length falls with uptime, the shape a drafter cache lost on restored prefixes "
