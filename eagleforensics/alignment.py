@@ -210,9 +210,11 @@ def _align(train: str | Path | TrainingRecord, capture: str | Path | Capture, fm
     picks = [_as_choice(d, sm, i) if d is not None else c for i, (c, d) in enumerate(zip(picks, idents))]
     matches = [_slot_match(s, c, sm, i, n, fit[i] and looks_post_norm(n), bad_rows[i], idents[i])
                for i, (s, c, n) in enumerate(zip(slots, picks, norms))]
-    matches = [_resolve_role(m, cap.num_layers) for m in matches]
+    matches = [_in_context(_resolve_role(m, cap.num_layers), tok) for m in matches]
     findings = _token_findings(tok, record, sm, slots, [b for _, b in summaries], cap.input_ids)
-    findings += slot_findings(matches, cap.num_layers)
+    findings += [replace(f, message=f"{f.message}; {tok.other_context}: that context alone can keep the states "
+                                    "from matching") if f.code == "no-confident-match" and tok.other_context else f
+                 for f in slot_findings(matches, cap.num_layers)]
     findings += [Finding(code, "warning", msg) for code, msg in labels.notes]
     findings += identity_findings(matches) + token_evidence_findings(matches, tok) + _capture_findings(cap, sm, slots, labels)
     findings += _row_findings(matches, sm, tok, thr)
@@ -332,6 +334,18 @@ def _slot_match(s: Slot, c: Choice, sm: ScoreMatrix, i: int, norms: np.ndarray, 
                    distinct_tokens=ident.distinct, between_fraction=ident.between)
 
 
+def _in_context(m: SlotMatch, tok: TokenAlignment) -> SlotMatch:
+    """Drift of rows that follow other tokens on the two sides is first the context's doing (another system prompt
+    or template), not quantised weights or MoE routing, which only a capture of the same tokens could show."""
+    why = tok.other_context
+    if not why or m.fidelity != "drift" or m.fidelity_cause not in ("routing", "uniform"):
+        return m
+    return replace(m, fidelity_cause="context",
+                   fidelity_text=f"{m.fidelity_text.split(': consistent with')[0]}: {why}; a different context moves "
+                                 "every state, so other weights or kernels cannot be judged on these rows (capture "
+                                 "the record's own token ids to tell them apart)")
+
+
 def _resolve_role(m: SlotMatch, n: int) -> SlotMatch:
     """A slot of unknown role is the final state if it sits at p=N or post-norm, else an aux slot."""
     if m.role != "unknown":
@@ -431,16 +445,20 @@ def _row_findings(matches: list[SlotMatch], sm: ScoreMatrix, tok: TokenAlignment
         low = np.flatnonzero(np.isfinite(per) & (per < bar.min_score))
         if low.size:
             rows = [int(tok.train_start + j) for j in low]
-            out.append(Finding("rows-differ", "warning",
+            context = bool(tok.other_context)  # explained by what precedes the rows: not a damaged record
+            out.append(Finding("rows-differ", "info" if context else "warning",
                                f"{m.name} is placed at {m.best.label}, but {len(rows)} of its {m.tokens} compared rows "
                                f"{'differs' if len(rows) == 1 else 'differ'} from it beyond {m.dtype} precision "
                                f"({_rows_at(rows)}; per-token score down to {float(per[low].min()):.4f} < "
-                               f"{bar.min_score}): {_row_cause(m)}"))
+                               f"{bar.min_score}): {_row_cause(m, tok)}"))
     return out
 
 
-def _row_cause(m: SlotMatch) -> str:
-    """What the pattern of differing rows suggests (evidence.fidelity)."""
+def _row_cause(m: SlotMatch, tok: TokenAlignment) -> str:
+    """What the pattern of differing rows suggests (evidence.fidelity); a context that differs comes first."""
+    if tok.other_context:
+        return (f"{tok.other_context}, so these rows differ by context, not because the record is damaged (capture the "
+                "record's own token ids to compare like with like)")
     if m.fidelity_cause == "routing":
         return ("the other rows agree to 0.999+, consistent with MoE routing differences (other experts for those "
                 "tokens), a context that differs for those tokens, or rows edited after capture")

@@ -67,6 +67,7 @@ CAUSES: dict[str, CauseKind] = {
     "draft-path-missing": CauseKind("the server was launched without the drafter", OUTSIDE),
     "draft-is-target": CauseKind("the server was given the target as its drafter", OUTSIDE),
     "accept-len-one": CauseKind("the server's log shows nothing accepted", OUTSIDE),
+    "engine-refused": CauseKind("the server refused to start or died (its own failure line)", OUTSIDE),
     "max-positions-short": CauseKind("the draft's max positions are shorter than the served context", OUTSIDE),
     "train-shorter-than-served": CauseKind("the training records are shorter than the served context", OUTSIDE),
     "data-not-from-target": CauseKind("the training answers were not written by this target", OUTSIDE),

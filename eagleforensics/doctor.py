@@ -68,8 +68,11 @@ class DoctorReport:
     causes: list[Cause] = field(init=False)
 
     def __post_init__(self) -> None:
-        ranked = rank(self.outcomes)
         found = self.cause_rows
+        # one severity on every surface: a warning or error of a row that names no cause (a clean row's, or the
+        # replay row's, which measures) is a note, in the JSON as in the text (the row's verdict judged it)
+        object.__setattr__(self, "outcomes", [o if o.name in found else _as_notes(o) for o in self.outcomes])
+        ranked = rank(self.outcomes)
         flagged = [r for r in ranked if r.finding.severity in FLAGGED and r.check in found]
         floors = {o.name: SEVERITY_OF_LEVEL[o.data["level"]] for o in self.outcomes
                   if o.status == FOUND and o.data.get("level") in SEVERITY_OF_LEVEL}
@@ -175,6 +178,17 @@ class DoctorReport:
         return render_text(self)
 
 
+NOTE_OF = " (a note: its row names no cause)"
+
+
+def _as_notes(o: CheckOutcome) -> CheckOutcome:
+    """Row ``o`` (one that names no cause) with its errors and warnings made info notes that say so."""
+    if not any(f.severity in FLAGGED for f in o.findings):
+        return o
+    return replace(o, findings=tuple(replace(f, severity="info", impact="", message=f.message + NOTE_OF)
+                                     if f.severity in FLAGGED else f for f in o.findings))
+
+
 def render_text(report: DoctorReport) -> str:
     """The verdict, the ranked findings with their fixes and sources, then one row per check."""
     given = report.inputs.given()
@@ -191,8 +205,9 @@ def render_text(report: DoctorReport) -> str:
                 lines.append(f"     fix: {printable(fix)}")
             for source in dict.fromkeys(f.source for _, f in c.items if f.source):
                 lines.append(f"     source: {printable(source)}")
-    context = [r for r in report.findings if r.finding.severity not in FLAGGED and r.check not in PIPELINE_ROWS]
-    if context:  # the checks' info lines; align's and replay's own are in their JSON (--json)
+    context = [r for r in report.findings if r.finding.severity not in FLAGGED
+               and (r.check not in PIPELINE_ROWS or r.finding.message.endswith(NOTE_OF))]
+    if context:  # the checks' info lines and every note; align's and replay's own info lines are in their JSON
         lines += ["", "context:"] + [f"  - {r.finding.code}: {printable(r.finding.message)}" for r in context]
     head = ("check", "status", "what")
     rows = [(o.name, o.status, _what(o, report.cause_rows)) for o in report.rows()]
@@ -341,7 +356,8 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                          engine=art.engine if art.engine != "trtllm" else None,
                          draft_config=i.draft_config, engine_version=art.engine_version,
                          model_type=i.model_type, convention=i.capture_convention, allow_unsafe=i.allow_unsafe,
-                         served_without=tuple(dropped), device=i.device)
+                         served_without=tuple(dropped), device=i.device,
+                         vllm_runner=art.vllm_runner if art.engine == "vllm" else None)
     except ForensicsError as exc:
         return CheckOutcome("replay", REPLAY_TITLE, NOT_RUN, reason=f"replay cannot run this drafter: {exc.detail}"), \
             None, OK
@@ -358,24 +374,26 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
                      f"{trained.accept_length:.2f} as trained ({served.accept_length - trained.accept_length:+.2f})")
     findings = tuple(Finding(f.code, f.severity, f.message, source="replay (the drafter run offline on the capture)")
                      for f in rep.findings)
-    nothing = accepts_nothing(trained, rep.steps)
+    nothing = accepts_nothing(served if served is not None else trained, rep.steps)  # what the engine runs
     if nothing is not None:  # not "clean" beside an accept length near 1: a symptom the causes above explain
         findings += (nothing,)
     return CheckOutcome("replay", REPLAY_TITLE, FOUND if nothing is not None else CLEAN, findings, "; ".join(parts),
                         data={"served_without": dropped}), summary, OK
 
 
-def accepts_nothing(trained: Any, steps: int) -> Finding | None:
-    """``replay-accepts-nothing`` (info) when the trained wiring's accept length gains no more over 1 than
-    ``causes.COLLAPSE_GAIN`` of the chain (the bar the causes use for a collapse): a symptom, not a cause; the causes
-    and the drafter-baseline row say why."""
+def accepts_nothing(run: Any, steps: int) -> Finding | None:
+    """``replay-accepts-nothing`` (info) when the drafter as the engine runs it (the "as served" row where the engine
+    drops a feature, else the trained wiring) gains no more over 1 than ``causes.COLLAPSE_GAIN`` of the chain (the bar
+    the causes use for a collapse): a symptom, not a cause; the causes and the drafter-baseline row say why."""
     from .causes import COLLAPSE_GAIN
 
-    if trained is None or not steps or trained.accept_length - 1.0 > COLLAPSE_GAIN * steps:
+    if run is None or not steps or run.accept_length - 1.0 > COLLAPSE_GAIN * steps:
         return None
+    how = (f"as served without {', '.join(run.served_without)}" if getattr(run, "served_without", ())
+           else "on the wiring it was trained on")
     return Finding("replay-accepts-nothing", "info", (
-        f"replayed on the wiring it was trained on ({trained.label}), the drafter accepts almost nothing: accept length "
-        f"{trained.accept_length:.2f} for a chain of {steps} steps (no more than {COLLAPSE_GAIN:g} x {steps} over 1); "
+        f"replayed {how} ({run.label}), the drafter accepts almost nothing: accept length "
+        f"{run.accept_length:.2f} for a chain of {steps} steps (no more than {COLLAPSE_GAIN:g} x {steps} over 1); "
         "a symptom: the causes, and the drafter-baseline row, say why"),
         source="replay (the drafter run offline on the capture)")
 

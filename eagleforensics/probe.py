@@ -28,8 +28,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .engines import probecounts as pc
 from .engines import probeformats as pf
-from .engines.probeapi import DECLARED, ENGINES, Reply, ServerInfo, counters, detect, generate, info, v0_k
+from .engines.probeapi import (DECLARED, ENGINES, FAMILIES, Reply, ServerInfo, counters, detect, generate, info,
+                               info_json, metrics_page, v0_k)
 from .errors import ForensicsError, printable
 from .serving.acceptcurve import accepted_variance
 from .evidence.probestats import MIN_ROUNDS, NOTHING, chain_reach, degenerate, first_difference, per_position, ratio
@@ -56,9 +58,23 @@ FINDING_CODES = {
     "no-speculation": "the server runs without speculative decoding: health and tok/s only",
     "release-unknown": "the server's release is not one the formats were read from (fields read by name)",
     "compared-by-text": "the release returns no token ids: outputs compared character by character",
+    "metrics-disabled": "vLLM's /metrics carries no vllm: family (--disable-log-stats): acceptance cannot be read",
+    "one-backend-metrics": "some requests moved vLLM's counters and others did not: /metrics is one back-end's of a "
+                           "pool behind a router, so the figure is that back-end's, not the deployment's",
+    "backends-differ": "the server's own account differs between reads (port, start time, launch): requests are "
+                       "answered by several back-ends behind a router or balancer",
+    "requests-disagree": "the requests' accept lengths disagree beyond their standard errors: the split is said",
+    "adaptive-steps": "the server adapts its step count at run time: the steps actually run are read and used",
+    "control-loss": "positive control: the server accepts less than replay predicts on the same records: the loss "
+                    "is on the serving side",
+    "control-holds": "positive control: the server accepts what replay predicts on the same records",
 }
 TODO_CODES = ("degenerate-output", "greedy-differs", "accepts-nothing", "too-few-rounds", "counters-moved",
-              "counters-short", "serving-gap")
+              "counters-short", "serving-gap", "metrics-disabled", "one-backend-metrics", "backends-differ",
+              "requests-disagree", "control-loss")
+PART_OF_POOL = 0.9  # a V1 window holding less than this share of the probe's own tokens saw only part of them
+ALTERNATES = 2.33  # runs-test z past which two groups alternate in arrival order (one-sided p 0.01)
+CONTROL_FLOOR = 0.1  # the control's bar floor: same records, so only bf16 near-ties and teacher forcing remain
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,9 @@ class ProbeInputs:
     api_key: str | None = None
     show_url: bool = False
     settle: float = 15.0
+    control: bool = False  # positive control: replay's trained-wiring figure on the same records
+    since: str | None = None  # an earlier probe JSON: the traffic between its end and this probe's start
+    log: str | None = None  # the server's log: with ``since``, its decode lines between the two probes
 
 
 @dataclass(frozen=True)
@@ -137,16 +156,31 @@ class ProbeReport:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     degenerate: list[str | None] = field(default_factory=list)  # per request: why its output is not text
+    deployment: dict[str, Any] = field(default_factory=dict)  # heterogeneity, back-ends, steps as served
+    control: GapTest | None = None
+    control_note: str | None = None
+    server_counters: dict[str, Any] | None = None  # cumulative counters at the probe's start and end
+    between: dict[str, Any] | None = None  # --since: the window from the earlier probe's end to this one's start
 
     def request_acceptance(self, i: int) -> tuple[float | None, float | None]:
-        """(verify rounds, accept length) of request ``i``: SGLang's fields, or its own vLLM counter window."""
+        """(verify rounds, accept length) of request ``i``: SGLang's fields, vLLM's per-request spec metrics, or
+        its own vLLM counter window."""
         r = self.replies[i]
         if r.verify:
             return float(r.verify), r.completion_tokens / r.verify
+        spec = r.extra.get("spec")
+        if spec is not None and spec.steps:
+            return float(spec.steps), spec.accept_length
         if len(self.windows) == len(self.replies) and self.windows[i].status == "ok" and self.windows[i].drafts > 0:
             w = self.windows[i]
             return w.drafts, (w.drafts + w.accepted) / w.drafts
         return None, None
+
+    @property
+    def per_request_figure(self) -> bool:
+        """Whether the figure rests on requests (SGLang's fields, vLLM's per-request metrics), not counter windows."""
+        return self.server.engine == "sglang" or (bool(self.replies) and all(
+            r.extra.get("spec") is not None for r in self.replies))
 
     @property
     def called(self) -> bool:
@@ -169,12 +203,21 @@ class ProbeReport:
         s = self.server
         parts = [f"{'healthy' if self.healthy else 'UNHEALTHY'}: {s.engine} {s.version or '(release not said)'} "
                  f"serving {s.model}"]
-        if not s.speculative:
+        codes = {f.code for f in self.findings}
+        if any(f.code == "metrics-disabled" and f.severity == "warning" for f in self.findings):
+            parts.append("metrics disabled: acceptance cannot be read (vLLM runs with --disable-log-stats)")
+        elif not s.speculative:
             parts.append("no speculative decoding")
         elif self.called:
             parts.append(f"accept length {self.accept_length:.2f}" + (
                 f" +- {self.accept_length_se:.2f}" if math.isfinite(self.accept_length_se) else " (SE n/a)") +
-                f" over {self.rounds:.0f} rounds")
+                f" over {self.rounds:.0f} rounds" +
+                (" (ONE BACK-END's of a pool, not the deployment's)" if any(
+                    f.code == "one-backend-metrics" and f.severity == "warning" for f in self.findings) else ""))
+            if "requests-disagree" in codes and self.deployment.get("heterogeneity"):
+                low, high = self.deployment["heterogeneity"]["split"]
+                parts.append(f"requests disagree: {len(low['units'])} at {low['accept_length']:.2f}, "
+                             f"{len(high['units'])} at {high['accept_length']:.2f}")
         elif self.windows and not any(w.status == "ok" for w in self.windows):
             why = "moved by other traffic" if any(w.status == "moved" for w in self.windows) else "not published"
             parts.append(f"accept length not called: vLLM's counters were {why} in every window")
@@ -182,15 +225,24 @@ class ProbeReport:
             parts.append(f"accept length not called: {self.rounds:.0f} rounds, {MIN_ROUNDS} needed")
         if math.isfinite(self.tok_s):
             parts.append(f"{self.tok_s:.1f} tok/s per request")
+        if "backends-differ" in codes or "one-backend-metrics" in codes:
+            parts.append("behind a router: several back-ends answer")
         if self.gap is not None:
             parts.append(f"serving gap: {'yes' if self.gap.found else 'no'} (measured {self.gap.measured:.2f}, "
                          f"replay {self.gap.expected:.2f})")
+        if self.control is not None:
+            c = self.control
+            parts.append(f"control: the server loses {c.gap:.2f} +- {c.combined_se:.2f} of replay's {c.expected:.2f} "
+                         "on the same records (serving side)" if c.found else
+                         f"control: the server accepts what the drafter can ({c.measured:.2f} vs replay "
+                         f"{c.expected:.2f})")
         return "; ".join(parts)
 
     # -- forms ------------------------------------------------------------------------------------
     def run_record(self) -> dict[str, Any]:
         """The part ``plan`` reads: this server as one run (accept length, tok/s, its launch)."""
         s = self.server
+        running = (self.deployment.get("steps") or {}).get("running")  # adaptive: the steps actually run
         return {"engine": s.engine, "speculative": bool(s.speculative), "requests": len(self.replies),
                 "rounds": self.rounds, "accept_length": _num(self.accept_length) if self.called else None,
                 "accept_length_se": _num(self.accept_length_se) if self.called else None,
@@ -198,8 +250,10 @@ class ProbeReport:
                 "batch": max(1, min(self.inputs.concurrency, len(self.replies))),
                 "per_position_acceptance": list(self.per_pos) if self.per_pos and self.called else None,
                 "server_args": {"engine": s.engine, "version": s.version, "model": s.model, "draft": s.draft,
-                                "algorithm": s.algorithm, "num_steps": s.num_steps, "topk": s.topk,
-                                "num_draft_tokens": s.num_draft_tokens, "cuda_graph": s.cuda_graph,
+                                "algorithm": s.algorithm, "num_steps": running or s.num_steps, "topk": s.topk,
+                                "launch_num_steps": s.num_steps,
+                                "num_draft_tokens": running + 1 if running and (s.topk or 1) == 1 else
+                                s.num_draft_tokens, "cuda_graph": s.cuda_graph,
                                 "prefix_cache": s.prefix_cache}}
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,7 +275,7 @@ class ProbeReport:
             "run": self.run_record(),
             "acceptance": {"accept_length": _num(self.accept_length), "accept_length_se": _num(self.accept_length_se),
                            "called": self.called, "rounds": self.rounds, "min_rounds": MIN_ROUNDS,
-                           "units": self.units, "per": "request" if self.server.engine == "sglang" else "window",
+                           "units": self.units, "per": "request" if self.per_request_figure else "window",
                            "per_position_acceptance": list(self.per_pos) if self.per_pos else None},
             "requests": reqs, "windows": [w.to_dict() for w in self.windows],
             "baseline": None if self.baseline is None else {
@@ -230,6 +284,9 @@ class ProbeReport:
                 "differing_outputs": sum(1 for _, d in self.differs if d is not None)},
             "serving_gap": None if self.gap is None else {**self.gap.to_dict(), "note": self.gap_note},
             "serving_gap_note": self.gap_note if self.gap is None else None,
+            "deployment": self.deployment, "server_counters": self.server_counters, "between_runs": self.between,
+            "control": None if self.control is None and self.control_note is None else {
+                **(self.control.to_dict() if self.control is not None else {}), "note": self.control_note},
             "findings": [f.to_dict() for f in self.findings], "notes": self.notes,
             "settings": {"max_tokens": self.inputs.max_tokens, "temperature": self.inputs.temperature,
                          "concurrency": self.inputs.concurrency, "timeout_s": self.inputs.timeout},
@@ -274,7 +331,7 @@ def load_prompts(inputs: ProbeInputs) -> list[Prompt]:
     if inputs.prompts is not None and inputs.train:
         raise ForensicsError("give --prompts or --train, not both")
     if inputs.prompts is not None:
-        from .io.guards import read_regular
+        from .io.guards import parse_json, read_regular
 
         p = Path(inputs.prompts)
         if not p.exists():
@@ -290,7 +347,7 @@ def load_prompts(inputs: ProbeInputs) -> list[Prompt]:
             value = line
             if line.lstrip().startswith("{"):
                 try:
-                    obj = json.loads(line)
+                    obj = parse_json(line, p, f"line {n}", max_items=10_000, strict_numbers=True)
                 except json.JSONDecodeError:
                     raise ForensicsError(f"line {n} starts with '{{' but is not JSON", path=p) from None
                 value = obj.get("prompt") if isinstance(obj, dict) else None
@@ -342,11 +399,13 @@ def _run(client: Client, server: ServerInfo, prompts: list[Prompt], inputs: Prob
                         temperature=temperature, model=server.model)
 
     try:
-        if per_request_windows:  # one request at a time, counters read around each
+        if per_request_windows:  # one request at a time; the page read once per window (one window's end is
+            after = None  # the next one's start)
             for i in range(len(prompts)):
-                before = counters(client)
+                before = counters(client) if after is None else after
                 replies[i] = one(i)
-                snaps.append((before, counters(client)))
+                after = counters(client)
+                snaps.append((before, after))
             return [r for r in replies if r is not None], snaps
         before = counters(client) if server.engine == "vllm" else None
         # not a ``with`` block: its exit joins the workers before an interrupt could abort their calls
@@ -373,7 +432,7 @@ def _run(client: Client, server: ServerInfo, prompts: list[Prompt], inputs: Prob
 
 
 def _window(before: dict[str, float], after: dict[str, float], fmt: pf.CounterFormat, k: int | None,
-            requests: int, tokens: int) -> Window:
+            requests: int, tokens: int, slack: float | None = None) -> Window:
     def d(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
@@ -392,10 +451,14 @@ def _window(before: dict[str, float], after: dict[str, float], fmt: pf.CounterFo
         drafts = d(pf.V0_DRAFT_TOKENS) / k if k else math.nan
         per_pos = None
     if min(drafts, accepted, emitted) < 0:
-        raise ForensicsError("vLLM's spec-decode counters went down during the probe (the server restarted?)")
+        raise ForensicsError("vLLM's spec-decode counters went down during the probe (the server restarted, or a "
+                             "router answers /metrics from different back-ends in turn: probe each back-end)")
     # Each request's first token comes from prefill, every later one from a round: own rounds + accepted
-    # <= own tokens - requests. One token of slack per request for a round cut at max_tokens.
-    if emitted > tokens + requests + 2:
+    # <= own tokens - requests, plus the drafts the engine counts past the cut at the stop (``slack``:
+    # engines/probecounts.overshoot, per release and finish). Without it (0.7.3's V0, not read for that)
+    # one token of slack per request.
+    limit = tokens - requests + slack + 2 if slack is not None else tokens + requests + 2
+    if emitted > limit:
         status = "moved"
     elif emitted < 0.5 * max(0, tokens - requests):
         status = "short"
@@ -445,6 +508,9 @@ def _early_k(server: ServerInfo, snaps: list[tuple[dict[str, float], dict[str, f
     if not good:
         return server, set(range(len(units)))
     k = max(1, int(round(median(good))))
+    if k > pf.MAX_STEPS:
+        raise ForensicsError(f"vLLM's counters give {k} draft tokens per round, more than any engine runs (at most "
+                             f"{pf.MAX_STEPS}; docs/probe.md, Hardening)")
     off = {i for i, e in enumerate(est) if e is None or abs(e - k) > 0.2 * k}
     notes.append(f"vLLM 0.8.3/0.8.4 count no drafts: k = {k} draft tokens per round, taken from the probe's own tokens "
                  "(tokens after a request's first = rounds + accepted)" +
@@ -509,16 +575,307 @@ def _floor_se(se: float, length: float, pos: tuple[float, ...] | None, rounds: f
     return max(parts) if parts else math.nan
 
 
-def _replay_figure(replay: str, server: ServerInfo, temperature: float = 0.0) -> tuple[float, float, str] | str:
+def _spec_acceptance(server: ServerInfo, specs: list[pc.RequestSpec]
+                     ) -> tuple[float, float, float, int, tuple[float, ...] | None]:
+    """(accept length, SE, rounds, units, per-position acceptance) from vLLM's per-request spec metrics."""
+    rounds = float(sum(x.steps for x in specs))
+    length, se = ratio([x.steps + x.accepted for x in specs], [x.steps for x in specs])
+    pos = per_position([x.histogram for x in specs])
+    return length, _floor_se(se, length, pos, rounds, server.num_steps), rounds, len(specs), pos
+
+
+def _units(server: ServerInfo, replies: list[Reply], windows: list[Window], specs: list[pc.RequestSpec],
+           per_request: bool) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Per request: (index, counted tokens, rounds, own sampling SE of its accept length), where the engine
+    gives a figure per request (SGLang's fields, vLLM's per-request metrics or its per-request windows)."""
+    from .evidence.probepool import histogram_variance
+
+    idx: list[int] = []
+    ys: list[float] = []
+    xs: list[float] = []
+    ses: list[float] = []
+
+    def add(i: int, y: float, x: float, var: float) -> None:
+        if x <= 0 or not math.isfinite(y):
+            return
+        if not math.isfinite(var):
+            reach = chain_reach(y / x, server.num_steps) if server.num_steps else None
+            var = accepted_variance(reach) if reach else math.nan
+        if not math.isfinite(var):
+            return
+        idx.append(i)
+        ys.append(y)
+        xs.append(x)
+        ses.append(math.sqrt((var + 1.0 / x) / x))  # 1/x: a request whose rounds all agree still has some SE
+
+    if specs:
+        for i, x in enumerate(specs):
+            add(i, x.steps + x.accepted, x.steps, histogram_variance(x.histogram))
+    elif server.engine == "sglang":
+        for i, r in enumerate(replies):
+            if r.verify:
+                add(i, r.completion_tokens, r.verify, histogram_variance(r.histogram) if r.histogram else math.nan)
+    elif per_request and len(windows) == len(replies):
+        for i, w in enumerate(windows):
+            if w.status == "ok" and w.drafts > 0:
+                var = accepted_variance(tuple(v / w.drafts for v in w.per_pos)) if w.per_pos else math.nan
+                add(i, w.drafts + w.accepted, w.drafts, var)
+    return idx, ys, xs, ses
+
+
+def _deployment(client: Client, server: ServerInfo, prompts: list[Prompt], replies: list[Reply],
+                windows: list[Window], specs: list[pc.RequestSpec], pos: tuple[float, ...] | None, length: float,
+                se: float, per_request: bool, findings: list[Finding], notes: list[str], out: dict[str, Any]
+                ) -> ServerInfo:
+    """A deployment as it is: one back-end or a pool behind a router, and the steps it actually runs.
+
+    Returns the server as served (its running step count where it adapts) for the gap tests; fills
+    ``out`` (the JSON's ``deployment``) and adds the findings.
+    """
+    from .evidence.probepool import alternation_z, heterogeneity
+
+    # vLLM: counters that hold only some of the probe's requests are one back-end's of a pool. One window per
+    # request: the requests that left them still went elsewhere; one window for the whole probe: V1 counters
+    # move per step, so a window short of the probe's own tokens saw only part of them
+    seen_by = None
+    if per_request and len(windows) == len(replies) and len(windows) >= 2:
+        idle = [i for i, w in enumerate(windows)
+                if w.emitted == 0 and w.drafts == 0 and replies[i].completion_tokens > 1]
+        moving = [i for i, w in enumerate(windows) if w.status == "ok" and w.drafts > 0]
+        if idle and moving:
+            out["metrics_backend_requests"] = moving
+            seen_by = (f"{len(idle)} of {len(windows)} requests left vLLM's spec-decode counters where they were "
+                       f"while the other {len(moving)} moved them by their own tokens")
+    elif len(windows) == 1 and server.counters is pf.V1 and windows[0].requests > 1 and windows[0].emitted > 0:
+        w = windows[0]
+        share = w.emitted / max(1, w.tokens - w.requests)
+        if share < PART_OF_POOL:
+            out["metrics_share_of_probe_tokens"] = share
+            seen_by = (f"vLLM's spec-decode counters account for {share:.0%} of the probe's own tokens "
+                       f"({w.emitted:.0f} counted for {w.tokens} generated by {w.requests} requests)")
+    if seen_by is not None:
+        findings[:] = [f for f in findings if f.code != "counters-short"]
+        findings.append(Finding(
+            "one-backend-metrics", "info" if specs else "warning",
+            f"{seen_by}: /metrics is one back-end's of a pool (a router or balancer sends requests to others), so "
+            + ("the counters are that back-end's; the figure comes from each reply's own metrics" if specs else
+               f"the accept length {length:.2f} is that back-end's, not the deployment's"),
+            fix="probe each back-end at its own address, or start vLLM 0.29+ with "
+                f"{pc.ENABLE_PER_REQUEST} (each reply then carries its own figure)"))
+    # SGLang: the server's own account, read again: another back-end answers with another port or start time
+    if server.engine == "sglang" and server.identity:
+        seen = [server.identity]
+        for _ in range(4):  # a round-robin router answers successive reads from successive back-ends
+            try:
+                args = next((got for got in (info_json(client, p, missing_ok=True) for p in pf.SGLANG_SERVER_INFO)
+                             if got is not None), None)
+            except ForensicsError:
+                break
+            again = pc.identity(args) if isinstance(args, dict) else ()
+            if again and again not in seen:
+                seen.append(again)
+        if len(seen) > 1:
+            fields = sorted({k for ident in seen for k, v in ident if dict(seen[0]).get(k) != v})
+            out["backends"] = [dict(ident) for ident in seen]
+            findings.append(Finding(
+                "backends-differ", "warning",
+                f"the server's own account (/server_info) differs between reads ({', '.join(fields)}): at least "
+                f"{len(seen)} back-ends answer behind this address (a router or balancer), so the figure "
+                f"{length:.2f} is the pool's, over whichever back-ends the requests reached",
+                fix="probe each back-end at its own address to tell which one accepts less"))
+    # do the requests agree? (a pool of back-ends that accept differently, or prompts of very different kinds)
+    idx, ys, xs, ses = _units(server, replies, windows, specs, per_request)
+    het = heterogeneity(ys, xs, ses)
+    if het is not None:
+        out["heterogeneity"] = {**het.to_dict(), "split": [
+            {**g, "units": [idx[j] for j in g["units"]]} for g in het.to_dict()["split"]]}  # type: ignore[union-attr]
+        if het.disagree:
+            lo, hi = het.low, het.high
+            clear = het.split_gap > max(FLOOR, 3 * het.split_se) if math.isfinite(het.split_se) else False
+            # prompts of different kinds also disagree; a pool shows itself by more: the same prompt on both
+            # sides, groups that alternate in arrival order (round robin), or the router seen otherwise
+            high = {idx[j] for j in hi.members}
+            payload = [json.dumps(p.payload) for p in prompts]
+            straddle = any(payload[i] == payload[j] for i in high for j in idx if j not in high)
+            z = alternation_z([i in high for i in idx])
+            routed = any(f.code in ("backends-differ", "one-backend-metrics") for f in findings)
+            why = [w for w, on in (("the same prompt lands in both groups", straddle),
+                                   (f"the groups alternate in arrival order (runs test z {z:.1f})",
+                                    math.isfinite(z) and z > ALTERNATES),
+                                   ("several back-ends answer (above)", routed)) if on]
+            out["heterogeneity"]["pool_evidence"] = why
+            pool = clear and bool(why)
+            findings.append(Finding(
+                "requests-disagree", "warning" if pool else "info",
+                f"the {len(idx)} requests disagree beyond their standard errors (Cochran's Q {het.q:.0f} on {het.df} "
+                f"degrees of freedom, p {het.p:.1g}): {len(lo.members)} at {lo.accept_length:.2f} +- {lo.se:.2f}, "
+                f"{len(hi.members)} at {hi.accept_length:.2f} +- {hi.se:.2f}" +
+                (f"; {'; '.join(why)}: the figure {length:.2f} is a mix over a pool of back-ends that accept "
+                 "differently behind one address (a router or balancer)" if pool else
+                 "; nothing ties the split to back-ends: prompts of different kinds" if clear else
+                 "; the split is within the bar of max(0.3, 3 SE)"),
+                fix="probe each back-end at its own address and compare"))
+    # steps as served: SGLang's adaptive steps move at run time; the gauge, else the per-position curve
+    if server.adaptive:
+        running, how = None, ""
+        try:
+            value = pc.gauge(metrics_page(client), pc.SGLANG_STEPS_GAUGE)
+        except ForensicsError:
+            value = None
+        if value is not None and value > pf.MAX_STEPS:
+            raise ForensicsError(f"{client.what}: /metrics says {pc.SGLANG_STEPS_GAUGE} = {value:g}, which no engine "
+                                 f"runs (at most {pf.MAX_STEPS}; docs/probe.md, Hardening)")
+        if value is not None and value >= 1:
+            running, how = int(round(value)), f"the gauge {pc.SGLANG_STEPS_GAUGE} on /metrics"
+        elif pc.served_steps(pos) is not None:
+            running = pc.served_steps(pos)
+            how = (f"the per-position acceptance ({', '.join(f'{v:.3f}' for v in (pos or ())[:running + 1])}) falls "
+                   f"off after position {running}")
+        out["steps"] = {"launched": server.num_steps, "running": running, "adaptive": True, "how": how or None}
+        if running is not None and running != server.num_steps:
+            findings.append(Finding(
+                "adaptive-steps", "info",
+                f"the server adapts its step count (speculative_adaptive): launched at {server.num_steps} steps, "
+                f"running at {running} by {how}; replay is compared at {running} steps"))
+            return replace(server, num_steps=running, num_draft_tokens=running + 1 if (server.topk or 1) == 1
+                           else server.num_draft_tokens)
+        notes.append("the server adapts its step count (speculative_adaptive)" +
+                     (f"; running at {running} by {how}" if running else
+                      "; the steps it runs could not be read (start SGLang with --enable-metrics for the gauge "
+                      f"{pc.SGLANG_STEPS_GAUGE})"))
+    return server
+
+
+def _snapshot(client: Client, engine: str) -> dict[str, float] | None:
+    """The server-wide cumulative counters a window's accept length comes from, or None where there are none:
+    vLLM's drafts and accepted drafts; SGLang's generated tokens and verify passes (``--enable-metrics``)."""
+    if engine == "vllm":
+        values = counters(client)
+        keep = {k: values[k] for k in (pf.V1_DRAFTS, pf.V1_ACCEPTED) if k in values}
+        return keep if len(keep) == 2 else None
+    try:
+        text = metrics_page(client)
+    except ForensicsError:  # 404 without --enable-metrics
+        return None
+    gen, calls = (pc.gauge(text, n, combine=sum) for n in (pc.SGLANG_GENERATED, pc.SGLANG_VERIFY_CALLS))
+    return None if gen is None or calls is None else {pc.SGLANG_GENERATED: gen, pc.SGLANG_VERIFY_CALLS: calls}
+
+
+def _between(earlier: dict[str, Any], now: dict[str, float] | None, now_time: float, engine: str,
+             steps: int | None) -> dict[str, Any]:
+    """The accept length of the traffic between an earlier probe's last read and this probe's first (the keys
+    ``accept_length``, ``accept_length_se``, ``rounds``, ``tokens``, ``seconds``, ``note``; None where unknown)."""
+    return {"accept_length": None, "accept_length_se": None, "rounds": None, "tokens": None,
+            **_between_counts(earlier, now, now_time, engine, steps)}
+
+
+def _between_counts(earlier: dict[str, Any], now: dict[str, float] | None, now_time: float, engine: str,
+                    steps: int | None) -> dict[str, Any]:
+    seconds = now_time - earlier["end_time"]
+    before = earlier["end"]
+    if now is None or before is None:
+        return {"note": "not measured: the server's cumulative counters are not on /metrics (SGLang: start it with "
+                        "--enable-metrics, or pass its log with --log; vLLM: the V1 counters with drafts)",
+                "seconds": seconds}
+    if engine == "vllm":
+        rounds = now[pf.V1_DRAFTS] - before.get(pf.V1_DRAFTS, math.nan)
+        tokens = rounds + now[pf.V1_ACCEPTED] - before.get(pf.V1_ACCEPTED, math.nan)
+    else:
+        rounds = now[pc.SGLANG_VERIFY_CALLS] - before.get(pc.SGLANG_VERIFY_CALLS, math.nan)
+        tokens = now[pc.SGLANG_GENERATED] - before.get(pc.SGLANG_GENERATED, math.nan)
+    if not (math.isfinite(rounds) and math.isfinite(tokens)) or rounds < 0 or tokens < 0 or seconds < 0:
+        return {"note": "not measured: the counters went down since the earlier probe (the server restarted, or "
+                        "another server answered)", "seconds": seconds}
+    if rounds < MIN_ROUNDS:
+        return {"note": f"not called: {rounds:.0f} verify rounds ran between the two probes ({MIN_ROUNDS} needed)",
+                "seconds": seconds, "rounds": rounds}
+    length = tokens / rounds
+    reach = chain_reach(length, steps) if steps else None
+    se = math.sqrt(accepted_variance(reach) / rounds) if reach else None
+    return {"accept_length": length, "accept_length_se": se, "rounds": rounds, "tokens": tokens, "seconds": seconds,
+            "note": "one window of every request the server finished between the two probes (SE: the rounds' own "
+                    "sampling error, a chain fitted to the figure; no spread across requests)"}
+
+
+def _log_between(between: dict[str, Any], log: str, engine: str, since: float, until: float) -> dict[str, Any]:
+    """Add the server log's figure between two probes: its decode lines stamped after the earlier probe's
+    end and a second before this one's start (the log's stamps are whole seconds on the server's clock,
+    read as this machine's local time), the median accept length over them with its SE."""
+    from datetime import datetime
+
+    from .engines.logs import PLACEHOLDER_YEAR, parse_log
+    from .serving.servinggap import median_se
+
+    df = parse_log(log, engine=engine)
+    t0, t1 = datetime.fromtimestamp(since), datetime.fromtimestamp(until - 1.0)
+    if engine == "vllm":  # vLLM's stamps have no year (engines.logs)
+        t0, t1 = t0.replace(year=PLACEHOLDER_YEAR), t1.replace(year=PLACEHOLDER_YEAR)
+    rows = df[(df["time"] > t0) & (df["time"] < t1)] if len(df) else df
+    values = [float(v) for v in rows["accept_length"].dropna()] if len(rows) else []
+    got: dict[str, Any] = {"lines": len(values), "from": t0.isoformat(timespec="seconds"),
+                           "to": t1.isoformat(timespec="seconds")}
+    if values:
+        values.sort()
+        mid = len(values) // 2
+        med = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        se = median_se(values)
+        got.update(median_accept_length=med, median_accept_length_se=_num(se))
+    out = {**between, "log": got}
+    if out.get("accept_length") is None and values:
+        out.update(accept_length=got["median_accept_length"], accept_length_se=got["median_accept_length_se"],
+                   rounds=None, note=f"from the server log: the median over its {len(values)} decode lines between "
+                                     "the two probes (each an interval's average; the counters, with SGLang's "
+                                     "--enable-metrics, give the exact figure)")
+    elif not values:
+        out["log"]["note"] = "no decode line with an accept length between the two probes"
+    return out
+
+
+def _control(inputs: ProbeInputs, server: ServerInfo, length: float, se: float, called: bool,
+             findings: list[Finding]) -> tuple[GapTest | None, str]:
+    """The positive control: replay's trained-wiring figure on the same records against what the server accepts."""
+    got = _replay_figure(inputs.replay or "", server, inputs.temperature, trained=True)
+    if isinstance(got, str):
+        return None, got
+    if not called:
+        return None, "not tested: the accept length is not called (too few rounds)"
+    test = GapTest(length, se, got[0], got[1], floor=CONTROL_FLOOR)
+    lost = test.gap / (test.expected - 1.0) if test.expected > 1.0 else math.nan
+    if test.found:
+        findings.append(Finding(
+            "control-loss", "warning",
+            f"positive control: on the records replay scored, the drafter can reach {test.expected:.2f} tokens per "
+            f"verify and the server accepts {test.measured:.2f}: the server loses {test.gap:.2f} +- "
+            f"{test.combined_se:.2f}" + (f" ({lost:.0%} of the accepted drafts)" if math.isfinite(lost) else "") +
+            f", past the bar of {test.bar:.2f}: the cause is on the serving side (wiring, flags, quantization, cache)",
+            fix="eagleforensics doctor on the drafter and the served launch (the layers the engine feeds, the "
+                "draft path, quantization, CUDA graphs, the cache)"))
+    else:
+        findings.append(Finding(
+            "control-holds", "info",
+            f"positive control: the server accepts what the drafter can on the records replay scored "
+            f"({test.measured:.2f} against replay's {test.expected:.2f}, gap {test.gap:+.2f}, bar {test.bar:.2f})"))
+    return test, got[2] + "; replay must have scored these records (replay --json with the same --train files)"
+
+
+def _replay_figure(replay: str, server: ServerInfo, temperature: float = 0.0, *, trained: bool = False
+                   ) -> tuple[float, float, str] | str:
     """(expected accept length, SE, how) from replay for the served launch and temperature, or why there is none.
 
     Replay's reach is greedy unless it was run at a temperature (``sampled_reach``); a probe at a
     temperature replay did not use has no expectation (acceptance falls as the temperature rises).
+    ``trained``: replay's row for the trained wiring (what the drafter can), not the one the engine feeds.
     """
     from .io.replayfile import read_replay
 
     rf = read_replay(replay)
-    w, how = rf.fed_by(server.engine)
+    if trained:
+        w = rf.trained
+        how = "the trained wiring: what the drafter can on these records"
+        if w is None:
+            return "replay names no trained wiring (run replay with the training record, --train)"
+    else:
+        w, how = rf.fed_by(server.engine)
     if w is None:
         return f"replay measured no wiring ({how})"
     steps, topk = server.num_steps, server.topk or 1
@@ -559,6 +916,11 @@ def _check(inputs: ProbeInputs) -> None:
         raise ForensicsError("--max-tokens must be between 1 and 65536")
     if not (math.isfinite(inputs.temperature) and 0.0 <= inputs.temperature <= 10.0):
         raise ForensicsError("--temperature must be between 0 and 10")
+    if inputs.control and (inputs.replay is None or not inputs.train):
+        raise ForensicsError("--control needs --train RECORDS and --replay REPLAY.json (replay --json on the same "
+                             "records): replay's figure for the trained wiring on them is the control's expectation")
+    if inputs.log is not None and inputs.since is None:
+        raise ForensicsError("--log reads the server's log between two probes: give --since EARLIER.json too")
     if inputs.baseline is not None and inputs.temperature != 0.0:
         raise ForensicsError("--baseline compares greedy outputs token by token: --temperature must be 0")
     if inputs.requests is not None and not 1 <= inputs.requests <= MAX_REQUESTS:
@@ -585,6 +947,14 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     client = Client(inputs.url, timeout=inputs.timeout, api_key=inputs.api_key, what="the server")
     engine = inputs.engine or detect(client)
     server = info(client, engine)
+    earlier = None
+    if inputs.since is not None:
+        from .io.proberun import read_probe_counters
+
+        earlier = read_probe_counters(inputs.since)
+        if earlier["engine"] != engine:
+            raise ForensicsError(f"--since: that probe ran against {earlier['engine']}, this server is {engine}")
+    start_counts, start_time = _snapshot(client, engine), time.time()
     findings: list[Finding] = []
     notes: list[str] = []
     note = pf.release_note(engine, server.version)
@@ -600,6 +970,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     replies, snaps = _run(client, server, prompts, inputs, temperature=inputs.temperature,
                           per_request_windows=per_request)
     windows: list[Window] = []
+    metrics_off = False
     if engine == "vllm" and not server.speculative and snaps:
         before, after = snaps[-1]
         if pf.counter_format(set(after)) is None and DECLARED + pf.V0_EMITTED.removesuffix("_total") in after:
@@ -612,14 +983,18 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
             notes.append(f"vLLM 0.7.3 declares its spec-decode counters whether or not it speculates; none were "
                          f"written within --settle {inputs.settle:g} s after the probe, so it is taken to run "
                          "without speculation")
+        elif FAMILIES not in after:
+            metrics_off = True
     early_moved: set[int] = set()
     if engine == "vllm" and server.counters is pf.V1_EARLY:
         server, early_moved = _early_k(server, snaps, replies, per_request, notes)
     if engine == "vllm" and server.speculative and server.counters is not None:
         fmt = server.counters
         k = server.num_steps
+        slack = None if fmt is pf.V0 else [pc.overshoot(server.version, k, r.finish) for r in replies]
         if per_request:
-            windows = [_window(b, a, fmt, k, 1, r.completion_tokens) for (b, a), r in zip(snaps, replies)]
+            windows = [_window(b, a, fmt, k, 1, r.completion_tokens, None if slack is None else slack[i])
+                       for i, ((b, a), r) in enumerate(zip(snaps, replies))]
             windows = [replace(w, status="moved") if i in early_moved else w for i, w in enumerate(windows)]
         else:
             before, after = snaps[0]
@@ -631,7 +1006,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                     server = replace(server, num_steps=k, topk=1, num_draft_tokens=k + 1)
                 notes.append("vLLM 0.7.3 counts no drafts per request: one window, its SE from a chain with one "
                              "acceptance probability per step fitted to the accept length")
-            windows = [_window(before, after, fmt, k, len(replies), tokens)]
+            windows = [_window(before, after, fmt, k, len(replies), tokens, None if slack is None else sum(slack))]
             if inputs.concurrency > 1:
                 notes.append(f"{inputs.concurrency} requests at a time: vLLM's counters give one window for the "
                              "whole probe (run --concurrency 1 for one window per request and an SE across them)")
@@ -656,7 +1031,41 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                                                     server.counters is pf.V0 else ""),
                 fix="raise --settle (vLLM 0.7.3 updates its counters when it logs, every few seconds)"))
 
-    length, se, rounds, units, pos = _acceptance(server, replies, windows)
+    end_counts, end_time = _snapshot(client, engine), time.time()
+    server_counters = {"start": start_counts, "end": end_counts, "start_time": start_time, "end_time": end_time}
+    between = None if earlier is None else _between(earlier, start_counts, start_time, engine, server.num_steps)
+    if between is not None and inputs.log is not None:
+        between = _log_between(between, inputs.log, engine, earlier["end_time"], start_time)
+    specs = [r.extra.get("spec") for r in replies] if engine == "vllm" else []
+    use_specs = bool(specs) and all(x is not None for x in specs)
+    if use_specs:
+        k = max(x.k for x in specs)
+        server = replace(server, speculative=True, num_steps=server.num_steps or k, topk=server.topk or 1,
+                         num_draft_tokens=server.num_draft_tokens or k + 1)
+        notes.append("vLLM's per-request spec-decode metrics (metrics.speculative_decoding) give each request's "
+                     "rounds and accepted drafts: the figure and its SE are across requests")
+        # the counters no longer carry the figure
+        findings[:] = [replace(f, severity="info") if f.code in ("counters-moved", "counters-short") else f
+                       for f in findings]
+        notes[:] = [n for n in notes if "give one window for the whole probe" not in n]
+    if metrics_off:
+        findings.append(Finding(
+            "metrics-disabled", "info" if use_specs else "warning",
+            "metrics disabled: vLLM's /metrics carries no vllm: family at all (the server runs with "
+            "--disable-log-stats, so no stat logger was built): acceptance cannot be read from the counters, which "
+            "is not the same as no speculative decoding" +
+            ("; the per-request spec-decode metrics carry the figure" if use_specs else ""),
+            fix=f"restart without --disable-log-stats, or (vLLM 0.29+) with {pc.ENABLE_PER_REQUEST}, and probe "
+                "again"))
+    if use_specs:
+        length, se, rounds, units, pos = _spec_acceptance(server, specs)
+    else:
+        length, se, rounds, units, pos = _acceptance(server, replies, windows)
+    served = server
+    deployment: dict[str, Any] = {}
+    if server.speculative:
+        served = _deployment(client, server, prompts, replies, windows, specs if use_specs else [], pos, length, se,
+                             per_request, findings, notes, deployment)
     tok_s, tok_se = ratio([r.completion_tokens for r in replies], [r.seconds for r in replies])
 
     # -- health ------------------------------------------------------------------------------------
@@ -706,7 +1115,9 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
 
     # -- acceptance --------------------------------------------------------------------------------
     called = math.isfinite(length) and rounds >= MIN_ROUNDS
-    if server.speculative is False:
+    if server.speculative is False and metrics_off:
+        pass  # said above: metrics-disabled, not no-speculation
+    elif server.speculative is False:
         blind = engine == "vllm" and _v1_without_counters(server.version)
         findings.append(Finding("no-speculation", "info",
                                 (f"vLLM {server.version}'s V1 engine exports no spec-decode counter (they came in "
@@ -716,7 +1127,8 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
                                  ("its server info names no speculative algorithm" if engine == "sglang" else
                                   "its /metrics has no spec_decode counter that moved") +
                                  "): health and tok/s only")))
-    elif not called and not any(f.code in ("counters-moved", "counters-short") for f in findings):
+    elif not called and not any(f.code in ("counters-moved", "counters-short", "one-backend-metrics")
+                                for f in findings):
         missing = engine == "sglang" and not any(r.verify is not None for r in replies)
         findings.append(Finding(
             "too-few-rounds", "warning",
@@ -738,7 +1150,7 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     gap = None
     gap_note = None
     if inputs.replay is not None and server.speculative:
-        got = _replay_figure(inputs.replay, server, inputs.temperature)
+        got = _replay_figure(inputs.replay, served, inputs.temperature)
         if isinstance(got, str):
             gap_note = got
         elif not called:
@@ -762,10 +1174,14 @@ def make_probe(inputs: ProbeInputs) -> ProbeReport:
     if inputs.replay is not None and inputs.prompts is not None:
         notes.append("the prompts come from --prompts, not the records replay scored: the gap test compares "
                      "different text")
+    control, control_note = None, None
+    if inputs.control and inputs.replay is not None:
+        control, control_note = _control(inputs, served, length, se, called, findings)
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return ProbeReport(inputs, server, prompts, replies, windows, length, se, rounds, units, pos, tok_s, tok_se,
-                       findings, base_info, differs, gap, gap_note, notes, time.monotonic() - started, whys)
+                       findings, base_info, differs, gap, gap_note, notes, time.monotonic() - started, whys,
+                       deployment, control, control_note, server_counters, between)
 
 
 # --- text ------------------------------------------------------------------------------------------
@@ -777,6 +1193,9 @@ def render_text(rep: ProbeReport) -> str:
     launch = "no speculative decoding" if not s.speculative else (
         f"{s.algorithm or 'speculative'}" + (f", {s.num_steps} step{'s' if s.num_steps != 1 else ''}" if s.num_steps else "") +
         (f", topk {s.topk}" if s.topk else "") + (f", {s.num_draft_tokens} draft tokens" if s.num_draft_tokens else ""))
+    steps = rep.deployment.get("steps") or {}
+    if steps.get("running") and steps["running"] != s.num_steps:
+        launch += f" (launched; adaptive: running {steps['running']} steps)"
     lines = [f"server:  {pr(s.engine)} {pr(s.version or '(release not said)')}, model {pr(s.model)}; {pr(launch)}",
              f"probe:   {len(rep.replies)} requests, max {rep.inputs.max_tokens} tokens, temperature "
              f"{rep.inputs.temperature:g}, {rep.inputs.concurrency} at a time"]
@@ -803,7 +1222,7 @@ def render_text(rep: ProbeReport) -> str:
             se = f" +- {rep.accept_length_se:.3f}" if math.isfinite(rep.accept_length_se) else " (SE n/a)"
             called = "" if rep.called else f"  [NOT CALLED: {rep.rounds:.0f} rounds < {MIN_ROUNDS}]"
             lines.append(f"accept:  {rep.accept_length:.3f}{se} over {rep.rounds:.0f} rounds in {rep.units} "
-                         f"{'request' if s.engine == 'sglang' else 'window'}{'s' if rep.units != 1 else ''}{called}")
+                         f"{'request' if rep.per_request_figure else 'window'}{'s' if rep.units != 1 else ''}{called}")
         elif rep.windows:
             lines.append("accept:  no clean counter window (see the windows above)")
         else:
@@ -819,6 +1238,34 @@ def render_text(rep: ProbeReport) -> str:
                      f"{g.gap:+.2f}, bar {g.bar:.2f} -> {'SERVING GAP' if g.found else 'no serving gap'}")
     elif rep.gap_note:
         lines.append(f"gap:     not tested: {pr(rep.gap_note)}")
+    b = rep.between
+    if b is not None:
+        if b.get("accept_length") is not None:
+            se = f" +- {b['accept_length_se']:.3f}" if b.get("accept_length_se") is not None else ""
+            over = (f"{b['rounds']:.0f} rounds" if b.get("rounds") is not None else
+                    f"{(b.get('log') or {}).get('lines', 0)} log lines (median)")
+            lines.append(f"between: accept length {b['accept_length']:.3f}{se} over {over} in the "
+                         f"{b['seconds']:.0f} s since the earlier probe (other clients' traffic)")
+        else:
+            lines.append(f"between: {pr(b['note'])}")
+        log = b.get("log")
+        if log is not None and log.get("median_accept_length") is not None and b.get("rounds") is not None:
+            lines.append(f"         the log's decode lines then: median {log['median_accept_length']:.3f} over "
+                         f"{log['lines']} lines")
+    het = rep.deployment.get("heterogeneity")
+    if het and het.get("p") is not None:
+        low, high = het["split"]
+        verb = "DISAGREE beyond" if het["disagree"] else "agree within"
+        lines.append(f"spread:  requests {verb} their SE (Q {het['q']:.1f} "
+                     f"on {het['df']} df, p {het['p']:.2g}); split {len(low['units'])} at "
+                     f"{low['accept_length']:.2f}, {len(high['units'])} at {high['accept_length']:.2f}")
+    if rep.control is not None:
+        c = rep.control
+        lines.append(f"control: measured {c.measured:.2f} vs replay {c.expected:.2f} on the same records "
+                     f"({pr(rep.control_note or '')}): gap {c.gap:+.2f} +- {c.combined_se:.2f}, bar {c.bar:.2f} -> "
+                     f"{'LOST ON THE SERVING SIDE' if c.found else 'nothing lost'}")
+    elif rep.control_note:
+        lines.append(f"control: not tested: {pr(rep.control_note)}")
     lines += ["", f"VERDICT: {pr(rep.verdict)}"]
     if rep.findings:
         lines += ["", "findings:"] + [f"  [{f.severity}] {f.code}: {pr(f.message)}" for f in rep.findings]

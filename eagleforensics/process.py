@@ -2,11 +2,15 @@
 (a notebook, a test run, a server). Set by the CLI; read where the two want different trade-offs."""
 from __future__ import annotations
 
+import contextlib
 import os
+import site
 import sys
+from typing import Iterator
 
 SHORT_LIVED = False  # True in an ``eagleforensics`` command (``cli.run``, the program's entry point)
 HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"  # numpy's own switch, read when numpy is imported
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder holding eagleforensics/
 
 
 def mark_short_lived() -> None:
@@ -46,3 +50,37 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
+
+
+def isolated_python(code: str) -> list[str]:
+    """The command line of a child Python that runs ``code`` isolated from the folder it starts in and from
+    the variables that choose what Python imports: ``-I`` (no current directory or script folder on
+    ``sys.path``, no ``PYTHON*`` variables, no user site-packages), then the folder holding this very
+    ``eagleforensics`` first on ``sys.path`` (unless it is there already, as site-packages is), and the
+    user site-packages after the standard library where this process imports from it. So the child
+    imports the same package as this process (a checkout, a worktree, an editable or a normal install)
+    and nothing a downloaded dataset or a cloned repository holds."""
+    first = [PACKAGE_PARENT]
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
+    later = [user] if user and user in sys.path else []
+    boot = f"import sys; sys.path[:0] = [p for p in {first!r} if p not in sys.path]; "
+    if later:  # where site would have put it: before the first site-packages
+        boot += (f"sys.path[next((i for i, p in enumerate(sys.path) if p.endswith(('site-packages', "
+                 f"'dist-packages'))), len(sys.path)):0] = {later!r}; ")
+    return [sys.executable, "-I", "-c", boot + code]
+
+
+@contextlib.contextmanager
+def safe_path_children() -> Iterator[None]:
+    """While open, Python processes started from here put neither their current directory nor their
+    script's folder on ``sys.path`` (``PYTHONSAFEPATH``, Python 3.11 and later): for the children that
+    ``multiprocessing`` starts with ``python -c`` (spawned workers, its resource tracker), whose command
+    line cannot take ``-I``. They take ``sys.path`` from this process once they start."""
+    if os.environ.get("PYTHONSAFEPATH"):
+        yield
+        return
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTHONSAFEPATH", None)

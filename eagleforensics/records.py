@@ -74,7 +74,7 @@ class SlotMatch:
     fitted: bool = False  # best is a post-norm column computed by fitting a norm gain, not a captured one
     # fidelity: how close it is to that state (evidence.fidelity)
     fidelity: str = ""  # copy / drift / different
-    fidelity_cause: str = ""  # routing / uniform / corrupted / scale (drift); norms (different)
+    fidelity_cause: str = ""  # routing / uniform / corrupted / scale / context (drift); norms (different)
     fidelity_text: str = ""
     differing_tokens: int = 0
     distinct_tokens: int = -1  # distinct (slot row, capture row) pairs the identity rests on (-1: not counted)

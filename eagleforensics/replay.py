@@ -564,7 +564,7 @@ def _record_inputs(record: TrainingRecord, spec: Any, head: TargetHead | None, d
 def capture_inputs(cap: Capture, spec: Any, head: TargetHead | None, train: Any, given: list[tuple[Position, ...]],
                     engine: str | None, draft_config: str | Path | None, engine_version: str | None,
                     model_type: str | None, device: str, max_tokens: int | None, temperature: float,
-                    allow_unsafe: bool) -> _Inputs:
+                    allow_unsafe: bool, vllm_runner: str | None = None) -> _Inputs:
     """A capture sweep: the wirings worth trying, ids (the record's when the capture has none) and the loss mask."""
     from .alignment import align
     from .engines.crosscheck import serving_audit, trained_positions
@@ -619,8 +619,10 @@ def capture_inputs(cap: Capture, spec: Any, head: TargetHead | None, train: Any,
     eng_positions, eng_label = None, None
     if engine is not None:
         audit = serving_audit(draft_config, engine, cap.num_layers, engine_version=engine_version,
-                              model_type=model_type)
-        label = f"{engine}{' ' + engine_version if engine_version else ''} reading {Path(draft_config).name}"  # type: ignore[arg-type]
+                              model_type=model_type, vllm_runner=vllm_runner)
+        label = (f"{engine}{' ' + engine_version if engine_version else ''}"
+                 f"{f' ({audit.runner} runner)' if engine == 'vllm' and audit.runner else ''}"
+                 f" reading {Path(draft_config).name}")  # type: ignore[arg-type]
         if any(p is None for p in audit.positions):
             findings.append(Finding("engine-captures-nothing", "warning",
                                     f"{label}: ids {audit.ids_used} include one that captures no state; not replayed"))
@@ -646,13 +648,14 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
                engine_version: str | None = None, model_type: str | None = None, device: str = "cpu",
                max_tokens: int | None = None, convention: str = "hf", allow_unsafe: bool = False,
                temperature: float = 0.0, top_p: float = 1.0, topk: int = 1, draft_tokens: int | None = None,
-               served_without: frozenset[str] | tuple[str, ...] = ()) -> ReplayReport:
+               served_without: frozenset[str] | tuple[str, ...] = (), vllm_runner: str | None = None
+               ) -> ReplayReport:
     """Replay the drafter on every wiring worth trying and score each against the target's next tokens.
 
     With a training record (``train``, or a record given as ``capture``) that has a loss mask, only supervised
     rows count, as the trainers count acc_k. ``temperature`` (and ``top_p``) add the expected acceptance under
     sampling; ``topk`` > 1 with ``draft_tokens`` adds SGLang's tree; ``served_without`` adds an "as served" row
-    with those ``io.served.SERVED_FEATURES`` dropped.
+    with those ``io.served.SERVED_FEATURES`` dropped; ``vllm_runner`` (v1 / v2) picks vLLM's reading of the ids.
     """
     from .engines.crosscheck import check_request
     from .drafter.replay import DraftForward, TargetSide, replay_wiring, start_cuda
@@ -665,7 +668,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
     given = [parse_wiring(w) for w in wirings]
     if engine is not None and draft_config is None:
         draft_config = Path(drafter_dir) / "config.json"  # the drafter's own config is what a server reads
-    check_request(draft_config, engine, engine_version, model_type)
+    check_request(draft_config, engine, engine_version, model_type, vllm_runner)
     if target is not None:  # a refused target (its index, a missing shard) is said before the drafter is loaded
         probe_target(target)
     # lazy: the embeddings and the target's lm_head stay in their files (io.diskrows), read as they are used
@@ -695,7 +698,7 @@ def run_replay(drafter_dir: str | Path, capture: str | Path | Capture, *, target
         inp = _record_inputs(record, spec, head, device, max_tokens, temperature)
     else:
         inp = capture_inputs(cap, spec, head, train, given, engine, draft_config, engine_version, model_type, device,
-                              max_tokens, temperature, allow_unsafe)
+                              max_tokens, temperature, allow_unsafe, vllm_runner)
     seq, rows = inp.seq, inp.seq.rows
     if seq.loss_mask is not None and not bool(seq.loss_mask.bool().any()):
         seq.notes.append(Finding("loss-mask-empty", "warning", (

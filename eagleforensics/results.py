@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover  (annotations only: results sit below ever
     from .verdict import Verdict
 
 _DRIFT_WORDS = {"routing": "a few tokens differ (MoE routing)", "uniform": "every row drifts (quantised weights or "
-                "other kernels)", "scale": "norms differ", "corrupted": "some rows are corrupted"}
+                "other kernels)", "scale": "norms differ", "corrupted": "some rows are corrupted",
+                "context": "the rows follow other tokens on each side (another system prompt or template)"}
 
 
 def _evidence_notes(matches: list[SlotMatch]) -> str:

@@ -17,6 +17,16 @@ NOTEBOOK_CELL_TIMEOUT = 240
 os.environ.setdefault("EAGLEFORENSICS_CELL_TIMEOUT", str(NOTEBOOK_CELL_TIMEOUT))
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own configure has made its temporary folders (mode 0o700)
+def pytest_configure(config: pytest.Config) -> None:
+    """A test run's compiled kernels and their mark go to a private temporary folder, never into the
+    checkout's eagleforensics/evidence/__pycache__: set before anything imports numba (read at its import),
+    inherited by every child process. A folder the caller named is kept."""
+    folder = config._tmp_path_factory.mktemp("kernel-cache", numbered=False)  # type: ignore[attr-defined]
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(folder / "numba"))
+    os.environ.setdefault(kernelcache.DIR_ENV, str(folder / "marks"))
+
+
 @pytest.fixture(scope="session")
 def llama() -> Run:
     return forward("llama")

@@ -104,6 +104,9 @@ class StandIn:
     # -- vLLM counters, declared as the wheels declare them ------------------------------------------
     def _declare(self) -> None:
         p = self.plan
+        if p.engine == "vllm":  # stats on: the scheduler gauges are declared (0.9.2 v1/metrics/loggers.py)
+            Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", ["model_name"],
+                  registry=self.registry).labels(MODEL).set(0)
         if p.engine == "vllm" and p.metrics_pad:
             pad = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                             ["model_name", "engine", "series"], registry=self.registry,

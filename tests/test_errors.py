@@ -392,7 +392,8 @@ def test_every_catalogue_row_in_the_docs_has_a_test_and_back() -> None:
 
     tested = ({r.id for r in ROWS} | {"nan-or-inf", "malicious-pickle", "internal-error", "directory-for-file", "gzip-bomb"}
               | CATALOGUE_IDS | {"truncated-while-read", "hostile-pickle"}  # these two: tests/test_torchfile.py
-              | {"ambiguous-zip", "tokenizer-panic"})  # tests/test_hardening_io.py
+              | {"ambiguous-zip", "tokenizer-panic"}  # tests/test_hardening_io.py
+              | {"probe-server", "probe-arguments"})  # tests/test_probe_hardening.py
     assert documented == tested
 
 

@@ -89,8 +89,8 @@ def test_lab_command_and_missing_jupyterlab(tmp_path: Path, monkeypatch: pytest.
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """The server is this interpreter's JupyterLab rooted at the copies; without JupyterLab: one line, exit 2."""
     cmd = lab.lab_command(tmp_path, ["--no-browser"])
-    assert cmd[:3] == [sys.executable, "-m", "jupyterlab"] and cmd[3:] == [f"--ServerApp.root_dir={tmp_path}",
-                                                                           "--no-browser"]
+    assert cmd[:2] == [sys.executable, "-I"] and "run_module('jupyterlab'" in cmd[3]  # isolated
+    assert cmd[4:] == [f"--ServerApp.root_dir={tmp_path}", "--no-browser"]
     monkeypatch.setitem(sys.modules, "jupyterlab", None)  # import jupyterlab now raises ImportError
     with pytest.raises(SystemExit) as info:
         lab.main([f"--work-dir={tmp_path / 'w'}"])

@@ -209,6 +209,21 @@ def test_layouts_that_are_not_hybrid_or_multimodal(targets: dict, tmp_path: Path
         r = _run(("hybrid-target",), target=str(t), engine=engine)
         assert _codes(r, ("error", "warning", "info")) == [("hybrid-target", "info")]
         assert "3 of 4 layers are linear_attention" in r.findings[0].finding.message
+        assert "no EAGLE-3 capture (raises at start) at 0.11.0 - 0.14.1" in r.findings[0].finding.message
+    # issue 41: vLLM 0.11.0's qwen3_next.py class lacks SupportsEagle3, so the launch refuses; 0.25.0 captures it
+    r = _run(("hybrid-target",), target=str(t), engine="vllm", engine_version="0.11.0")
+    assert _codes(r) == [("hybrid-target", "error")]
+    assert "vllm 0.11.0 vllm/model_executor/models/qwen3_next.py" in r.findings[0].finding.source
+    r = _run(("hybrid-target",), target=str(t), engine="vllm", engine_version="0.25.0")
+    assert _codes(r, ("error", "warning", "info")) == [("hybrid-target", "info")]
+    r = _run(("hybrid-target",), target=str(t), engine="sglang", engine_version="0.5.8")
+    assert _codes(r) == [("hybrid-target", "error")]
+    r = _run(("hybrid-target",), target=str(t), engine="sglang", engine_version="0.5.9")
+    assert _codes(r, ("error", "warning", "info")) == [("hybrid-target", "info")]
+    # a release not read is said, never answered with a neighbour's row, even where every release read captures it
+    r = _run(("hybrid-target",), target=str(t), engine="vllm", engine_version="0.30.0")
+    assert _codes(r) == [("hybrid-target", "warning")]
+    assert "vLLM 0.30.0: not read for this release" in r.findings[0].finding.message
     from eagleforensics.checks.targetkind import hybrid_layout
 
     assert hybrid_layout({"attn_type_list": [0, 0, 1, 0]})["layers"] == 3  # MiniMax's lightning attention
@@ -219,7 +234,21 @@ def test_layouts_that_are_not_hybrid_or_multimodal(targets: dict, tmp_path: Path
     t = _copy(targets["qwen3", 3], tmp_path, "nemo")
     edit_config(t, architectures=["NemotronHForCausalLM"], hybrid_override_pattern="M-M*")
     r = _run(("hybrid-target",), target=str(t), engine="sglang", engine_version="0.5.12")
-    assert _codes(r) == [("hybrid-target", "warning")] and "0.5.12 was not read" in r.findings[0].finding.message
+    assert _codes(r) == [("hybrid-target", "error")]
+    r = _run(("hybrid-target",), target=str(t), engine="sglang", engine_version="0.5.13")
+    assert _codes(r) == [("hybrid-target", "warning")]
+    assert "0.5.13: not read for this release" in r.findings[0].finding.message
+
+
+def test_a_vl_target_on_vllm_0_11_0_is_refused_and_on_0_11_1_captured(targets: dict, tmp_path: Path) -> None:
+    """vLLM 0.11.0's qwen2_5_vl.py class lacks SupportsEagle3 (the runner raises); 0.11.1's has it (issue 41)."""
+    t = _copy(targets["qwen3", 1], tmp_path, "vl")
+    edit_config(t, architectures=["Qwen2_5_VLForConditionalGeneration"], vision_config={"depth": 2})
+    r = _run(("multimodal-target",), target=str(t), engine="vllm", engine_version="0.11.0")
+    assert _codes(r) == [("multimodal-target", "error")]
+    assert "vllm 0.11.0 vllm/model_executor/models/qwen2_5_vl.py" in r.findings[0].finding.source
+    r = _run(("multimodal-target",), target=str(t), engine="vllm", engine_version="0.11.1")
+    assert _codes(r, ("error", "warning", "info")) == [("multimodal-target", "info")]
 
 
 def test_a_vl_target_on_an_engine_that_captures_it_is_info_and_reads_the_records(tmp_path: Path) -> None:

@@ -1,26 +1,26 @@
 """Benchmark prompts unlike real traffic: random token ids, or generation forced past EOS (docs/causes.md row 30).
 
-``benchmark-prompts``: the served requests (``--served-prompts``) are random token ids (the
-``random`` datasets of vLLM's and SGLang's serving benchmarks draw ids uniformly from the
-vocabulary and send them as ids or decoded text), or set ``ignore_eos`` (the benchmarks'
-``--ignore-eos``: the target keeps generating past its own end, into text no drafter was trained
+``benchmark-prompts``: the served requests (``--served-prompts``) are random token ids (vLLM's
+``RandomDataset`` and SGLang's ``random-ids`` draw consecutive ids from a random offset and send them as ids
+or decoded text, ``engines.benchgenerators``; other generators draw uniformly), or set ``ignore_eos`` (the
+benchmarks' ``--ignore-eos``: the target keeps generating past its own end, into text no drafter was trained
 on). Acceptance measured on either is far below real traffic's (vllm-project/vllm#52536,
-ai-dynamo/dynamo#12918, ggml-org/llama.cpp#27711, vllm-project/vllm#33497), so a low figure there
-says little about the drafter.
+ai-dynamo/dynamo#12918, ggml-org/llama.cpp#27711, vllm-project/vllm#33497), so a low figure there says little
+about the drafter.
 
-A prompt is read as random ids when it has at least ``MIN_TOKENS`` ids, nearly as many distinct
-ids as uniform draws from the vocabulary would give (at least ``DISTINCT_SHARE`` of that
-expectation; text repeats its frequent tokens far more), and its ids spread over the vocabulary
-like uniform draws (the share in the upper half within ``UPPER_HALF``; text concentrates on the
-frequent, mostly low ids of a BPE vocabulary). Text prompts are tokenized with the target's
-tokenizer (``--target`` with ``tokenizer.json``), chat requests by their messages' text (a benchmark
-wraps random text in a user message), else only id prompts are read. Cause (for the
-grouping of findings): the measurement, not the drafter.
+A prompt is read as random ids when it has at least ``MIN_TOKENS`` ids, nearly as many distinct ids as uniform
+draws from the vocabulary would give (at least ``DISTINCT_SHARE`` of that expectation; text repeats its
+frequent tokens far more), and its ids spread over the vocabulary like uniform draws (the share in the upper
+half within ``UPPER_HALF``; text concentrates on the frequent, mostly low ids of a BPE vocabulary). Text
+prompts are tokenized with the target's tokenizer (``--target`` with ``tokenizer.json``), chat requests by
+their messages' text (a benchmark wraps random text in a user message), else only id prompts are read. Cause
+(for the grouping of findings): the measurement, not the drafter.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..engines.benchgenerators import CONSECUTIVE_SHARE, cite, consecutive_share
 from ..errors import printable
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
@@ -38,6 +38,12 @@ WARN_SHARE = 0.2  # a warning when at least this share of the prompts is random 
 def expected_distinct(n: int, vocab: int) -> float:
     """The expected number of distinct ids among ``n`` uniform draws from ``vocab`` ids."""
     return vocab * (1.0 - (1.0 - 1.0 / vocab) ** n)
+
+
+def looks_generated(ids: Sequence[int]) -> bool:
+    """Whether ``ids`` are the engines' benchmark generators' consecutive ids from an offset
+    (``engines.benchgenerators``): most neighbours step up by one, also after decoding and re-encoding."""
+    return len(ids) >= MIN_TOKENS and consecutive_share(list(ids)) >= CONSECUTIVE_SHARE
 
 
 def looks_random(ids: Sequence[int], vocab: int | None) -> bool:
@@ -82,6 +88,8 @@ def run(art: Artifacts) -> CheckResult:
     tok, tok_note = (None, "") if all(p.kind == "ids" for p in prompts) else _tokenizer(art)
     tok_note = tok_note.replace("text prompts", "text and chat prompts")
     random_lines, tested, ignore = [], 0, []
+    generated_lines: list[int] = []
+    lengths: list[int] = []
     for p in prompts:
         if p.sampling.get("ignore_eos") is True:
             ignore.append(p.line)
@@ -94,19 +102,32 @@ def run(art: Artifacts) -> CheckResult:
         else:
             continue
         tested += 1
-        if looks_random(ids, vocab):
+        if looks_generated(ids):
+            generated_lines.append(p.line)
+            random_lines.append(p.line)
+            lengths.append(len(ids))
+        elif looks_random(ids, vocab):
             random_lines.append(p.line)
     total = len(prompts)
     data: dict[str, Any] = {"prompts": total, "tested_for_random_ids": tested, "random_ids": len(random_lines),
                             "random_lines": random_lines[:20], "ignore_eos": len(ignore),
                             "ignore_eos_lines": ignore[:20],
-                            "vocab": vocab, "cause": CAUSE}
+                            "vocab": vocab, "cause": CAUSE, "generator_ids": len(generated_lines),
+                            "generator_lengths": sorted(set(lengths))[:10]}
     findings = []
     parts = []
     if random_lines:
+        how = []
+        if generated_lines:
+            same = f", all {lengths[0]} tokens long" if len(set(lengths)) == 1 and len(lengths) > 1 else ""
+            how.append(f"{len(generated_lines)} are consecutive ids from an offset{same}, as the engines' benchmark "
+                       "generators write them (vLLM's RandomDataset, SGLang's random-ids)")
+        if len(random_lines) > len(generated_lines):
+            how.append(f"{len(random_lines) - len(generated_lines)} have nearly all ids distinct and spread evenly "
+                       "over the vocabulary, as uniform draws are")
         parts.append(f"{len(random_lines)} of {total} prompts are random token ids (lines "
-                     f"{', '.join(map(str, random_lines[:5]))}{', ...' if len(random_lines) > 5 else ''}: nearly "
-                     "all ids distinct and spread evenly over the vocabulary, as uniform draws are)")
+                     f"{', '.join(map(str, random_lines[:5]))}{', ...' if len(random_lines) > 5 else ''}: "
+                     + "; ".join(how) + ")")
     if ignore:
         parts.append(f"{len(ignore)} of {total} requests set ignore_eos (the target keeps generating past its "
                      "own end, into text no drafter was trained on)")
@@ -115,10 +136,11 @@ def run(art: Artifacts) -> CheckResult:
         severity = "warning" if share >= WARN_SHARE else "info"
         msg = ("The served prompts look like a synthetic benchmark: " + "; ".join(parts) + ". Acceptance measured "
                "on such a workload is far below real traffic's, so it says little about the drafter.")
+        source = f"{SOURCE}; {cite()}" if generated_lines else SOURCE
         findings.append(Finding("benchmark-prompts", severity, printable(msg),
                                  fix="Measure acceptance on real prompts (a sample of production traffic, or a "
                                      "chat dataset sent through the chat template) without ignore_eos.",
-                                 source=SOURCE, impact="medium" if severity == "warning" else "low"))
+                                 source=source, impact="medium" if severity == "warning" else "low"))
     note = f"{tested} of {total} prompts tested for random ids, {len(random_lines)} random; " \
            f"{len(ignore)} with ignore_eos" + (f"; {tok_note}" if tok_note else "")
     return CheckResult(tuple(findings), note, data)

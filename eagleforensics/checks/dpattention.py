@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engines.modelclasses import arch_for_model_type, family_between, is_read
 from ..engines.rules import family_of, parse_version
 from ..engines.servingargs import dp_setting
 from ..engines.servingrules import rules_between, serving_rule
@@ -23,20 +24,37 @@ from ..errors import ForensicsError, printable
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .registry import register
+from .targetkind import architecture
 
 SOURCE = "sgl-project/sglang#20492, vllm-project/vllm#9565 (docs/causes.md row 20)"
 CAUSE = "engine bug in the serving path"
 A2A = ("deepep", "mooncake")
 
 
-def _family(art: Artifacts) -> str | None:
+ROOT = "DeepseekV2ForCausalLM"  # the model class whose forward holds the gather (srt/models/deepseek_v2.py)
+
+
+def _family(art: Artifacts, lo: str, hi: str | None) -> tuple[str | None, str]:
+    """``deepseek`` when the target's class descends from SGLang's DeepseekV2ForCausalLM in the releases read in
+    ``lo`` .. ``hi`` (its model registry and class bases, ``engines.modelclasses``), ``other`` when it does not,
+    None when unknown; and what the answer was read from."""
+    arch = architecture(art.target.config) if art.available("target") else None
     mtype = art.model_type
+    if arch is None and mtype:
+        arch = arch_for_model_type("sglang", mtype)
+    if arch is not None:
+        inside, row = family_between("sglang", arch, ROOT, lo, hi)
+        if inside is not None and row is not None:
+            return ("deepseek" if inside else "other"), row.cite() + (f" subclasses {ROOT}" if inside else "")
+    unread = lo == hi and not is_read("sglang", lo)
     if not mtype:
-        return None
+        return None, ""
     try:
-        return family_of(mtype)
+        return family_of(mtype), f"model_type {mtype}"
     except ForensicsError:
-        return "other"
+        if unread:
+            return None, f"sglang {lo}: not read for this release (its model registry decides the family)"
+        return "other", f"model_type {mtype}"
 
 
 def run(art: Artifacts) -> CheckResult:
@@ -54,21 +72,22 @@ def run(art: Artifacts) -> CheckResult:
         return CheckResult((), f"no DP attention ({s.describe()})", data)
     if args.algorithm != "eagle3":
         return CheckResult((), f"DP attention, but the server runs {args.algorithm_raw or 'no speculation'}", data)
-    family = _family(art)
     exact = art.inputs.engine_version or args.version
     if exact:
-        lo = hi = exact
+        lo, hi = exact, exact
     elif args.version_range:
         lo, hi = args.version_range
     else:
         lo, hi = "0.4.0", None
+    family, family_basis = _family(art, lo, hi)
+    data["family_read_from"] = family_basis
     rows = rules_between("dp-attention", "sglang", lo, hi, "deepseek_v3")
     wrong = [r for r in rows if r.outcome == "wrong-group"]
     data.update({"family": family, "releases": f"{lo} - {hi or 'newest'}",
                  "rows": [{"span": r.span(), "outcome": r.outcome} for r in rows]})
     a2a = s.a2a_backend in A2A
     if not wrong or family not in (None, "deepseek") or not a2a:
-        why = ("the target is not a DeepSeek-architecture model" if family not in (None, "deepseek") else
+        why = (f"the target is not a DeepSeek-V2-family model ({family_basis})" if family not in (None, "deepseek") else
                f"moe_a2a_backend={s.a2a_backend or 'none'} (the wrong gather needs deepep or mooncake)" if not a2a
                else f"releases {lo} - {hi or 'newest'} gather over the attention-TP group")
         row = serving_rule("dp-attention", "sglang", hi, "deepseek_v3")
@@ -88,8 +107,9 @@ def run(art: Artifacts) -> CheckResult:
         needs.append("the target is a DeepSeek-architecture model (pass --target or --model-type)")
     lead = "" if certain else "if " + " and ".join(needs) + ", then "
     hint = str(args.version_hint or "release unknown").replace("sglang ", "")
+    fam = f" The target's class: {family_basis}." if family == "deepseek" and family_basis else ""
     msg = (f"SGLang {exact or hint} runs DP attention with EAGLE-3 ({s.describe()}): {lead}{rule.detail} "
-           f"({rule.source}). Expect acceptance far below the drafter's offline figure.")
+           f"({rule.source}).{fam} Expect acceptance far below the drafter's offline figure.")
     fix = ("Upgrade SGLang to >= 0.5.10 (the gather uses the attention-TP group), or serve without DP attention "
            "(or with moe_a2a_backend none) on this release.")
     severity, impact = ("error", "high") if certain else ("warning", "high")

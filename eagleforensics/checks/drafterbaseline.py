@@ -40,6 +40,18 @@ def _weights_reason(art: Artifacts) -> str:
     return ""
 
 
+def as_served(art: Artifacts) -> frozenset[str]:
+    """The drafter features the named engine drops (its own embedding or head where the engine uses the target's):
+    the baselines judge the drafter as that engine runs it, not as the checkpoint holds it (a random embedding
+    SGLang replaces costs nothing there). Without a target the target's parts cannot stand in: nothing dropped."""
+    from ..io.served import SERVED_FEATURES
+    from .flags import served_without
+
+    if art.inputs.target is None:
+        return frozenset()
+    return frozenset(f for f in served_without(art) if f in SERVED_FEATURES)
+
+
 def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgement]:
     """The records' and the capture's judgements (each present when that input was given and could be replayed);
     records that cannot be replayed as their own trained wiring are named in ``skipped``."""
@@ -48,16 +60,19 @@ def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgeme
 
     from ..drafter.replay import DraftForward
     from ..io.drafter import check_finite, load_drafter, load_target
+    from ..io.served import OWN_EMBEDDING
     from ..replay import capture_inputs, record_sequence
 
     i = art.inputs
+    drop = as_served(art)
     on_host = i.device == "cpu"  # as replay loads it: embeddings and lm_head left in their files, read as used
-    drafter = load_drafter(i.drafter, target=i.target, lazy=True, check_finite=on_host)
+    drafter = load_drafter(i.drafter, target=i.target, target_embed=OWN_EMBEDDING in drop, lazy=True,
+                           check_finite=on_host)
     spec = drafter.spec
     head = None if i.target is None else load_target(
         i.target, embed=False, expect={"lm_head": (spec.vocab_size, spec.target_hidden_size),
                                        "norm": (spec.target_hidden_size,)}, lazy=True)
-    fwd = DraftForward.of(drafter, i.device, consume=True)  # widened in place: no stored copy beside it
+    fwd = DraftForward.of(drafter, i.device, drop, consume=True)  # widened in place: no stored copy beside it
     if not on_host:
         check_finite(fwd.w, i.drafter)
     table = BigramTable()
@@ -105,12 +120,15 @@ def run(art: Artifacts) -> CheckResult:
         return CheckResult(skipped=f"replay cannot run this drafter: {exc.detail}")
     if not found:
         return CheckResult(skipped="no record or capture could be replayed: " + "; ".join(left_out[:2]))
-    data = {"judgements": [j.to_dict() for j in found], "min_rows": MIN_ROWS, "records_left_out": left_out}
+    drop = sorted(as_served(art))
+    data = {"judgements": [j.to_dict() for j in found], "min_rows": MIN_ROWS, "records_left_out": left_out,
+            "served_without": drop}
     both = pooled(found)  # one verdict over all rows: records and capture judged together
     data["pooled"] = both.to_dict()
     bad = ([j for j in found if j.no_better] or found) if both.no_better else []
-    note = "; ".join(j.text() + ("" if j.judged else f" (fewer than {MIN_ROWS} rows or a lookup table predicts "
-                                                     "them already: not judged)") for j in found)
+    served = f"as {art.engine} serves it (without {', '.join(drop)}): " if drop else ""
+    note = served + "; ".join(j.text() + ("" if j.judged else f" (fewer than {MIN_ROWS} rows or a lookup table "
+                                                              "predicts them already: not judged)") for j in found)
     if not bad:
         return CheckResult((), note, data)
     reason = _weights_reason(art)
@@ -119,7 +137,8 @@ def run(art: Artifacts) -> CheckResult:
            "row), an fc, head or layer swapped in from another checkpoint, or a drafter trained for another target"
            + (" (it does no better on the target's states than on another row's: its fc reads nothing from them)"
               if any(j.best == "shuffled" for j in bad) else ""))
-    msg = ("the drafter is no better than a lookup table: " + "; ".join(j.text() for j in bad) + why)
+    msg = (f"the drafter{' ' + served.rstrip(': ') if served else ''} is no better than a lookup table: "
+           + "; ".join(j.text() for j in bad) + why)
     return CheckResult((Finding(
         "drafter-no-better-than-baseline", "error", msg,
         fix="Serve a drafter that was trained for this target and exported whole (replay it on its own training "

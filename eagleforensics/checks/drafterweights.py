@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from ..engines.lmheadrules import lm_head_rule, shares_target_head
+from ..engines.rules import ENGINE_NAMES
 from ..io.drafter import LAYER_PARTS
 from ..process import usable_cores
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
-from .drafterfacts import drafter_tensor
+from .drafterfacts import drafter_tensor, target_facts
 from .registry import register
 from .rowcompare import compare_rows, init_signature, sample_rows
 
@@ -142,10 +144,57 @@ def _random_parts(art: Artifacts) -> tuple[list[str], dict[str, Any]]:
     return flagged, data
 
 
+def _declared_draft_vocab(cfg: dict[str, Any]) -> int | None:
+    layer = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    for v in (cfg.get("draft_vocab_size"), layer.get("draft_vocab_size")):
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def head_only_finding(art: Artifacts) -> tuple[Finding, dict[str, Any]]:
+    """The finding for a checkpoint whose only missing part is ``lm_head``: what the engine release serves in its place
+    (``engines.lmheadrules``), with the engine and release assumed."""
+    engine = art.engine
+    rule, release = lm_head_rule(engine, art.engine_version)
+    cfg = art.draft_config
+    draft_vocab = _declared_draft_vocab(cfg)
+    target_vocab = target_facts(art.target.config).vocab_size if art.available("target") else None
+    data: dict[str, Any] = {"engine": engine, "release_assumed": release or None,
+                            "lm_head_rule": rule.outcome if rule else None, "draft_vocab_size": draft_vocab}
+    base = "the drafter's checkpoint has no lm_head"
+    fix = "Re-export the drafter with its trained lm_head (or train it with the target's head frozen and say so)."
+    if rule is None:
+        where = (f"{ENGINE_NAMES.get(engine, engine)} {release}: not read for this release" if engine else
+                 "no engine given (pass --engine / --log): assumed an engine that loads the drafter's own head")
+        msg = (f"{base} ({where}). SGLang with a draft_vocab_size, and vLLM <= 0.10.1.1, serve a random head in its "
+               "place (sgl-project/sglang#27908); vLLM >= 0.11.1 shares the target's head (vllm-project/vllm#28549)")
+        return Finding("drafter-weights-missing", "error", msg, fix=fix, source=SOURCE, impact="collapse"), data
+    name = f"{ENGINE_NAMES[rule.engine]} {release}" + ("" if art.engine_version else " (the newest release read, "
+                                                            "assumed: pass --engine-version or --log)")
+    shares = shares_target_head(rule, draft_vocab, target_vocab)
+    data["shares_target_head"] = shares
+    if shares:
+        msg = (f"{base}: {name} serves the target's lm_head in its place ({rule.detail}; {rule.span()}). Right "
+               "when the drafter was trained against the target's head; a drafter trained with its own head drafts "
+               "through a head it never saw")
+        return Finding("drafter-weights-missing", "warning", msg, fix=fix, source=f"{rule.source}; {SOURCE}",
+                       impact="medium"), data
+    why = ("" if shares is False else "; whether the shapes match is not known without --target")
+    msg = (f"{base}: {name} loads the drafter's own head ({rule.detail}; {rule.span()}), so a fresh init serves in "
+           f"its place (drafts no better than chance){why}")
+    return Finding("drafter-weights-missing", "error" if shares is False else "warning", msg, fix=fix,
+                   source=f"{rule.source}; {SOURCE}", impact="collapse"), data
+
+
 def run(art: Artifacts) -> CheckResult:
     findings: list[Finding] = []
     missing = missing_parts(art)
-    if missing:
+    head_data: dict[str, Any] = {}
+    if missing == ["lm_head.weight"]:
+        head, head_data = head_only_finding(art)
+        findings.append(head)
+    elif missing:
         findings.append(Finding(
             "drafter-weights-missing", "error",
             f"the drafter's checkpoint lacks {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}: every "
@@ -166,7 +215,8 @@ def run(art: Artifacts) -> CheckResult:
                 "what the exporter writes).", source=SOURCE, impact="collapse"))
     note = ("fc, decoder layer, norm and lm_head present and moved from their init"
             if not findings else "")
-    return CheckResult(tuple(findings), note, {"weights": data, "missing": missing})
+    return CheckResult(tuple(findings), note, {"weights": data, "missing": missing, **({"lm_head": head_data}
+                                                                                    if head_data else {})})
 
 
 CHECK = register(Check("drafter-weights", "the drafter's trained parts are there and were trained",

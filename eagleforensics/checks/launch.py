@@ -7,7 +7,10 @@ another algorithm, or none, for an EAGLE-3 drafter. ``draft-path-missing``: no d
 the draft path is the target's. ``pp-drops-aux``: pipeline parallelism on a release whose
 non-last stages drop the aux states they capture. ``accept-len-one``: accept length 1.00 on every
 decode line, which a weak drafter never gives (it accepts sometimes): the drafter's drafts are
-structurally never the target's token. Engine facts: ``engines.launchrules`` (each row cites the
+structurally never the target's token. ``engine-refused``: the engine refused to start or died after
+the last arguments line (its own failure lines, ``engines.failurelines``, each cited: vLLM's "Model does
+not support EAGLE3 interface", "EngineCore failed to start", SGLang's "Scheduler hit an exception", a
+traceback ending the log); the line is quoted. Engine facts: ``engines.launchrules`` (each row cites the
 wheel file); threads: sgl-project/sglang#21272, #36528, #39644, vllm-project/vllm#22333, #36151,
 #36731, #50514 (docs/causes.md rows 12, 14).
 """
@@ -17,14 +20,18 @@ import math
 from pathlib import PurePosixPath
 from typing import Any
 
+from ..engines.failurelines import log_failure
 from ..engines.launchrules import aux_survives_pp, eagle3_algorithm, launch_fact, pp_stage_of_position
+from ..engines.modelclasses import eagle3_at
 from ..engines.rules import ENGINE_NAMES
 from ..errors import ForensicsError, printable
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .drafterfacts import draft_facts, drafter_tensor, target_facts
 from .engineembed import engine_label
+from .mtpweights import declared_mtp
 from .registry import register
+from .targetkind import architecture, hybrid_layout, multimodal_layout
 
 ALGO_SOURCE = "sgl-project/sglang#21272 (docs/causes.md row 14)"
 PATH_SOURCE = "sgl-project/sglang#36528, vllm-project/vllm#22333 (docs/causes.md row 14)"
@@ -62,6 +69,25 @@ def _same_path(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
+NEXTN_SOURCE = ("sglang 0.4.10, 0.5.8 - 0.5.18 srt/server_args.py (NEXTN becomes EAGLE; DeepSeek MTP takes the "
+                "target's path as the draft), 0.5.19+ srt/arg_groups/speculative_hook.py")
+
+
+def logged_nextn(art: Artifacts) -> str:
+    """How a SGLang launch logged as EAGLE is really NEXTN: the draft is the target (or none) and the target declares
+    MTP layers (SGLang turns NEXTN into EAGLE in its arguments and sets the draft path to the target's); "" else."""
+    args = art.server_args
+    if args.engine != "sglang" or args.algorithm != "eagle" or not art.available("target"):
+        return ""
+    if args.draft and not (args.model and _same_path(args.draft, args.model)):
+        return ""
+    mtp = declared_mtp(art.target.config)
+    if mtp is None:
+        return ""
+    return (f"its config declares {mtp[0]} = {mtp[1]}; SGLang logs NEXTN as EAGLE with the target as its own draft, "
+            f"{NEXTN_SOURCE}")
+
+
 def check_algorithm(art: Artifacts, name: str) -> list[Finding]:
     args = art.server_args
     eagle3, why = is_eagle3(art)
@@ -76,6 +102,14 @@ def check_algorithm(art: Artifacts, name: str) -> list[Finding]:
                         f"{name} was started without a speculative algorithm: it does not speculate at all, so there "
                         "is no acceptance to speak of.", fix=f"Relaunch with the speculative algorithm {want} and the "
                         "drafter's path.", source=ALGO_SOURCE, impact="collapse")]
+    if args.algorithm == "eagle" and (nextn := logged_nextn(art)):
+        if eagle3:
+            return [Finding("algorithm-mismatch", "warning",
+                            f"{name} runs the target's own MTP layers ({nextn}), not the EAGLE-3 drafter given "
+                            f"({why}): the drafter is not served at all.",
+                            fix=f"To serve the EAGLE-3 drafter, relaunch with {want} and its path as the draft model.",
+                            source=f"{NEXTN_SOURCE}; {ALGO_SOURCE}", impact="low")]
+        return []
     if args.algorithm == "eagle":
         fact = launch_fact("eagle-for-eagle3", args.engine, art.engine_version)
         detail = fact.detail if fact is not None else "no aux states are captured"
@@ -205,6 +239,53 @@ def check_accept_len(art: Artifacts, name: str) -> tuple[list[Finding], dict[str
     return [], data
 
 
+REFUSE_SOURCE = "the engine's own failure lines (docs/serving-causes.md, engine-refused)"
+KIND_TEXT = {"eagle3-refused": "refused EAGLE-3 at start: the target's model class in this release has no aux-state "
+                               "capture, so no token was ever served with the drafter",
+             "start-failed": "failed to start", "died": "died after starting",
+             "traceback": "stopped at start with a Python error"}
+
+
+def class_refuses(art: Artifacts, name: str) -> tuple[list[Finding], dict[str, Any]]:
+    """An EAGLE-3 launch on a release whose model class for the target has no aux capture (``engines.modelclasses``),
+    when the log shows no failure line (cut short): the launch cannot have started. Hybrid and multimodal targets
+    are left to their own checks, which say the same with their layout."""
+    args = art.server_args
+    if args.algorithm != "eagle3" or not art.available("target") or art.engine_version is None:
+        return [], {}
+    cfg = art.target.config
+    if hybrid_layout(cfg) is not None or multimodal_layout(cfg) is not None:
+        return [], {}
+    arch = architecture(cfg)
+    status, row = eagle3_at(args.engine, art.engine_version, arch)
+    if status not in ("no", "unregistered"):
+        return [], {}
+    what = "has no EAGLE-3 capture for" if status == "no" else "does not register"
+    return [Finding("engine-refused", "error", f"{name} {what} {arch} ({row}): the launch fails at start when EAGLE-3 "
+                    "is asked for, though this log shows no failure line (cut short?).",
+                    fix="Serve this target on a release whose model class captures aux states, or without EAGLE-3.",
+                    source=f"{row}; {REFUSE_SOURCE}", impact="collapse")], {"class_refuses": status}
+
+
+def check_failure(art: Artifacts, name: str, after: int) -> tuple[list[Finding], dict[str, Any]]:
+    """The engine's own refusal or death after the last arguments line, with the line quoted."""
+    fail = log_failure(art.inputs.log, after) if art.inputs.log else None
+    if fail is None:
+        return class_refuses(art, name) if art.server_args is not None and after else ([], {})
+    quoted = printable(fail.line[:300])
+    err = ""
+    if fail.error and fail.error != fail.line:
+        err = f"; the error that ended it (line {fail.error_line_no}): {printable(fail.error[:300])!r}"
+    data = {"failure": {"kind": fail.kind, "line": fail.line_no, "text": fail.line[:300],
+                        "error": (fail.error or "")[:300] or None, "source": fail.source}}
+    fix = ("Serve this target on a release whose model class captures aux states (doctor --target with "
+           "--engine-version says which), or without EAGLE-3." if fail.kind == "eagle3-refused" else
+           "Read the error above the quoted line in the log and fix it before judging acceptance: no decode "
+           "statistics of this start exist.")
+    return [Finding("engine-refused", "error", f"{name} {KIND_TEXT[fail.kind]} (line {fail.line_no}: {quoted!r}"
+                    f"{err}).", fix=fix, source=f"{fail.source}; {REFUSE_SOURCE}", impact="collapse")], data
+
+
 def run(art: Artifacts) -> CheckResult:
     """Every launch check the log allows; a log with no arguments line still gives the decode-line check."""
     args = art.server_args
@@ -213,6 +294,9 @@ def run(art: Artifacts) -> CheckResult:
     notes = []
     if args is None:
         notes.append("the log has no arguments line (the launch checks need one)")
+        failed, fail_data = check_failure(art, "the server", 0)
+        findings += failed
+        data.update(fail_data)
     else:
         if art.inputs.engine is not None and art.inputs.engine != args.engine:
             raise ForensicsError(f"--engine {art.inputs.engine} but the log is a {ENGINE_NAMES[args.engine]} server's",
@@ -225,7 +309,12 @@ def run(art: Artifacts) -> CheckResult:
         pp, pp_data = check_pp(art, name)
         findings += pp
         data.update(pp_data)
-        notes.append(f"server started with {args.describe()}")
+        failed, fail_data = check_failure(art, name, args.line_no or 0)
+        findings += failed
+        data.update(fail_data)
+        notes.append(f"server started with {args.describe()}" + (
+            f"; it {KIND_TEXT[fail_data['failure']['kind']].split(':')[0]} (line {fail_data['failure']['line']})"
+            if "failure" in fail_data else ""))
     more, acc = check_accept_len(art, "")
     findings += more
     data.update(acc)
@@ -238,4 +327,4 @@ def run(art: Artifacts) -> CheckResult:
 
 CHECK = register(Check("launch", "the server's launch arguments and decode lines (--log)",
                        ("algorithm-mismatch", "draft-path-missing", "draft-is-target", "pp-drops-aux",
-                        "accept-len-one"), ("log",), run, order=5))
+                        "accept-len-one", "engine-refused"), ("log",), run, order=5))

@@ -72,8 +72,10 @@ def run(art: Artifacts) -> CheckResult:
     head = f"the target is multimodal ({'; '.join(parts)})"
     src = f"{sources}; {MM_SOURCE}" if sources else MM_SOURCE
     engine = art.engine
-    if engine in status and status[engine] == "no":
-        return unsupported(art, "multimodal-target", head, arch, line, src, data)
+    if engine in status:
+        refused = unsupported(art, "multimodal-target", head, arch, line, src, data)
+        if refused is not None:
+            return refused
     ids = set(layout["token_ids"].values())
     trained, hit = "", None
     if ids and art.available("train"):

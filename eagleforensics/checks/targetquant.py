@@ -142,6 +142,23 @@ def _engine(art: Artifacts) -> tuple[str | None, str | None]:
     return engine, art.engine_version if engine else None
 
 
+MISSING = object()  # the arguments line has no speculative_draft_model_quantization field
+
+
+def draft_effect(flag: Any, draft_q: Any) -> str:
+    """``target`` when SGLang loads the drafter with the target's quantization, else ``own``, from the arguments line
+    as the server prints it: after resolution (``targetrules`` QUANT_RULES sglang row), where a missing draft value
+    has taken ``quantization`` and ``unquant`` has become None. So None beside a ``quantization`` is the user's
+    ``unquant`` (own precision), and the draft's value equal to the target's is the inherited (or repeated) one."""
+    if flag in (None, "unquant"):
+        return "own"
+    if draft_q is MISSING:  # an arguments line without the field: the default, which takes the target's
+        return "target"
+    if draft_q in (None, "unquant"):
+        return "own"
+    return "target" if draft_q == flag else "own"
+
+
 def _quant_finding(art: Artifacts, d: dict[str, Any]) -> tuple[Finding, dict[str, Any]]:
     what = f"{d['method']}" + (f" ({d['format']})" if d["format"] and d["format"] != d["method"] else "")
     if d["schemes"]:
@@ -167,14 +184,16 @@ def _quant_finding(art: Artifacts, d: dict[str, Any]) -> tuple[Finding, dict[str
     if effect == "launch":
         args = art.server_args
         flag = args.raw.get("quantization") if args is not None else None
-        draft_q = args.raw.get("speculative_draft_model_quantization") if args is not None else None
-        data.update(launch_quantization=flag, draft_quantization=draft_q)
+        draft_q = args.raw.get("speculative_draft_model_quantization", MISSING) if args is not None else None
+        data.update(launch_quantization=flag, draft_quantization=None if draft_q is MISSING else draft_q)
         if args is None:
             return Finding("target-quantized", "info", f"{head} On {name} {rule.text}; without the server's "
                            "arguments line it is not known whether the launch passes --quantization (pass --log).",
                            fix="Launch with --speculative-draft-model-quantization unquant when the drafter is "
                                "unquantized.", source=f"{rule.source}; {QUANT_SOURCE}", impact="low"), data
-        effect = "target" if flag not in (None, "unquant") and draft_q in (None, flag) else "own"
+        explicit = args.raw.get("_speculative_draft_quantization_explicitly_set")
+        data["draft_quantization_explicit"] = explicit
+        effect = draft_effect(flag, draft_q)
     if effect == "target":
         return Finding("target-quantized", "warning", f"{head} {name}: {rule.text}. A drafter trained in bf16 "
                        "run through a quantized path it never saw accepted nothing in vllm-project/vllm#9534 "

@@ -5,7 +5,9 @@
 ``speculators/config.py`` VerifierConfig). Architectures that differ from the target's mean a
 drafter for another model (warning, high: vocabulary and widths may still agree, see
 ``size-mismatch`` for when they do not); a name unlike the target directory's or its
-``_name_or_path`` alone is weak evidence, since names are often local paths (info).
+``_name_or_path`` alone is weak evidence, since names are often local paths (info), except where the
+verifier and the model the server's log serves are both canonical hub ids (``org/name``) of different
+models (warning, high: a distilled model keeps its base's architecture and widths).
 Quantization and format suffixes (``-FP8``, ``-w8a8``, ``-AWQ``, ...) are ignored in the names.
 """
 from __future__ import annotations
@@ -47,6 +49,23 @@ def _archs(value: Any) -> list[str]:
     return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+def hub_id(name: Any) -> str | None:
+    """``name`` when it is a canonical hub id (``org/name``: one slash, no path, no drive, no home), else None."""
+    text = str(name or "").strip()
+    return text if _HUB_ID.match(text) and not text.startswith(("./", "../")) else None
+
+
+def served_model(art: Artifacts) -> str | None:
+    """The model the server's log says it serves (its arguments line), None without a log or line."""
+    if art.inputs.log is None:
+        return None
+    args = art.server_args
+    return str(args.model) if args is not None and args.model else None
+
+
 def _names_agree(a: str, b: str) -> bool:
     return bool(a and b) and (a == b or a in b or b in a)
 
@@ -79,6 +98,16 @@ def run(art: Artifacts) -> CheckResult:
         return CheckResult((Finding("verifier-mismatch", "warning", msg + ". A drafter trained on another model's "
                                     "states drafts that model's continuations.", fix="Use the drafter trained for "
                                     "this target, or train one on it.", source=VERIFIER_SOURCE, impact="high"),),
+                           "", data)
+    served = served_model(art)
+    v_id, s_id = hub_id(ver.get("name_or_path")), hub_id(served)
+    if v_id and s_id and not _names_agree(short_name(v_id), short_name(s_id)):
+        data["served_model"] = served
+        return CheckResult((Finding("verifier-mismatch", "warning", msg + f". Both are hub ids of different models "
+                                    f"({v_id} and {s_id}) and the server's log serves {s_id}: not a renamed or local "
+                                    "copy. Architectures and widths may agree (a distilled model keeps its base's), "
+                                    "the states and continuations do not.", fix="Use the drafter trained for "
+                                    f"{s_id}, or train one on it.", source=VERIFIER_SOURCE, impact="high"),),
                            "", data)
     return CheckResult((Finding("verifier-mismatch", "info", msg + " (names only: a renamed or local copy of the same "
                                 "model reads the same way; sizes and embeddings are compared by the other checks).",

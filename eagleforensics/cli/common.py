@@ -49,7 +49,8 @@ def run_guarded(fn: Callable[[], T]) -> T:
         _internal(exc)
 
 
-OUTPUT_PARAMS = frozenset({"output", "report_path"})  # the parameters that name what a command writes
+# the parameters that name what a command writes (every writing option of every command: tests/test_probe_hardening.py)
+OUTPUT_PARAMS = frozenset({"output", "report_path", "out_path"})
 
 
 def command_inputs() -> list[tuple[str, str]]:
@@ -66,7 +67,7 @@ def command_inputs() -> list[tuple[str, str]]:
         if not (isinstance(param.type, click.Path) or isinstance(param, click.Argument)):
             continue  # free text (--title, --engine) is never a path, even when a folder of that name exists
         value = ctx.params.get(param.name)
-        role = (f"--{param.name.replace('_', '-')}" if isinstance(param, click.Option) else param.name.upper())
+        role = (max(param.opts, key=len) if isinstance(param, click.Option) else param.name.upper())  # as typed
         for v in value if isinstance(value, (tuple, list)) else (value,):
             if not isinstance(v, (str, os.PathLike)) or isinstance(v, bool):
                 continue

@@ -30,6 +30,8 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
 @click.option("--draft-config", type=click.Path(), default=None, help="Draft config.json or TRT-LLM YAML; needs --engine.")
 @click.option("--engine-version", default=None, help="Engine version, e.g. 0.5.12.")
 @click.option("--model-type", default=None, help="Target model_type for the engine rule (llama, deepseek_v3, ...).")
+@click.option("--vllm-runner", type=click.Choice(("v1", "v2")), default=None,
+              help="vLLM's model runner, whose reading of the ids differs (--engine vllm only; default: the release's).")
 @click.option("--capture-convention", type=click.Choice(CAPTURE_CONVENTIONS), default="hf", show_default=True,
               help="What the integers in the capture mean.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=None, help="Replay at most this many capture rows.")
@@ -54,7 +56,7 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def replay(drafter: str, capture: str, train: str | None, target: str | None, wirings: tuple[str, ...], steps: int,
            cost_ratio: float, engine: str | None, draft_config: str | None, engine_version: str | None,
-           model_type: str | None, capture_convention: str, max_tokens: int | None, temperature: float, top_p: float,
+           model_type: str | None, vllm_runner: str | None, capture_convention: str, max_tokens: int | None, temperature: float, top_p: float,
            topk: int, draft_tokens: int | None, served_without: tuple[str, ...], device: str, as_json: bool,
            profile_out: str | None, allow_unsafe_pickle: bool) -> None:
     """Predict the acceptance each wiring would give: run DRAFTER on CAPTURE's states, compare with the target's tokens.
@@ -75,7 +77,8 @@ def replay(drafter: str, capture: str, train: str | None, target: str | None, wi
         drafter, capture, target=target, train=train, wirings=list(wirings), steps=steps, cost_ratio=cost_ratio,
         engine=engine, draft_config=draft_config, engine_version=engine_version, model_type=model_type,
         device=device, max_tokens=max_tokens, convention=capture_convention, allow_unsafe=allow_unsafe_pickle,
-        temperature=temperature, top_p=top_p, topk=topk, draft_tokens=draft_tokens, served_without=served_without))
+        temperature=temperature, top_p=top_p, topk=topk, draft_tokens=draft_tokens, served_without=served_without,
+        vllm_runner=vllm_runner))
     if profile_out is not None:
         run_guarded(lambda: write_profile(result, profile_out))
     echo_text(result.to_json() if as_json else result.to_text())

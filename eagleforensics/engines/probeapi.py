@@ -11,12 +11,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ForensicsError
-from ..io.httpclient import Client
+from ..errors import ForensicsError, printable
+from ..io.httpclient import MAX_REPLY, Client
+from . import probecounts as pc
 from . import probeformats as pf
 
 ENGINES = ("sglang", "vllm")
 DECLARED = "#declared "  # counters() keys for a spec-decode family the page declares
+FAMILIES = "#vllm-families"  # counters() key present when the page carries any vllm: family at all
+# What a reply may hold (docs/probe.md, "Hardening"): a server's account of itself is a few KiB; /metrics is
+# hundreds of KiB; a generation's reply grows with its tokens. Values bound what parsing builds.
+INFO_BYTES = 1 << 20
+INFO_VALUES = 50_000
+METRICS_BYTES = 16 << 20
+# spec-decode samples on one page: a per-position series per step, per engine (64 data-parallel engines at 128
+# steps write ~8.5k); a page with more is not a server's
+METRICS_SERIES = 20_000
+REPLY_BYTES_BASE, REPLY_BYTES_PER_TOKEN = 1 << 20, 1 << 10
+REPLY_VALUES_BASE, REPLY_VALUES_PER_TOKEN = 100_000, 4
 _SPEC = "vllm:spec_decode_"
 _HELP = "# HELP " + _SPEC
 _TYPE = "# TYPE " + _SPEC
@@ -38,6 +50,8 @@ class ServerInfo:
     cuda_graph: bool | None = None
     prefix_cache: bool | None = None
     counters: pf.CounterFormat | None = None
+    adaptive: bool | None = None  # SGLang speculative_adaptive: the step count moves at run time
+    identity: tuple[tuple[str, str], ...] = ()  # SGLang server-info fields that tell one back-end from another
 
 
 @dataclass(frozen=True)
@@ -69,16 +83,36 @@ def _bad(client: Client, path: str, what: str) -> ForensicsError:
     return ForensicsError(f"{client.what}: the reply to {path} is not what the engine sends: {what}")
 
 
+def _declared(client: Client, path: str, args: dict[str, Any], key: str, hi: int) -> int | None:
+    """An integer the server declares about its launch, refused past what any engine runs (``probeformats``)."""
+    value = _int(args.get(key))
+    if value is not None and not 0 <= value <= hi:
+        shown = str(value) if len(str(value)) <= 24 else f"a number of {len(str(value))} digits"
+        raise ForensicsError(f"{client.what}: {path} declares {key} = {shown}, which no engine runs (at most {hi}; "
+                             "docs/probe.md, Hardening): refusing the launch it describes")
+    return value
+
+
+def info_json(client: Client, path: str, *, missing_ok: bool = False) -> Any:
+    """A server's account of itself (``/server_info``, ``/version``, ...), within ``INFO_BYTES`` and ``INFO_VALUES``."""
+    return client.get_json(path, missing_ok=missing_ok, limit=INFO_BYTES, max_items=INFO_VALUES)
+
+
+def metrics_page(client: Client) -> str:
+    """The ``/metrics`` page, within ``METRICS_BYTES``."""
+    return client.get_text("/metrics", limit=METRICS_BYTES)
+
+
 def detect(client: Client) -> str:
     """``sglang`` or ``vllm`` from the endpoints the server answers (SGLang's model info, vLLM's /version).
 
     A 404 moves on to the next endpoint; any other failure (refused, stalled, malformed) is said at once.
     """
     for path in pf.SGLANG_MODEL_INFO:
-        info = client.get_json(path, missing_ok=True)
+        info = info_json(client, path, missing_ok=True)
         if isinstance(info, dict) and "model_path" in info:
             return "sglang"
-    ver = client.get_json("/version", missing_ok=True)
+    ver = info_json(client, "/version", missing_ok=True)
     if isinstance(ver, dict) and isinstance(ver.get("version"), str):
         return "vllm"
     raise ForensicsError(f"{client.what} answers neither SGLang's /model_info nor vLLM's /version: pass --engine")
@@ -86,7 +120,7 @@ def detect(client: Client) -> str:
 
 def _first(client: Client, paths: tuple[str, ...]) -> tuple[str, Any]:
     for path in paths:
-        got = client.get_json(path, missing_ok=True)
+        got = info_json(client, path, missing_ok=True)
         if got is not None:
             return path, got
     raise ForensicsError(f"{client.what} answers none of {', '.join(paths)} (is it an SGLang server?)")
@@ -110,15 +144,17 @@ def info(client: Client, engine: str) -> ServerInfo:
             return None if not isinstance(value, bool) else not value
 
         return ServerInfo("sglang", version if isinstance(version, str) else None, model["model_path"],
-                          algo is not None, algo, _int(args.get("speculative_num_steps")),
-                          _int(args.get("speculative_eagle_topk")), _int(args.get("speculative_num_draft_tokens")),
+                          algo is not None, algo, _declared(client, path, args, "speculative_num_steps", pf.MAX_STEPS),
+                          _declared(client, path, args, "speculative_eagle_topk", pf.MAX_TOPK),
+                          _declared(client, path, args, "speculative_num_draft_tokens", pf.MAX_DRAFT_TOKENS),
                           args.get("speculative_draft_model_path") if isinstance(
                               args.get("speculative_draft_model_path"), str) else None,
-                          flag("disable_cuda_graph"), flag("disable_radix_cache"))
-    ver = client.get_json("/version")
+                          flag("disable_cuda_graph"), flag("disable_radix_cache"),
+                          adaptive=args.get("speculative_adaptive") is True, identity=pc.identity(args))
+    ver = info_json(client, "/version")
     if not isinstance(ver, dict) or not isinstance(ver.get("version"), str):
         raise _bad(client, "/version", "no version string")
-    models = client.get_json("/v1/models")
+    models = info_json(client, "/v1/models")
     data = models.get("data") if isinstance(models, dict) else None
     if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
         raise _bad(client, "/v1/models", "no data[0].id")
@@ -143,6 +179,8 @@ def v0_k(values: dict[str, float]) -> int | None:
     if drafts <= 0:
         return None
     k = d / drafts
+    if not 0.5 <= k <= pf.MAX_STEPS + 0.5:  # past what any engine runs: no k
+        return None
     return int(round(k)) if abs(k - round(k)) < 0.05 and round(k) >= 1 else None
 
 
@@ -152,12 +190,18 @@ def counters(client: Client) -> dict[str, float]:
     counters whether or not it speculates, and writes samples once it has logged spec-decode stats)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = client.get_text("/metrics")
+    text = metrics_page(client)
     # only the spec-decode families are parsed: a real page carries every histogram (hundreds of KiB),
-    # and the probe reads it twice per request at --concurrency 1
-    keep = "\n".join(line for line in text.splitlines()
-                     if line.startswith(_SPEC) or line.startswith(_HELP) or line.startswith(_TYPE))
+    # and the probe reads it once per counter window
+    lines = [line for line in text.splitlines()
+             if line.startswith(_SPEC) or line.startswith(_HELP) or line.startswith(_TYPE)]
+    if len(lines) > METRICS_SERIES:  # counted before any is parsed
+        raise ForensicsError(f"{client.what}: /metrics has {len(lines):,} spec-decode lines, more than any server "
+                             f"writes (at most {METRICS_SERIES:,}: a series per draft position per engine)")
+    keep = "\n".join(lines)
     out: dict[str, float] = {}
+    if pc.has_vllm_family(text):
+        out[FAMILIES] = 1.0
     try:
         for family in text_string_to_metric_families(keep + "\n" if keep else ""):
             if family.name.startswith("vllm:spec_decode_"):
@@ -165,7 +209,14 @@ def counters(client: Client) -> dict[str, float]:
             for s in family.samples:
                 if not s.name.startswith("vllm:spec_decode_") or s.name.endswith("_created"):
                     continue
-                key = s.name + (f"|{s.labels['position']}" if "position" in s.labels else "")
+                key = s.name
+                if "position" in s.labels:
+                    pos = s.labels["position"]
+                    if not (pos.isascii() and pos.isdigit() and len(pos) <= 4 and int(pos) < pf.MAX_STEPS):
+                        raise ForensicsError(
+                            f"{client.what}: /metrics counts a draft position {printable(pos[:24])!r}, which no "
+                            f"engine runs (positions 0 to {pf.MAX_STEPS - 1}; docs/probe.md, Hardening)")
+                    key += f"|{int(pos)}"
                 if not math.isfinite(s.value) or s.value < 0:
                     raise ValueError(f"{s.name} is {s.value}")
                 out[key] = out.get(key, 0.0) + s.value
@@ -183,14 +234,34 @@ def generate(client: Client, engine: str, prompt: list[int] | str, *, max_tokens
         body: dict[str, Any] = {"sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature},
                                 "stream": False}
         body["input_ids" if isinstance(prompt, list) else "text"] = prompt
-        got = client.post_json("/generate", body)
+        got = client.post_json("/generate", body, **_reply_bounds(max_tokens))
         seconds = time.perf_counter() - start
         return _sglang_reply(client, got, seconds)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
             "return_token_ids": True}
-    got = client.post_json("/v1/completions", body)
+    got = client.post_json("/v1/completions", body, **_reply_bounds(max_tokens))
     seconds = time.perf_counter() - start
     return _vllm_reply(client, got, seconds)
+
+
+def _reply_bounds(max_tokens: int) -> dict[str, int]:
+    """Bytes and values a generation's reply may hold: its text and ids grow with the tokens asked for."""
+    return {"limit": min(MAX_REPLY, REPLY_BYTES_BASE + REPLY_BYTES_PER_TOKEN * max_tokens),
+            "max_items": REPLY_VALUES_BASE + REPLY_VALUES_PER_TOKEN * max_tokens}
+
+
+def _histogram(client: Client, path: str, value: Any, done: int) -> tuple[int, ...] | None:
+    """SGLang's verify passes by accepted drafts: at most MAX_STEPS + 1 counts (one per count of accepted drafts),
+    each a count, together no more passes than tokens (every pass emits one)."""
+    hist = _ids(value)
+    if hist is None:
+        return None
+    if len(hist) > pf.MAX_STEPS + 1:
+        raise _bad(client, path, f"{pf.SGLANG_HISTOGRAM[0]} has {len(hist):,} entries, more than the "
+                                 f"{pf.MAX_STEPS + 1} of any engine's steps (docs/probe.md, Hardening)")
+    if any(v < 0 for v in hist) or sum(hist) > max(done, 1):
+        raise _bad(client, path, f"{pf.SGLANG_HISTOGRAM[0]} counts {sum(hist)} verify passes for {done} tokens")
+    return hist
 
 
 def _ids(value: Any) -> tuple[int, ...] | None:
@@ -216,7 +287,7 @@ def _sglang_reply(client: Client, got: Any, seconds: float) -> Reply:
         raise _bad(client, path, f"spec_verify_ct {verify} for {done} tokens")
     length = next((meta[k] for k in pf.SGLANG_ACCEPT_LENGTH if k in meta), None)
     length = float(length) if isinstance(length, (int, float)) and not isinstance(length, bool) else None
-    hist = next((_ids(meta[k]) for k in pf.SGLANG_HISTOGRAM if k in meta), None)
+    hist = next((_histogram(client, path, meta[k], done) for k in pf.SGLANG_HISTOGRAM if k in meta), None)
     ids = _ids(got.get("output_ids")) if "output_ids" in got else None
     return Reply(got["text"], ids, done, finish if isinstance(finish, str) else None, seconds, verify, length, hist)
 
@@ -233,5 +304,10 @@ def _vllm_reply(client: Client, got: Any, seconds: float) -> Reply:
         raise _bad(client, path, "usage.completion_tokens is not a count")
     choice = choices[0]
     finish = choice.get("finish_reason")
+    spec = pc.request_spec(got)
+    if spec is not None and not spec.k <= pf.MAX_STEPS:
+        shown = str(spec.k) if len(str(spec.k)) <= 24 else f"a number of {len(str(spec.k))} digits"
+        raise _bad(client, path, f"metrics.speculative_decoding declares num_spec_tokens = {shown}, which no engine "
+                                 f"runs (at most {pf.MAX_STEPS}; docs/probe.md, Hardening)")
     return Reply(choice["text"], _ids(choice.get("token_ids")), done, finish if isinstance(finish, str) else None,
-                 seconds)
+                 seconds, extra={"spec": spec})

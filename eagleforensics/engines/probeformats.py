@@ -25,6 +25,11 @@ SGLang, per request (``POST /generate``, the native API; the reply is ``{"text",
   aliases ``spec_accepted_drafts``, ``spec_proposed_drafts``, ``spec_accept_histogram``. The reply
   carries ``output_ids``. Server info moved to ``GET /model_info`` and ``GET /server_info`` (the
   ``get_`` names remain, deprecated) in ``srt/entrypoints/http_server.py``.
+* 0.5.23, the same files: the same ``meta_info`` fields (``_calculate_spec_decoding_metrics``; the
+  histogram grows to the largest accepted count seen, ``srt/managers/schedule_batch.py``), the
+  text reply with ``output_ids``; ``GET /model_info``, ``GET /server_info`` (the resolved server
+  arguments, ``speculative_adaptive`` among them, plus ``startup_time`` and ``internal_states``)
+  with the ``get_`` names kept.
 
 vLLM, as Prometheus counters on ``GET /metrics`` (cumulative since the server started, so ``probe``
 reads them before and after its own requests):
@@ -49,10 +54,28 @@ reads them before and after its own requests):
   (label ``position`` 0..k-1), labels ``model_name`` and ``engine``; Prometheus writes counters with
   a ``_total`` suffix. Mean acceptance length = 1 + accepted / drafts; per-position rate =
   accepted_per_pos / drafts (the class's docstring).
+* 0.10.1.1, 0.29.0 and 0.34.0 (V1 engine; ``engines.probecounts`` holds how they count):
+  ``vllm/v1/spec_decode/metrics.py`` declares the same four counters and labels as 0.11.0;
+  ``GET /version`` (0.10.1.1 ``entrypoints/openai/api_server.py``, from 0.29.0
+  ``entrypoints/serve/instrumentator/basic.py``), ``GET /v1/models``; ``return_token_ids`` adds
+  ``choices[].token_ids`` in 0.29.0 and 0.34.0 (``entrypoints/openai/completion/protocol.py``), not in
+  0.10.1.1 (outputs then compared by text). 0.29.0+ may add ``metrics.speculative_decoding`` per reply.
 * Requests: ``POST /v1/completions`` (``choices[].text``, ``finish_reason``, ``usage.completion_tokens``);
   ``return_token_ids`` (0.11.0, ``entrypoints/openai/protocol.py``) adds ``choices[].token_ids``.
   ``GET /v1/models`` names the model, ``GET /version`` the release (both releases,
   ``entrypoints/openai/api_server.py``).
+
+Bounds on what a server can declare (``MAX_STEPS``; docs/probe.md, "Hardening"):
+
+* vLLM's V1 rejection sampler asserts ``max_spec_len <= MAX_SPEC_LEN``: 32 in 0.9.2, 0.10.0 and
+  0.10.1.1, 128 in 0.11.0 to 0.33.0 (``vllm/v1/sample/rejection_sampler.py``); 0.34.0 moved the
+  sampler (``v1/worker/gpu``) and was not read for a limit.
+* SGLang 0.5.9 and 0.5.23 (``srt/server_args.py``) set no upper bound on ``speculative_num_steps``,
+  ``speculative_eagle_topk`` or ``speculative_num_draft_tokens``: the probe takes vLLM's 128 steps
+  as the sane bound, and 1024 for top-k and draft tokens (what ``plan`` reads from a run).
+* SGLang's ``spec_correct_drafts_histogram`` grows one entry per count of accepted drafts
+  (``Req.update_spec_correct_drafts_histogram``, ``srt/managers/schedule_batch.py``, 0.5.23), so it
+  has at most steps + 1 entries; vLLM's per-position counter has one ``position`` per step.
 """
 from __future__ import annotations
 
@@ -60,8 +83,12 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-SGLANG_RELEASES = ("0.4.6", "0.5.3", "0.5.13")
-VLLM_RELEASES = ("0.7.3", "0.8.2", "0.8.3", "0.8.4", "0.9.0", "0.11.0")
+MAX_STEPS = 128  # draft steps (positions) any engine runs: vLLM's MAX_SPEC_LEN from 0.11.0; SGLang has no bound
+MAX_TOPK = 1024  # SGLang has no bound; what ``plan`` reads from a probe run
+MAX_DRAFT_TOKENS = 1024  # likewise
+
+SGLANG_RELEASES = ("0.4.6", "0.5.3", "0.5.13", "0.5.23")
+VLLM_RELEASES = ("0.7.3", "0.8.2", "0.8.3", "0.8.4", "0.9.0", "0.10.1.1", "0.11.0", "0.29.0", "0.34.0")
 
 # SGLang meta_info fields, by what they hold (first name present wins).
 SGLANG_VERIFY = ("spec_verify_ct",)

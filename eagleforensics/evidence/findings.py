@@ -115,7 +115,7 @@ def identity_findings(matches: list[SlotMatch]) -> list[Finding]:
             out.append(Finding("position-unknown", "warning", f"{m.name}: {m.reason}."))
         elif m.identity == "rows-unverified" and m.best is not None:
             out.append(Finding("rows-unverified", "warning", f"{m.name}: {m.reason}. Give both sides their token ids."))
-        elif m.confident and m.fidelity == "drift" and m.fidelity_cause in ("routing", "uniform", "scale"):
+        elif m.confident and m.fidelity == "drift" and m.fidelity_cause in ("routing", "uniform", "scale", "context"):
             out.append(Finding("state-drift", "info",
                                f"{m.name} is placed at {m.best_label} (robust score {m.robust_score:.4f}, paired "
                                f"bound {m.paired_bound:+.2e} over the runner-up, {m.vote_share:.0%} of tokens vote "

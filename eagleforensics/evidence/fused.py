@@ -52,7 +52,7 @@ from .. import process
 from ..arrays import BF16 as BF16_NP, as_array, dtype_name, f32
 from ..errors import ForensicsError
 from ..io.guards import open_regular_fd
-from . import kernelcache
+from . import cachetrust, kernelcache
 
 prange = range  # numba.prange once ``kernels()`` has imported numba (0.3 s, paid only when they are used)
 _pread: Any = None  # libc's pread as numba calls it, set by ``kernels()``
@@ -73,13 +73,21 @@ _FLAGS = {"reassoc", "contract"}  # lets sums vectorise; no nnan/ninf: NaN/Inf r
 
 
 def _jit(numba: Any, fn: Callable[..., Any], parallel: bool = True) -> Any:
-    """``njit(parallel, cache=True)``; in memory only where no cache folder can be written (read-only install)."""
+    """``njit(parallel, cache=True)``; in memory only where no cache folder can be written (read-only install)
+    or the folder numba chose is not trusted (``cachetrust``). Checked before anything is loaded from it:
+    numba reads its cache on a kernel's first call, not when the kernel is declared."""
     opts = dict(parallel=parallel, nogil=True, fastmath=_FLAGS)
     try:
-        return numba.njit(cache=True, **opts)(fn)
+        kernel = numba.njit(cache=True, **opts)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
-        _IN_MEMORY.append(fn.__name__)
-        return numba.njit(cache=False, **opts)(fn)
+        pass
+    else:
+        why = cachetrust.distrust(getattr(getattr(kernel, "_cache", None), "cache_path", None))
+        if not why:
+            return kernel
+        kernelcache.refuse(why, "the kernels are compiled in memory for this process")
+    _IN_MEMORY.append(fn.__name__)
+    return numba.njit(cache=False, **opts)(fn)
 
 
 def _bf16_ir(typingctx: Any, v: Any) -> Any:
@@ -632,6 +640,11 @@ def kernels() -> types.SimpleNamespace:
         return _KERNELS
     with LOCK:
         if _KERNELS is None:
+            # numba also takes settings from a .numba_config.yaml in the current folder, unless a variable
+            # names them: these two name the folder it loads cached code from and classes it imports, and
+            # neither may come from a file the user did not write (empty is numba's default)
+            for name in ("NUMBA_CACHE_DIR", "NUMBA_CACHE_LOCATOR_CLASSES"):
+                os.environ.setdefault(name, "")
             import numba
             import numba.extending
 
@@ -667,7 +680,12 @@ def wanted(nbytes: int) -> bool:
     cache is filled (the two paths differ in the last bits). ``EAGLEFORENSICS_FUSED=1`` compiles here."""
     if not AVAILABLE or nbytes < MIN_BYTES:
         return False
-    if _MODE == "1" or kernelcache.ready():
+    if _MODE == "1":
+        why = kernelcache.distrust()  # forced kernels, but their cache is not to be loaded: numpy answers
+        if why:
+            kernelcache.refuse(why, "the numpy path answers")
+        return not why
+    if kernelcache.ready():
         return True
     kernelcache.start_compiling()
     return False
@@ -996,6 +1014,8 @@ def compile_into_cache() -> None:
         os.nice(10)
     lock_path = kernelcache.folder() / "eagleforensics-kernels.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    if kernelcache.distrust():  # made by another user meanwhile, or with a loose umask: never filled
+        return
     with open(lock_path, "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

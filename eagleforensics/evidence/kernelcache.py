@@ -13,6 +13,13 @@ folder (``$XDG_CACHE_HOME/eagleforensics``, by default ``~/.cache/eagleforensics
 hash of what makes numba's cached code valid: the kernels' source file, numba's install, Python and
 the CPU (model and flags). ``EAGLEFORENSICS_FUSED=1`` skips the mark and compiles in the process, as
 before; ``EAGLEFORENSICS_KERNEL_DIR`` names another folder for the mark.
+
+numba loads its cache with ``pickle.loads``: the cache is code. It is used only where ``cachetrust`` trusts
+both folders (the mark's, and the one numba keeps the code in): owned by this user or root, and nobody
+else may write them or a folder above them. Otherwise the mark is ignored, no compile starts, the numpy
+path answers (with ``EAGLEFORENSICS_FUSED=1`` too), and one line on stderr says which folder and why;
+``fused`` checks the folder numba really chose again before a kernel is first called, and compiles that
+kernel in memory if it fails. The compiling process runs isolated (``process.isolated_python``, from ``/``).
 """
 from __future__ import annotations
 
@@ -25,11 +32,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import process
+from . import cachetrust
+
 SOURCE = Path(__file__).resolve().with_name("fused.py")  # the kernels' source: numba keys its cache on it
 DIR_ENV = "EAGLEFORENSICS_KERNEL_DIR"
 COMPILE_LIMIT_S = 900  # the compiling process ends itself past this (a compile takes 20-60 s)
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+NUMBA_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused.py")  # as numba names it (unresolved)
 _state: dict[str, bool] = {}  # "ready": the mark was seen; "started": this process started the compile
+_told: list[str] = []  # why the cache was not used, once said on stderr
 
 
 def _cpu() -> str:
@@ -61,15 +72,55 @@ def key() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
+def _in_tree(source: Path) -> Path | None:
+    """``__pycache__`` beside ``source`` where it can be made and written (numba's in-tree cache), else None."""
+    in_tree = source.parent / "__pycache__"
+    if in_tree.is_dir() and os.access(in_tree, os.W_OK) or not in_tree.exists() and os.access(source.parent, os.W_OK):
+        return in_tree
+    return None
+
+
 def folder() -> Path:
     """Where the mark goes: where numba puts the code (see the module's docstring), or ``DIR_ENV``."""
     for chosen in (os.environ.get(DIR_ENV), os.environ.get("NUMBA_CACHE_DIR")):
         if chosen:
             return Path(chosen)
-    in_tree = SOURCE.parent / "__pycache__"
-    if in_tree.is_dir() and os.access(in_tree, os.W_OK) or not in_tree.exists() and os.access(SOURCE.parent, os.W_OK):
+    return _in_tree(SOURCE) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagleforensics"
+
+
+def numba_folder() -> Path:
+    """The folder numba keeps the kernels' code in, as numba 0.68's ``numba.core.caching`` picks it (the first
+    locator whose folder can be made and written): ``NUMBA_CACHE_DIR`` / (the source folder's name and a
+    SHA-1 of its path); else ``__pycache__`` beside the source; else the user-wide cache's ``numba`` / the same."""
+    src = os.path.dirname(NUMBA_SOURCE)
+    sub = f"{os.path.basename(src)}_{hashlib.sha1(src.encode()).hexdigest()}"  # get_suitable_cache_subpath
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"]) / sub
+    in_tree = _in_tree(Path(NUMBA_SOURCE))
+    if in_tree is not None:
         return in_tree
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagleforensics"
+    base = "~/Library/Caches" if sys.platform == "darwin" else os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    return Path(os.path.expanduser(base)) / "numba" / sub  # numba's appdirs.user_cache_dir("numba")
+
+
+def distrust() -> str | None:
+    """Why the kernel cache must not be loaded (``cachetrust``: the mark's folder, then numba's), or None."""
+    try:
+        places = dict.fromkeys((folder(), numba_folder()))
+    except RuntimeError:  # Path.home() with no HOME and no passwd entry
+        return "no home folder to keep it in"
+    for where in places:
+        why = cachetrust.distrust(where)
+        if why:
+            return why
+    return None
+
+
+def refuse(why: str, instead: str) -> None:
+    """Say once per process, on stderr, that the cache is not used and why."""
+    if not _told:
+        _told.append(why)
+        print(f"eagleforensics: the compiled-kernel cache is not used: {why}; {instead}", file=sys.stderr)
 
 
 def stamp() -> Path:
@@ -82,6 +133,10 @@ def ready() -> bool:
     for the mark (no home directory, say) reads as not compiled: the numpy path answers."""
     if not _state.get("ready"):
         try:
+            why = distrust()
+            if why:  # a mark or code planted in a folder others can write: never loaded
+                refuse(why, "the numpy path answers")
+                return False
             _state["ready"] = stamp().is_file()
         except (OSError, RuntimeError):  # RuntimeError: Path.home() with no HOME and no passwd entry
             return False
@@ -96,14 +151,20 @@ def start_compiling() -> bool:
     if _state.get("started"):
         return False
     _state["started"] = True
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(_PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    code = "from eagleforensics.evidence.fused import compile_into_cache; compile_into_cache()"
     try:
-        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
-    except OSError:
-        return False  # no process could start: the numpy path keeps answering
+        if distrust():
+            return False  # nothing is compiled into a folder whose contents cannot be trusted
+        # isolated and started in "/": nothing in the user's folder (a numpy.py, numba's .numba_config.yaml)
+        # or in PYTHONPATH is imported or read; the folders it is told of are absolute
+        env = dict(os.environ)
+        for name in (DIR_ENV, "NUMBA_CACHE_DIR"):
+            if env.get(name):
+                env[name] = os.path.abspath(env[name])
+        code = "from eagleforensics.evidence.fused import compile_into_cache; compile_into_cache()"
+        subprocess.Popen(process.isolated_python(code), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env, cwd="/")
+    except (OSError, RuntimeError):
+        return False  # no process could start (or no home folder): the numpy path keeps answering
     return True
 
 

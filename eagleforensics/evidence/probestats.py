@@ -52,7 +52,11 @@ def per_position(histograms: Sequence[Sequence[int]]) -> tuple[float, ...] | Non
     passes = sum(total)
     if passes <= 0:
         return None
-    return tuple(sum(total[i:]) / passes for i in range(1, width))
+    reach, tail = [], 0  # suffix sums, from the last position back: linear in the width
+    for count in reversed(total[1:]):
+        tail += count
+        reach.append(tail / passes)
+    return tuple(reversed(reach))
 
 
 def degenerate(tokens: Sequence[object], completion_tokens: int, finish: str | None, text: str) -> str | None:

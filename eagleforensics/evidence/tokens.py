@@ -49,6 +49,20 @@ class TokenAlignment:
         """True when token ids on both sides say the paired rows are the same tokens."""
         return self.method in ("ids-prefix", "ids-run")
 
+    @property
+    def other_context(self) -> str:
+        """In words, when ids show that the compared rows follow other tokens on the two sides (a run found after
+        rows that differ: another system prompt, template or prefix on one side), else "". A causal model's state
+        depends on every token before it, so such rows drift by context alone, whatever the weights or kernels."""
+        if self.method != "ids-run" or not (self.train_start or self.capture_start):
+            return ""
+        return (f"the compared rows follow other tokens on the two sides (training rows 0..{self.train_start - 1} "
+                f"and capture rows 0..{self.capture_start - 1} before the shared run differ"
+                if self.train_start and self.capture_start else
+                f"the compared rows follow {self.train_start or self.capture_start} tokens that only the "
+                f"{'training record' if self.train_start else 'capture'} holds before the shared run") + \
+            ": another system prompt, chat template or prefix on one side)"
+
     def to_dict(self) -> dict[str, object]:
         """The JSON ``tokens`` object: the fields above, ``offset`` and ``candidates`` as lists."""
         out = dict(self.__dict__)

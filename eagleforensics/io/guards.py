@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 import os
 import stat
 import zipfile
@@ -291,7 +292,14 @@ def nesting_depth(data: bytes) -> int:
     before it fails, so it bounds the parser's recursion. Read in 1 MiB chunks (state carried
     over), in time and memory linear in the input whatever the bytes (no regex backtracking).
     """
-    depth = best = 0
+    return json_shape(data)[0]
+
+
+def json_shape(data: bytes) -> tuple[int, int]:
+    """(nesting depth, values) of JSON text in one linear pass (see ``nesting_depth``). Values counts every
+    ``,``, ``[`` and ``{`` outside strings: at least the values a parser builds less one and at most twice them
+    (keys aside), so a reply of a million empty objects is refused by its count before any of them is built."""
+    depth = best = items = 0
     quotes = 0  # unescaped quotes seen so far (odd: inside a string)
     run = 0  # backslashes just before the chunk
     for at in range(0, len(data), _DEPTH_CHUNK):
@@ -306,28 +314,39 @@ def nesting_depth(data: bytes) -> int:
         live = (c == 0x22) & (before % 2 == 0)
         seen = np.cumsum(live, dtype=np.int64)
         outside = (quotes + seen - live) % 2 == 0
-        step = ((c == 0x5B) | (c == 0x7B)).astype(np.int64) - ((c == 0x5D) | (c == 0x7D))
+        opens = (c == 0x5B) | (c == 0x7B)
+        step = opens.astype(np.int64) - ((c == 0x5D) | (c == 0x7D))
         level = np.cumsum(np.where(outside, step, 0)) + depth
         best = max(best, int(level.max()))
+        items += int(np.count_nonzero(outside & (opens | (c == 0x2C))))
         depth = int(level[-1])
         quotes += int(seen[-1])
         run = run + c.size if last[-1] < 0 else c.size - 1 - int(last[-1])
-    return best
+    return best, items
 
 
-def parse_json(data: bytes | str, path: str | Path, what: str = "JSON") -> Any:
+def parse_json(data: bytes | str, path: str | Path, what: str = "JSON", *, max_items: int | None = None,
+               strict_numbers: bool = False) -> Any:
     """``json.loads`` that refuses nesting deeper than ``MAX_DEPTH`` instead of overflowing the stack.
 
     Every failure is a ``ForensicsError`` or a ``json.JSONDecodeError`` (which callers word
     for their format): a number past Python's digit limit, a recursion, are one line too.
+    ``max_items`` refuses text holding more values (``json_shape``) before any is built;
+    ``strict_numbers`` refuses what JSON itself does not allow and no server writes: ``NaN`` and
+    ``Infinity``, a number that overflows to infinity, an integer past 64 bits (refused by its
+    length before ``int()`` reads it, whatever ``sys.set_int_max_str_digits`` allows).
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    depth = nesting_depth(raw)
+    depth, items = json_shape(raw)
     if depth > MAX_DEPTH:
         raise ForensicsError(f"{what} is nested {depth} levels deep (at most {MAX_DEPTH}): corrupt or hostile",
                              path=path)
+    if max_items is not None and items > max_items:
+        raise ForensicsError(f"{what} holds {items:,} values (at most {max_items:,}): corrupt or hostile", path=path)
+    hooks: dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite_float,
+                             "parse_int": _int64} if strict_numbers else {}
     try:  # UTF-8 only (JSON's own rule); json.loads would guess UTF-16/32 from the first bytes
-        return json.loads(data if isinstance(data, str) else raw.decode("utf-8"))
+        return json.loads(data if isinstance(data, str) else raw.decode("utf-8"), **hooks)
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise ForensicsError(f"{what} is nested too deeply: corrupt or hostile", path=path) from None
     except UnicodeDecodeError:
@@ -337,6 +356,27 @@ def parse_json(data: bytes | str, path: str | Path, what: str = "JSON") -> Any:
     except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
         raise ForensicsError(f"{what} is not valid JSON ({' '.join(str(exc).split())[:100]}): corrupt or hostile",
                              path=path) from None
+
+
+_INT64_DIGITS = 19  # 2**63 - 1 has 19 digits
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:24]}{'...' if len(text) > 24 else ''} is out of range")
+    return value
+
+
+def _int64(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > _INT64_DIGITS or not -(1 << 63) <= (value := int(text)) < (1 << 63):
+        raise ValueError(f"an integer of {digits} digits is past 64 bits")
+    return value
 
 
 def load_yaml(text: str, path: str | Path) -> Any:

@@ -14,6 +14,7 @@ from .guards import parse_json, read_regular
 
 SCHEMA = "eagleforensics-probe-v1"
 MAX_BYTES = 64 * 1024 * 1024  # 1024 requests with their figures are well below this
+MAX_POSITIONS = 128  # per-position rates a run may hold: engines.probeformats.MAX_STEPS, the most any engine runs
 _HEAD = 4096
 
 
@@ -76,7 +77,7 @@ def read_probe_run(path: str | Path) -> dict[str, Any]:
     out["rounds"] = _number(run, "rounds", p, 0.0, 1e12)
     pos = run.get("per_position_acceptance")
     if pos is not None:
-        if not isinstance(pos, list) or not 1 <= len(pos) <= 64 or any(
+        if not isinstance(pos, list) or not 1 <= len(pos) <= MAX_POSITIONS or any(
                 isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0 for v in pos):
             raise _bad(p, "run.per_position_acceptance is not a list of rates in [0, 1]")
         pos = tuple(float(v) for v in pos)
@@ -98,3 +99,29 @@ def read_probe_run(path: str | Path) -> dict[str, Any]:
     out["server_args"] = clean
     return out
 
+
+
+def read_probe_counters(path: str | Path) -> dict[str, Any]:
+    """An earlier probe's server-wide counters at its end (``server_counters``), for ``probe --since``: the
+    engine, the counter values and the wall time, checked; one line when the file has none."""
+    p = Path(path)
+    try:
+        doc = parse_json(read_regular(p, MAX_BYTES, "probe JSON"), p, "probe JSON")
+    except ValueError as exc:
+        raise ForensicsError(f"not valid JSON: {' '.join(str(exc).split())[:120]}", path=p) from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise _bad(p, "no schema line")
+    engine = (doc.get("server") or {}).get("engine") if isinstance(doc.get("server"), dict) else None
+    block = doc.get("server_counters")
+    if engine not in ("sglang", "vllm"):
+        raise _bad(p, "server.engine is not sglang or vllm")
+    if not isinstance(block, dict):
+        raise ForensicsError("--since: that probe file has no server_counters (written by an older probe)", path=p)
+    end, when = block.get("end"), block.get("end_time")
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when) or when < 0:
+        raise _bad(p, "server_counters.end_time is not a time")
+    if end is not None and (not isinstance(end, dict) or len(end) > 16 or any(
+            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or v < 0 for k, v in end.items())):
+        raise _bad(p, "server_counters.end is not a map of counter values")
+    return {"engine": engine, "end": end, "end_time": float(when)}

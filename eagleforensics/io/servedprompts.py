@@ -19,7 +19,7 @@ a value of the wrong type is bad input. Bounded: the file at most
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ class ServedPrompt:
     ids: list[int] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # SAMPLING_KEYS the request set
     source: Path | None = None  # the served prompts file, named by errors found when the prompt is used
+    lora_path: str | None = None  # SGLang's ``lora_path``: the LoRA adapter the request is served through
+    model: str | None = None  # the OpenAI body's ``model`` (vLLM serves a LoRA adapter by its name there)
 
     @property
     def kind(self) -> str:
@@ -95,7 +97,28 @@ def _sampling(obj: dict[str, Any], n: int, path: Path) -> dict[str, Any]:
     return out
 
 
+def _named(obj: dict[str, Any]) -> dict[str, str]:
+    """SGLang's ``lora_path`` (a name or path, or a list with one per prompt) and the body's ``model``, when strings."""
+    out = {}
+    lora = obj.get("lora_path")
+    if isinstance(lora, list):
+        lora = next((v for v in lora if isinstance(v, str) and v), None)
+    if isinstance(lora, str) and lora:
+        out["lora_path"] = lora
+    model = obj.get("model")
+    if isinstance(model, str) and model:
+        out["model"] = model
+    return out
+
+
 def _parse(obj: Any, n: int, path: Path) -> ServedPrompt:
+    prompt = _parse_body(obj, n, path)
+    body = obj["body"] if isinstance(obj, dict) and isinstance(obj.get("body"), dict) else obj
+    named = _named(body)
+    return replace(prompt, **named) if named else prompt
+
+
+def _parse_body(obj: Any, n: int, path: Path) -> ServedPrompt:
     if isinstance(obj, dict) and isinstance(obj.get("body"), dict):
         obj = obj["body"]
     if not isinstance(obj, dict):

@@ -1,7 +1,7 @@
 """The kernel a report runs its notebook in, and the work folder it leaves nothing outside of.
 
 ``kernel_manager_class(workdir)`` gives papermill a kernel manager whose ``python3`` kernel is
-this interpreter's ipykernel, talking over Unix sockets, whose connection file (it holds the
+this interpreter's ipykernel, run isolated (``process.isolated_python``), talking over Unix sockets, whose connection file (it holds the
 session key) is written inside the work folder instead of the temp dir's root, and whose
 process stdout/stderr go to ``kernel.log`` there, or nowhere without a work folder (the
 kernel's own noise on an interrupt, "Parent appears to have exited", never reaches the
@@ -22,10 +22,12 @@ from typing import Any, Iterator
 
 from ..errors import ForensicsError, printable
 from ..interrupts import signals_held
+from ..process import isolated_python
 
 INSTALL_HINT = "pip install 'eagleforensics[report]'"
 CONNECTION_FILE = "kernel.json"
 KERNEL_LOG = "kernel.log"
+LAUNCH_KERNEL = "from ipykernel.kernelapp import launch_new_instance; launch_new_instance()"
 
 
 class WorkFolder:
@@ -102,7 +104,11 @@ def kernel_manager_class(workdir: WorkFolder | Path | None = None) -> type:
     class HereSpecs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
             if kernel_name == NATIVE_KERNEL_NAME:
-                return KernelSpec(resource_dir=RESOURCES, **get_kernel_dict())
+                spec = get_kernel_dict()
+                # isolated (no current folder, PYTHONPATH or user site on sys.path; IPython adds no current
+                # folder under -I either), importing this very eagleforensics: ipykernel_launcher's work, by hand
+                spec["argv"] = [*isolated_python(LAUNCH_KERNEL), "-f", "{connection_file}"]
+                return KernelSpec(resource_dir=RESOURCES, **spec)
             return super().get_kernel_spec(kernel_name)
 
     class HereKernelManager(AsyncKernelManager):

@@ -16,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..process import isolated_python
 from .pipeline import NOTEBOOK_DIR
 
 WORK_DIR = NOTEBOOK_DIR / "work"
@@ -38,8 +39,10 @@ def working_copies(dest: Path = WORK_DIR, templates: Path = NOTEBOOK_DIR) -> tup
 
 
 def lab_command(work_dir: Path, options: list[str]) -> list[str]:
-    """The JupyterLab command line: this interpreter's JupyterLab, rooted at ``work_dir``, with the caller's options last."""
-    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={work_dir}", *options]
+    """The JupyterLab command line: this interpreter's JupyterLab, rooted at ``work_dir``, with the caller's options
+    last. Isolated (``process.isolated_python``): nothing in the folder it starts from is imported."""
+    run = "import runpy; runpy.run_module('jupyterlab', run_name='__main__', alter_sys=True)"
+    return [*isolated_python(run), f"--ServerApp.root_dir={work_dir}", *options]
 
 
 def main(argv: list[str] | None = None) -> None:

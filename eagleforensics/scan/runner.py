@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from .. import process
 from ..errors import ForensicsError
 from ..io.atomic import is_fixable, write_error
 from .results import (
@@ -151,8 +152,9 @@ def make_pool(workers: int, reference: "Reference | None", audit: "TargetAudit |
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                               initargs=(reference, os.getpid(), audit))
+    with process.safe_path_children():  # its queue's lock starts multiprocessing's resource tracker (python -c)
+        return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                   initargs=(reference, os.getpid(), audit))
 
 
 @contextlib.contextmanager
@@ -235,7 +237,9 @@ def _run_local(root: str, rels: list[str], reference: "Reference | None", worker
     pool = make_pool(workers, reference, audit)
     finished = False
     try:
-        with _sigint_blocked():  # workers start inside submit(): they inherit SIGINT blocked, so never see Ctrl-C
+        # workers start inside submit(): they inherit SIGINT blocked, so never see Ctrl-C, and start with no
+        # current folder on sys.path (their ``python -c`` would import a numpy.py from it before anything else)
+        with _sigint_blocked(), process.safe_path_children():
             futures = [pool.submit(_worker_batch, root, b, allow_unsafe) for b in _batches(rels, workers)]
         for fut in as_completed(futures):
             exc = fut.exception()
