@@ -422,6 +422,7 @@ def _check_physical(label: str, path: str, config: RoundConfig, config_from: str
 def read_runs(inputs: PlanInputs) -> list[RunFacts]:
     """Parse every log into ``RunFacts``; a log without data lines is bad input naming the file (and why)."""
     from .engines.logs import parse_logs, waiting_message
+    from .engines.runtimerules import undrafted_lines
 
     if not inputs.logs:
         raise ForensicsError("plan needs server logs: give LABEL=PATH (or PATH) for each run")
@@ -444,6 +445,9 @@ def read_runs(inputs: PlanInputs) -> list[RunFacts]:
             runs.append(_probe_facts(label, str(path), inputs.launch.get(label)))
             continue
         sub = df[df["run"] == label]
+        off = undrafted_lines(sub, by_run.get(label), None)  # batches the engine ran undrafted: not the drafter's
+        if len(off):
+            sub = sub[~sub["line"].isin(off["line"])]
         runs.append(_facts(label, str(path), sub, by_run.get(label), inputs.launch.get(label)))
     return runs
 

@@ -219,8 +219,13 @@ def check_accept_len(art: Artifacts, name: str) -> tuple[list[Finding], dict[str
     df = art.server_log
     if "accept_length" not in df.columns:
         return [], {}
+    from .specoff import explained_lines  # lines a run-time switch left undrafted are not the drafter's
+
+    off = explained_lines(df, art.server_args, art.engine_version)
+    if len(off):
+        df = df[~df["line"].isin(off["line"])]
     values = [float(v) for v in df["accept_length"].tolist() if v is not None and not math.isnan(float(v))]
-    data = {"decode_lines": len(values)}
+    data = {"decode_lines": len(values), "undrafted_lines_left_out": int(len(off))}
     if not values:
         return [], data
     ones = sum(v <= ONE for v in values)

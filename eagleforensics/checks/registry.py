@@ -14,7 +14,8 @@ from .base import Check
 MODULES: tuple[str, ...] = ("launch", "drafterweights", "drafterbaseline", "sizes", "vocabmap", "coverage", "embedding",
                            "flags", "rope", "template", "dataorigin", "datashape",
                            "targetquant", "mtpweights", "hybrid", "multimodal", "verifier", "datasize",
-                           "penalty", "lora", "dpattention", "benchprompts")
+                           "penalty", "lora", "dpattention", "benchprompts",
+                           "draftercache", "specoff", "batchdep", "depth", "blockdrafter", "auxrange", "defaulttemp", "cumulative", "arfusion")
 _CHECKS: dict[str, Check] = {}
 
 

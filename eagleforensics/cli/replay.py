@@ -49,13 +49,16 @@ CAPTURE_CONVENTIONS = ("hf", "vllm", "sglang", "trtllm")
               help="Add a row replaying the drafter as an engine that ignores this feature serves it; repeatable.")
 @click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--profile", "profile_out", type=click.Path(), default=None,
+              help="Also write the trained (else best) wiring's per-position acceptance as ModelOpt's "
+                   "speculation_profile.json (docs/replay.md).")
 @click.option("--allow-unsafe-pickle", is_flag=True,
               help="Allow full unpickling of .pt files. DANGEROUS: runs any code the file contains; trusted files only.")
 def replay(drafter: str, capture: str, train: str | None, target: str | None, wirings: tuple[str, ...], steps: int,
            cost_ratio: float, engine: str | None, draft_config: str | None, engine_version: str | None,
            model_type: str | None, vllm_runner: str | None, capture_convention: str, max_tokens: int | None, temperature: float, top_p: float,
            topk: int, draft_tokens: int | None, served_without: tuple[str, ...], device: str, as_json: bool,
-           allow_unsafe_pickle: bool) -> None:
+           profile_out: str | None, allow_unsafe_pickle: bool) -> None:
     """Predict the acceptance each wiring would give: run DRAFTER on CAPTURE's states, compare with the target's tokens.
 
     Wirings replayed: the trained one (with --train), the engines' default [2, N//2, N-3], what --engine
@@ -92,5 +95,24 @@ def replay(drafter: str, capture: str, train: str | None, target: str | None, wi
         device=device, max_tokens=max_tokens, convention=capture_convention, allow_unsafe=allow_unsafe_pickle,
         temperature=temperature, top_p=top_p, topk=topk, draft_tokens=draft_tokens, served_without=served_without,
         vllm_runner=vllm_runner))
+    if profile_out is not None:
+        run_guarded(lambda: write_profile(result, profile_out))
     echo_text(result.to_json() if as_json else result.to_text())
     sys.exit(result.exit_code)
+
+
+def write_profile(result, path: str) -> None:  # noqa: ANN001
+    """Write ``result``'s trained wiring (else its best) as a speculation profile (``io.specprofile``)."""
+    import json
+
+    from ..io.atomic import write_bytes_atomic
+    from ..io.specprofile import profile_doc
+
+    chosen = result.trained or result.best
+    if chosen is None:
+        from ..errors import ForensicsError
+
+        raise ForensicsError("replay measured no wiring: no speculation profile to write", path=path)
+    doc = profile_doc(chosen.to_dict(result.cost_ratio), result.steps,
+                      conditions={"capture": result.capture, "tokens": result.tokens})
+    write_bytes_atomic(path, (json.dumps(doc, indent=2) + "\n").encode())

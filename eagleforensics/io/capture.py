@@ -237,6 +237,10 @@ def _build(
     ((t, h),) = shape_set
     if t == 0 or h == 0:
         raise ForensicsError(f"capture positions are empty (shape [{t}, {h}])", path=path)
+    if input_ids is not None and int(input_ids.shape[0]) > t:  # fewer states than ids: prefix cache or speculation
+        from .vllmextract import short_capture_message
+
+        raise ForensicsError(short_capture_message(int(input_ids.shape[0]), t), path=path)
     if input_ids is not None and int(input_ids.shape[0]) != t:
         raise ForensicsError(f"input_ids has {int(input_ids.shape[0])} tokens but the hidden states have {t}", path=path)
     lowest = min(dtypes.values(), key=lambda d: d.itemsize)
@@ -338,6 +342,13 @@ def _from_safetensors(p: Path, convention: str, num_layers: int | None) -> Captu
         meta = own
         return _from_own_format(p, handle, header, meta, ids, num_layers)
     entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    from .vllmextract import extract_sources, is_extract_file
+
+    if is_extract_file(entries, _ST_DTYPES):  # vLLM extract_hidden_states: [T, L, H] and token_ids
+        sources, shapes, ids = extract_sources(p, lambda k: read_tensor(handle, k, p), entries)
+        dt = _ST_DTYPES[entries["hidden_states"]["dtype"]]
+        return _build(path, convention, dict(sources), shapes, {i: dt for i in sources}, ids, num_layers,
+                      {**meta, "format": "vllm extract_hidden_states"}, listed=True)
     floats = [k for k, v in entries.items() if v.get("dtype") in _ST_DTYPES]
     bad = [k for k, v in entries.items() if k != "input_ids" and v.get("dtype") not in _ST_DTYPES]
     _refuse_integer_states({k: entries[k].get("dtype") for k in bad if len(entries[k].get("shape", [])) >= 2}, path)

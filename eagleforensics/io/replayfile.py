@@ -175,6 +175,10 @@ def read_replay(path: str | Path) -> ReplayFile:
         raise ForensicsError(f"not valid JSON: {' '.join(str(exc).split())[:120]}", path=p) from None
     if not isinstance(doc, dict):
         raise _bad(p, "the top level is not an object")
+    from .specprofile import is_profile
+
+    if doc.get("schema") != SCHEMA and is_profile(doc):  # ModelOpt's speculation_profile.json: one reference wiring
+        return _from_profile(doc, p)
     if doc.get("schema") != SCHEMA:
         raise _bad(p, f"schema is {printable(repr(doc.get('schema')))[:60]}")
     steps = _steps(doc.get("steps"), p, "steps")
@@ -186,3 +190,14 @@ def read_replay(path: str | Path) -> ReplayFile:
         raise _bad(p, "wirings is not a non-empty list")
     wirings = tuple(_wiring(item, p, i, steps) for i, item in enumerate(items[:256]))
     return ReplayFile(str(p), steps, trained, wirings)
+
+
+def _from_profile(doc: dict[str, Any], p: Path) -> ReplayFile:
+    """A speculation profile as a replay file of one wiring, ``profile``, taken as the trained one."""
+    from .specprofile import SOURCE, profile_reach, profile_steps
+
+    reach, length, what = profile_reach(doc, p)
+    steps = _steps(len(reach), p, "num_speculative_tokens")
+    wiring = ReplayWiring("profile", f"trained; speculation_profile.json ({what}; {SOURCE})", steps,
+                          profile_steps(doc), tuple(reach), length)
+    return ReplayFile(str(p), steps, "profile", (wiring,))
