@@ -10,7 +10,11 @@ from .common import echo_text, run_guarded
 
 @click.command()
 @click.argument("model_dir", type=click.Path(file_okay=False))
-@click.option("--prompt", default=None, help="Text to tokenize with the model directory's tokenizer.")
+@click.option("--prompt", default=None,
+              help="One user message, sent as a chat request: rendered with the model directory's chat template and "
+                   "its generation prompt, as a server renders /v1/chat/completions (see --raw-prompt).")
+@click.option("--raw-prompt", "raw_prompt", is_flag=True,
+              help="Tokenize --prompt as written (a /v1/completions request) instead of through the chat template.")
 @click.option("--input-ids", "input_ids", default=None,
               help="Token ids instead of a prompt: comma-separated, or a .pt/.npy/.safetensors file holding them.")
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
@@ -20,18 +24,20 @@ from .common import echo_text, run_guarded
 @click.option("-o", "--output", "output", required=True, type=click.Path(),
               help="Where to write the capture (.safetensors); with --prompts, a directory.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
-def capture(model_dir: str, prompt: str | None, input_ids: str | None, prompts_file: str | None, output: str,
-            dtype: str) -> None:
+def capture(model_dir: str, prompt: str | None, raw_prompt: bool, input_ids: str | None, prompts_file: str | None,
+            output: str, dtype: str) -> None:
     """Capture positions p=0..N (raw) and the post-norm final of MODEL_DIR on one prompt (or, with --prompts,
     on every request of a file: the model loaded once, the sequences run in batches)."""
 
     def run() -> str:
         from ..errors import ForensicsError, printable
         from ..io.guards import check_not_input
-        from ..io.sweep import load_local_model, sweep, tokenize, write_capture
+        from ..io.sweep import load_local_model, prompt_ids, sweep, write_capture
 
         if sum(x is not None for x in (prompt, input_ids, prompts_file)) != 1:
             raise ForensicsError("give exactly one of --prompt, --input-ids or --prompts")
+        if raw_prompt and prompt is None:
+            raise ForensicsError("--raw-prompt applies to --prompt only")
         if prompts_file is not None:
             from ..io.captureset import capture_many
 
@@ -43,13 +49,15 @@ def capture(model_dir: str, prompt: str | None, input_ids: str | None, prompts_f
             raise ForensicsError("is a directory; a capture of one prompt is a file (--prompts writes a directory)",
                                  path=output)
         check_not_input(output, [(model_dir, "the model directory"), (input_ids, "the --input-ids file")], "capture")
-        ids = tokenize(model_dir, prompt) if prompt is not None else _parse_ids(input_ids or "")
+        ids, how = prompt_ids(model_dir, prompt, chat=not raw_prompt) if prompt is not None else \
+            (_parse_ids(input_ids or ""), "")
         model = load_local_model(model_dir)
         vocab = int(model.get_input_embeddings().weight.shape[0])
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ForensicsError(f"token ids must lie in [0, {vocab}) for this model")
         path = write_capture(output, sweep(model, ids), model, dtype)
-        return f"wrote {printable(path)} ({int(ids.numel())} tokens, {model.config.num_hidden_layers + 2} states)"
+        return (f"wrote {printable(path)} ({int(ids.numel())} tokens, {model.config.num_hidden_layers + 2} states)"
+                + (f"; the prompt went in as {how}" if how else ""))
 
     echo_text(run_guarded(run))
 

@@ -200,6 +200,25 @@ def check_model_size(d: Path) -> None:
                              f"{stored:,}: the config does not belong to these weights", path=d)
 
 
+def prompt_ids(model_dir: str | Path, prompt: str, *, chat: bool = True) -> tuple[torch.Tensor, str]:
+    """The ids a server feeds the model for ``prompt``, and how they were made: a chat request (the user message
+    through the directory's own chat template with the generation prompt, as ``capture --prompts`` and the engines
+    render one) when ``chat`` and the directory has a chat template, else the text as written (a completion)."""
+    import torch
+
+    from .servedprompts import ServedPrompt
+    from .tokenizer import has_tokenizer, load_tokenizer
+
+    if chat and has_tokenizer(model_dir):
+        tok = load_tokenizer(model_dir)
+        if tok.chat_template is not None:
+            request = ServedPrompt(1, messages=[{"role": "user", "content": prompt}], source=Path(model_dir))
+            return (torch.tensor(request.token_ids(tok), dtype=torch.int64),
+                    "a chat request through the model's chat template (--raw-prompt: the text as written)")
+    return tokenize(model_dir, prompt), ("the text as written" if not chat else
+                                         "the text as written: the model directory has no chat template")
+
+
 def tokenize(model_dir: str | Path, prompt: str) -> torch.Tensor:
     """Token ids of ``prompt`` with the model directory's own tokenizer."""
     import torch
