@@ -98,6 +98,8 @@ def is_multimodal(cfg: dict[str, Any]) -> bool:
 
 def mtp_names(d: Path) -> list[str]:
     """The index's names of the MTP layers (``layers.N..`` past the last decoder layer, or an ``mtp`` prefix)."""
+    if not (d / INDEX).is_file():  # a config-only entry: no names to drop
+        return []
     cfg = _config(d)
     n = _text(cfg).get("num_hidden_layers")
     wmap = json.loads((d / INDEX).read_text())["weight_map"]
