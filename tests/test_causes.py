@@ -25,6 +25,8 @@ from eagleforensics.results import Finding
 from eagleforensics.testing.defects import DEFECTS, SAMPLES, plant, vllm_log
 from eagleforensics.verdict import LEVEL_OF_SEVERITY
 
+from .torchthreads import one_thread  # noqa: F401  (autouse: the tiny drafters train on one torch thread)
+
 RECORD, CAPTURE = SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture.pt"
 WIRING_CODES = ("serving-mismatch", "off-by-default", "nested-ignored", "default-fallback")
 

@@ -17,6 +17,8 @@ from eagleforensics.checks.base import DoctorInputs
 from eagleforensics.doctor import diagnose
 from eagleforensics.testing.defects import DEFECTS, SAMPLES, plant
 
+from .torchthreads import one_thread  # noqa: F401  (autouse: the tiny drafters train on one torch thread)
+
 RECORD, CAPTURE = SAMPLES / "record_layer_outputs.pt", SAMPLES / "capture.pt"
 FLAGGED = ("error", "warning")
 

@@ -20,6 +20,8 @@ from eagleforensics.checks.rowcompare import compare_rows, init_signature
 from eagleforensics.doctor import diagnose
 from eagleforensics.testing.defects import DEFECTS, SAMPLES, plant
 
+from .torchthreads import one_thread  # noqa: F401  (autouse: the tiny drafters train on one torch thread)
+
 FLAGGED = ("error", "warning")
 
 

@@ -26,6 +26,7 @@ from eagleforensics.io.served import SERVED_FEATURES
 from eagleforensics.positions import Position
 
 from .plaindraft import hf_rope, plain_logits
+from .torchthreads import one_thread  # noqa: F401  (autouse)
 from .realdata import SAMPLES
 
 DRAFTER = SAMPLES / "drafter"

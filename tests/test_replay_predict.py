@@ -25,6 +25,7 @@ from eagleforensics.positions import Position
 from eagleforensics.replay import parse_wiring, run_replay
 
 from .plaindraft import plain_logits
+from .torchthreads import one_thread  # noqa: F401  (autouse)
 from .realdata import ROOT
 
 FIX = ROOT / "tests" / "fixtures" / "specforge"
