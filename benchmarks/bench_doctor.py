@@ -207,7 +207,13 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="doctor's --device")
     ap.add_argument("--replay-devices", nargs="*", default=["cpu"], choices=("cpu", "cuda"))
     ap.add_argument("--runs", nargs="+", default=["doctor", "replay", "align"], choices=("doctor", "replay", "align"))
+    ap.add_argument("--served", nargs="*", default=[], metavar="ENGINE:VERSION",
+                    help="also run doctor (and the last replay device's replay) with --engine ENGINE --engine-version "
+                         "VERSION, e.g. sglang:0.5.23: the drafter judged as that engine serves it (SGLang swaps the "
+                         "target's embedding in for the drafter's own)")
     ap.add_argument("--timeout", type=int, default=3000)
+    ap.add_argument("--mark-wait", type=int, default=900, help="seconds the last align waits for the kernels' mark "
+                    "(a machine without numba never marks it: keep this short there)")
     ap.add_argument("--profile", type=Path, default=None, help="also profile the doctor run (cProfile) into this file "
                     "and print its 30 costliest calls (cumulative)")
     ap.add_argument("--profile-replay", type=Path, default=None, help="the same for the last replay run")
@@ -254,6 +260,18 @@ def main() -> None:
                                                                 "--train", str(case["train"]), "--capture",
                                                                 str(case["capture"]), "--device", args.device],
                            gpu, args.timeout, args.profile))
+    for served in args.served:  # the same commands as the named engine serves the drafter
+        engine, _, version = served.partition(":")
+        flags = ["--engine", engine] + (["--engine-version", version] if version else [])
+        if "doctor" in args.runs:
+            results.append(run(f"doctor --device {args.device} {served}", [
+                "doctor", "--drafter", str(case["drafter"]), *common, "--train", str(case["train"]), "--capture",
+                str(case["capture"]), "--device", args.device, *flags], gpu, args.timeout))
+        if "replay" in args.runs and args.replay_devices:
+            dev = args.replay_devices[-1]
+            results.append(run(f"replay --device {dev} {served}", [
+                "replay", str(case["drafter"]), str(case["capture"]), *common, "--train", str(case["record"]),
+                "--device", dev, *flags], gpu, args.timeout))
     if "replay" in args.runs:
         for i, dev in enumerate(args.replay_devices):
             last = i == len(args.replay_devices) - 1
@@ -261,7 +279,7 @@ def main() -> None:
                                                            *common, "--train", str(case["record"]), "--device", dev],
                                gpu, args.timeout, args.profile_replay if last else None))
     if "align" in args.runs:
-        waited = marked.wait(900)
+        waited = marked.wait(args.mark_wait)
         print(f"# kernels: {'in the cache before the first align' if marked.at == 0.0 else 'compiled in the background, marked %.0f s after the first align started' % marked.at if marked.at else 'NOT marked within the wait'}"
               + (f" (waited {waited:.0f} s more for the mark before the last align)" if waited > 0.5 else ""))
         results.append(run("align", ["align", str(case["record"]), str(case["capture"])], gpu, args.timeout))
@@ -290,6 +308,13 @@ def main() -> None:
             note += f"; roofline {roof:.1f} s, ratio {roof / r['wall_s']:.2f}"
             if doc.get("replay"):
                 note += f"; replay's own {doc['replay'].get('seconds')} s"
+            base = next((c for c in doc.get("checks", []) if c["name"] == "drafter-baseline"), None)
+            if base:  # as served: which of the drafter's own parts the named engine dropped for the baseline
+                note += (f"; drafter-baseline {base['status']}, served without "
+                         f"{(base.get('data') or {}).get('served_without') or 'nothing'}")
+            bad = [c["name"] for c in doc.get("checks", []) if c["status"] == "not-run" and c.get("reason")]
+            if bad:
+                note += f"; not run: {', '.join(bad)}"
         elif r["label"].startswith("replay") and doc:
             note = f"replay's own {doc.get('seconds')} s; " + "; ".join(
                 f"{k}: L={v[0]:.3f}" for k, v in replay_summary(doc).items())
