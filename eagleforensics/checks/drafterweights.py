@@ -21,7 +21,7 @@ import numpy as np
 
 from ..engines.lmheadrules import lm_head_rule, shares_target_head
 from ..engines.rules import ENGINE_NAMES
-from ..io.drafter import LAYER_PARTS
+from ..io.drafternames import LAYER_PARTS
 from ..process import usable_cores
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult

@@ -184,6 +184,8 @@ class DraftForward:
         # the embeddings stay in their stored dtype (a Kimi-size one is 2.35 GB bf16, 4.7 GB widened): a step
         # gathers its rows and widens those (``embed``); every other weight is float32 for the products
         def ready(k: str, v: torch.Tensor) -> torch.Tensor:
+            if k == "embed" and OWN_EMBEDDING in drop and "target_embed" in weights:
+                return v  # served without it: the drafter's own embedding stays in its file (2.35 GB at Kimi size)
             if not v.is_floating_point() or k in _GATHERED:
                 return v.to(self.device)
             if self.device.type != "cpu":  # the stored dtype crosses the bus, widened on the device

@@ -32,19 +32,13 @@ import torch
 from ..arrays import to_torch
 from ..errors import ForensicsError
 from .diskrows import DiskRows, all_finite, disk_rows
+from .drafternames import LATER_LAYER_PARTS, LAYER_PARTS, OPTIONAL_LAYER_PARTS
 from .modeldir import ModelDir, TensorInfo, open_weights, read_config
 from .safeload import read_tensor
 from .served import EXTRA_LAYERS, OWN_EMBEDDING, SERVED_FEATURES  # noqa: F401  (SERVED_FEATURES re-exported: the forward's drop names)
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_LAYERS = 64
-LAYER_PARTS = (
-    "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-)
-LATER_LAYER_PARTS = tuple(p for p in LAYER_PARTS if p != "hidden_norm.weight")  # a plain decoder layer
-OPTIONAL_LAYER_PARTS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 SIGNED_DTYPES = ("I8", "I16", "I32", "I64")
