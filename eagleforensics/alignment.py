@@ -428,7 +428,8 @@ def _refuse_swapped(findings: list[Finding], record: Any, cap: Any, slots: list[
     if any(f.code == "possibly-swapped" for f in findings) and len(slots) >= SWEEP_SLOTS and held <= RECORD_SLOTS:
         raise ForensicsError(f"TRAIN {printable(record.path)} holds {len(slots)} hidden states (a capture sweep's) and "
                              f"CAPTURE {printable(cap.path)} only {held} (a training record's): the two arguments look "
-                             f"swapped; run: eagleforensics align {printable(cap.path)} {printable(record.path)}")
+                             f"swapped; run: eagleforensics align {printable(cap.path)} {printable(record.path)}",
+                             path=record.path)  # bad input: the doctor stops there, never a row "not run"
 
 
 def _swapped(sm: ScoreMatrix, slots: list[Slot]) -> list[Finding]:

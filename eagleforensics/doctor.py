@@ -496,7 +496,7 @@ def diagnose(inputs: DoctorInputs, *, checks: list[Check] | None = None,
 def inputs_row(skipped: list[str]) -> CheckOutcome:
     """The model directories found inside ``--train`` and skipped (records only are read there), said as context."""
     msg = (f"--train: skipped {len(skipped)} model director{'y' if len(skipped) == 1 else 'ies'} or capture sweep"
-           f"{'' if len(skipped) == 1 else 's'} inside it ({', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''})"
+           f"{'' if len(skipped) == 1 else 's'} inside it ({', '.join(skipped[:8])}{' ...' if len(skipped) > 8 else ''})"
            ": only training record files are read there")
     return CheckOutcome("inputs", "the inputs, recognised by content", CLEAN,
                         (Finding("train-models-skipped", "info", msg),), msg)

@@ -100,7 +100,8 @@ def test_checks_table_is_most_severe_first_and_says_why_not_run() -> None:
     not_run = df[df["status"] == "not run"]
     needs = dict(zip(not_run["check"], not_run["what"]))
     assert "--log" in needs.pop("launch") and "--train DIR" in needs.pop("data-size")  # one record file: no dataset
-    for name in ("sampling-penalty", "lora-target", "dp-attention", "benchmark-prompts"):  # the serving side
+    for name in ("sampling-penalty", "lora-target", "dp-attention", "benchmark-prompts",  # the serving side
+                 "drafter-cache", "spec-off", "batch-dependence", "depth", "cumulative-average", "ar-fusion"):
         what = needs.pop(name)
         assert "--log" in what or "--served-prompts" in what
     assert needs and all("--target" in w or "--engine" in w for w in needs.values())

@@ -107,7 +107,13 @@ def test_clean_drafters_of_each_layout_are_not_flagged(built: dict, layout: str)
 def test_a_part_left_at_its_init_is_random_and_no_better_than_the_baselines(built: dict, layout: str,
                                                                            part: str) -> None:
     report = _doctor(built, _plant(built, layout, part, "random"))
-    assert _codes(report) == {"drafter-weights-random", "drafter-no-better-than-baseline"}, report.to_text()
+    # speculators' decoder layer with random weights still passes fc's output on through its residual: on these
+    # 62 rows it beats the baselines (records 0.17 against 0.00, capture 0.00 against 0.00; pooled 2.1 SE) once the
+    # capture's bigram is not fitted on the captured sequence itself (it memorised it before: issue 43). The
+    # weights check names the cause either way.
+    beaten = (layout, part) == ("speculators", "midlayer")
+    want = {"drafter-weights-random"} | (set() if beaten else {"drafter-no-better-than-baseline"})
+    assert _codes(report) == want, report.to_text()
     assert report.level == "PROBLEM" and report.exit_code == 1
     found = next(r.finding for r in report.flagged if r.finding.code == "drafter-weights-random")
     shown = {"lm_head": "lm_head", "fc": "fc", "midlayer": "midlayer" if layout == SPECFORGE else "layers.0"}[part]

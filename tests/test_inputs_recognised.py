@@ -52,7 +52,8 @@ def test_train_dir_skips_model_directories_and_captures_inside_it_and_says_so() 
     report = diagnose(DoctorInputs(train=str(SAMPLES), target=str(SAMPLES / "target")),
                       checks=[get_check("data-shape")], pipelines=())
     row = {o.name: o for o in report.outcomes}["inputs"]
-    assert all(name in row.note for name in ("drafter", "target", "capture.pt", "capture_sweep.safetensors"))
+    assert all(name in row.note for name in ("drafter", "target", "real/drafter", "capture.pt",
+                                             "capture_sweep.safetensors")), row.note
     shape = {o.name: o for o in report.outcomes}["data-shape"]
     assert shape.note.startswith("4 records"), shape.note  # the four record files, no capture read as one
     assert report.exit_code != 2

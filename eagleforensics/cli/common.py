@@ -50,7 +50,7 @@ def run_guarded(fn: Callable[[], T]) -> T:
 
 
 # the parameters that name what a command writes (every writing option of every command: tests/test_probe_hardening.py)
-OUTPUT_PARAMS = frozenset({"output", "report_path", "out_path"})
+OUTPUT_PARAMS = frozenset({"output", "report_path", "out_path", "profile_out"})
 
 
 def command_inputs() -> list[tuple[str, str]]:

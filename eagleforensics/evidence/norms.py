@@ -113,9 +113,9 @@ FIT_MAX_DIM = 1024  # wider states (the fit holds 4H x H float64 values): only w
 
 def rms_after_gain(rows: Any, gain: Any) -> np.ndarray:
     """Per-token RMS of ``rows / gain`` (float64; NaN for non-finite rows): 1 for every post-norm row."""
-    y = np.asarray(f32(as_array(rows)), dtype=np.float64)
-    g = np.asarray(f32(as_array(gain)), dtype=np.float64).reshape(-1)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # garbage rows: made NaN below
+        y = np.asarray(f32(as_array(rows)), dtype=np.float64)
+        g = np.asarray(f32(as_array(gain)), dtype=np.float64).reshape(-1)
         r = np.sqrt(np.mean(np.square(y / g), axis=-1))
     r[~np.isfinite(y).all(axis=-1)] = np.nan
     return r
@@ -131,8 +131,9 @@ def fitted_rms_gain(rows: Any) -> tuple[np.ndarray, float] | None:
     if y.ndim != 2 or y.shape[1] > FIT_MAX_DIM:
         return None
     h = int(y.shape[1])
-    a = np.asarray(f32(y[: FIT_ROWS_MAX_PER_DIM * h]), dtype=np.float64)
-    a = np.square(a[np.isfinite(a).all(axis=-1)]) / h
+    with np.errstate(invalid="ignore", over="ignore"):  # a garbage row's cast: not finite, left out below
+        a = np.square(np.asarray(f32(y[: FIT_ROWS_MAX_PER_DIM * h]), dtype=np.float64)) / h
+    a = a[np.isfinite(a).all(axis=-1)]
     if a.shape[0] < FIT_ROWS_PER_DIM * h:
         return None
     w = np.linalg.lstsq(a, np.ones(a.shape[0]), rcond=None)[0]  # w = 1 / g^2
