@@ -146,7 +146,7 @@ VARIANTS = [
             "not PROBLEM", lambda c, t: {"drafter": _drafter(t, weights=_random_embedding), **S23}, not_problem=True),
     Variant("d2t-dropped", "d2t dropped from the drafter's weights", "d2t-missing",
             lambda c, t: {"drafter": _drafter(t, weights=lambda w: {k: v for k, v in w.items() if k != "d2t"})}),
-    Variant("answers-not-target", "records whose answers are another sequence's (not the target's)",
+    Variant("answers-not-target", "records whose answers people wrote (four short human replies, not the target's)",
             "data-not-from-target", _other_answers),
     Variant("raw-completions", "raw prompt text served as completions (--served-prompts)", "template",
             lambda c, t: {"served_prompts": _served(c, t, raw=True)}),
