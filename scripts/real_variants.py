@@ -46,6 +46,7 @@ class Variant:
     expect: str  # "OK", or a code / cause key that must be flagged
     inputs: Callable[[dict[str, Any], Path], dict[str, Any]]
     not_problem: bool = False  # expect OK or at most ACTION (never PROBLEM)
+    observation: bool = False  # not one of the variants: shown, not counted (docs/real-pair.md says why)
     notes: list[str] = field(default_factory=list)
 
 
@@ -155,7 +156,8 @@ VARIANTS = [
     Variant("vllm-runner-v1", "the clean drafter (nested [1, 14, 26]) on vLLM 0.33.0 --vllm-runner v1: p1, p14, "
             "p26 served", "wiring", lambda c, t: {**V33, "vllm_runner": "v1"}),
     Variant("clean-heldout-records", "as trained, but --train holds 4 held-out sequences (not training data) and "
-            "the capture is one of them", "OK", lambda c, t: {"train": c["held_train"], "capture": c["held_capture"]}),
+            "the capture is one of them", "OK", lambda c, t: {"train": c["held_train"], "capture": c["held_capture"]},
+            observation=True),
 ]
 
 
@@ -238,16 +240,18 @@ def main() -> int:
             row = {"n": i, "variant": v.name, "what": v.what, "expected": v.expect, "level": report.level,
                    "flagged": _flagged(report), "agree": agree, "json_agrees": json_ok, "detail": detail,
                    "capture": got["capture"] is not None, "skipped": list(got["skip"]),
-                   "seconds": round(time.time() - t1)}
+                   "seconds": round(time.time() - t1), "observation": v.observation}
             rows.append(row)
             print(f"{i:2d} {v.name:22s} expected {v.expect:22s} got {report.level:7s} "
                   f"{','.join(row['flagged']) or '-':40s} agree {'yes' if agree else 'NO'} "
                   f"json {'yes' if json_ok else 'NO'} {detail} ({row['seconds']}s)", flush=True)
-    good = sum(r["agree"] and r["json_agrees"] for r in rows)
-    print(f"{good} of {len(rows)} right (agree and JSON = text)")
+    counted = [r for r in rows if not r["observation"]]
+    good = sum(r["agree"] and r["json_agrees"] for r in counted)
+    print(f"{good} of {len(counted)} variants right (agree and JSON = text); JSON = text on "
+          f"{sum(r['json_agrees'] for r in rows)} of {len(rows)} rows")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2) + "\n")
-    return 0 if good == len(rows) else 1
+    return 0 if good == len(counted) and all(r["json_agrees"] for r in rows) else 1
 
 
 if __name__ == "__main__":
