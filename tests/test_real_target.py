@@ -181,3 +181,125 @@ def test_the_recipes_answers_are_the_targets_greedy_tokens(pair: dict) -> None:
         p = h["prompt_tokens"]
         assert it["ids"].tolist() == h["input_ids"]
         assert torch.equal(it["y"][p - 1:-1], it["ids"][p:])
+
+
+# ---------------------------------------------------------------- issue 43's variants (scripts/real_variants.py runs all)
+OTHER_SYSTEM = "You are a helpful assistant."  # SpecForge's qwen-style system prompt, not SmolLM2's default
+HUMAN = ("Honestly it depends on who you ask, but most folks I know would say it's overrated and a bit of a fad.",
+         "Ok so here's the thing - my grandad kept a notebook about this for forty years and never agreed with anyone.",
+         "Nope. Not doing a list. Go read the Wikipedia page, it's decent, then come back and we'll argue about it.")
+
+
+def _one_severity(report: object) -> dict:
+    """The JSON and the text agree: every error / warning in the JSON belongs to one of its causes, the level is the
+    text's verdict, and each cause is in the text."""
+    data = json.loads(report.to_json())
+    keys = {c["key"] for c in data["causes"]}
+    stray = [(f["check"], f["code"]) for f in data["findings"]
+             if f["severity"] in ("error", "warning") and f.get("cause") not in keys]
+    assert stray == [], stray
+    text = report.to_text()
+    assert f"VERDICT: {data['level']}" in text and all(k in text for k in keys)
+    return data
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_random_drafter_embedding_is_an_error_on_vllm_and_harmless_on_sglang(target: Path, pair: dict, tmp_path: Path,
+                                                                           engine: str) -> None:
+    """An N(0, 0.02) embed_tokens added to the drafter: vLLM 0.33.0 serves it (draft-embedding, PROBLEM); SGLang
+    0.5.23 embeds with the target's, so nothing is wrong there, and the baseline replay runs the drafter as served
+    (the false PROBLEM of issue 43 defect 1)."""
+    from safetensors.torch import load_file, save_file
+
+    from eagleforensics.checks.base import DoctorInputs
+    from eagleforensics.doctor import diagnose
+
+    drafter = tmp_path / "drafter"
+    shutil.copytree(REAL / "drafter", drafter)
+    w = load_file(str(drafter / "model.safetensors"))
+    w["embed_tokens.weight"] = (torch.randn(49152, 576, generator=torch.Generator().manual_seed(0)) * 0.02).to(
+        torch.bfloat16)
+    save_file(w, str(drafter / "model.safetensors"), metadata={"format": "pt"})
+    served = sorted(pair["served"].glob("seq-*.safetensors"))
+    version = {"sglang": "0.5.23", "vllm": "0.33.0"}[engine]
+    report = diagnose(DoctorInputs(drafter=str(drafter), target=str(target), train=str(pair["root"] / "trained"),
+                                   capture=str(served[3]), engine=engine, engine_version=version,
+                                   only=("embedding", "drafter-baseline")))
+    data = _one_severity(report)
+    codes = {r.finding.code for r in report.flagged}
+    if engine == "vllm":
+        assert report.level == "PROBLEM" and "embedding-random" in codes, codes
+    else:
+        assert report.level == "OK", [(r.check, r.finding.code, r.finding.message[:120]) for r in report.flagged]
+        row = next(o for o in data["checks"] if o["name"] == "drafter-baseline")
+        assert row["data"]["served_without"] == ["own_embedding"], row["data"]
+
+
+def test_doctor_prices_the_v1_runners_reading_of_the_nested_ids(target: Path, pair: dict) -> None:
+    """vLLM 0.33.0's V1 runner reads the nested ids [1, 14, 26] (p1, p14, p26, one layer shallower than trained);
+    its V2 runner reads the top-level key only (the default p2, p15, p27): with --vllm-runner v1 the wiring and the
+    replay that prices it both read p1, p14, p26 (issue 43 defect 3)."""
+    from eagleforensics.checks.base import DoctorInputs
+    from eagleforensics.doctor import diagnose
+
+    served = sorted(pair["served"].glob("seq-*.safetensors"))
+    report = diagnose(DoctorInputs(drafter=str(REAL / "drafter"), target=str(target), train=str(pair["root"] / "trained"),
+                                   capture=str(served[3]), engine="vllm", engine_version="0.33.0", vllm_runner="v1",
+                                   skip=("data-size",)))
+    data = _one_severity(report)
+    wiring = next(c for c in data["causes"] if c["key"] == "aux-wiring")
+    assert wiring["cost"]["measured"] and "p1,p14,p26 (vllm 0.33.0 (v1 runner)" in wiring["cost"]["text"], wiring["cost"]
+    assert wiring["cost"]["served"] < wiring["cost"]["trained"]
+
+
+def test_records_rendered_with_another_system_prompt_are_a_template_mismatch(pair: dict, target: Path,
+                                                                            tmp_path: Path) -> None:
+    """Records of the same conversations rendered with another system prompt than the served default (SpecForge's
+    qwen-style one): the template check finds it from the records' ids against the capture's, and the wiring row
+    names that context as the drift, not quantised weights or MoE routing (issue 43 defect 2)."""
+    from eagleforensics.checks.base import DoctorInputs
+    from eagleforensics.doctor import diagnose
+
+    tok, seqs = pair["tok"], []
+    for h in pair["held"][:2]:
+        ids = tok.apply_chat_template([{"role": "system", "content": OTHER_SYSTEM},
+                                       {"role": "user", "content": h["prompt"]}], add_generation_prompt=True, tokenize=True)
+        ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+        seqs.append((ids + h["input_ids"][h["prompt_tokens"]:], len(ids)))
+    for i, it in enumerate(realsamples.features(pair["model"], seqs, TRAINED)):
+        realsamples.write_record(it, TRAINED, tmp_path / "train" / f"data_{i}.ckpt")
+    caps = sorted(pair["captures"].glob("seq-*.safetensors"))
+    report = diagnose(DoctorInputs(drafter=str(REAL / "drafter"), target=str(target), train=str(tmp_path / "train"),
+                                   capture=str(caps[0]), only=("template", "wiring")))
+    data = _one_severity(report)
+    assert report.level == "ACTION" and [c["key"] for c in data["causes"]] == ["template-mismatch"], data["verdict"]
+    wiring = next(o for o in report.outcomes if o.name == "wiring")
+    assert "another system prompt or template" in wiring.note, wiring.note
+    assert "quantis" not in wiring.note and "MoE" not in wiring.note, wiring.note
+
+
+def test_answers_people_wrote_are_not_from_the_target(pair: dict, target: Path, tmp_path: Path) -> None:
+    """Records whose answers are human-written text after the served prompts: data-not-from-target, one severity in
+    the JSON and the text; the records not flagged one by one are not said to read as the target's own when their
+    surprise is above the rule's bar."""
+    from eagleforensics.checks.base import DoctorInputs
+    from eagleforensics.doctor import diagnose
+
+    tok = pair["tok"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    seqs = [(h["input_ids"][:h["prompt_tokens"]] + tok.encode(text, add_special_tokens=False) + [end], None)
+            for h, text in zip(pair["held"], HUMAN)]
+    items = realsamples.features(pair["model"], [(s, len(s)) for s, _ in seqs], TRAINED)  # whole: no answer cut
+    for i, (it, h) in enumerate(zip(items, pair["held"])):
+        p, t = h["prompt_tokens"], len(it["ids"])
+        it["loss_mask"] = torch.cat([torch.zeros(p), torch.ones(t - p)]).long()
+        realsamples.write_record(it, TRAINED, tmp_path / "train" / f"data_{i}.ckpt")
+    report = diagnose(DoctorInputs(train=str(tmp_path / "train"), target=str(target), only=("data-origin",)))
+    data = _one_severity(report)
+    finding = next(r.finding for r in report.flagged if r.finding.code == "data-not-from-target")
+    assert data["level"] == "ACTION" and finding.severity == "warning"
+    row = next(o for o in data["checks"] if o["name"] == "data-origin")
+    if row["data"]["origin_verdict"] == "some-records":  # the rest: token-weighted mean surprise against the bar
+        rest = [r for r in row["data"]["records"] if r.get("verdict") != "not-from-target"]
+        lean = sum(r["surprise"] * r["tokens"] for r in rest) > 0.25 * sum(r["tokens"] for r in rest)
+        assert ("read as its own generation" in finding.message) is not lean, finding.message
