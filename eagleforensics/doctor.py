@@ -20,6 +20,7 @@ from .checks.base import (CLEAN, FLAGGED, FOUND, INPUTS, NOT_RUN, Artifacts, Che
                           is_refusal)
 from .causes import Cause
 from .causes import build as build_causes
+from .checks.drafterbaseline import as_served
 from .checks.drafterbaseline import settle as settle_baseline
 from .checks.registry import all_checks
 from .errors import ForensicsError, printable
@@ -353,17 +354,10 @@ def replay_row(art: Artifacts) -> tuple[CheckOutcome, dict[str, Any] | None, str
     missing = art.missing(("drafter", "capture"))
     if missing:
         return _not_run("replay", REPLAY_TITLE, missing), None, OK
-    from .checks.flags import served_without
-    from .io.served import SERVED_FEATURES
     from .replay import run_replay
 
     i = art.inputs
-    try:
-        dropped = sorted(f for f in served_without(art) if f in SERVED_FEATURES)  # flagrules names = replay names
-    except ForensicsError as exc:  # the flags table stops short of this release: replay as trained, no "as served"
-        if not is_refusal(exc):
-            raise
-        dropped = []
+    dropped = sorted(as_served(art))  # flagrules names = replay names; the drafter-baseline check drops the same
     aligned = art.memoised("aligned")  # the wiring row's alignment, when it ran
     try:
         rep = run_replay(i.drafter, art.capture, target=i.target, train=aligned if aligned is not None else i.train,

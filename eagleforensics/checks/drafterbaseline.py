@@ -41,20 +41,20 @@ def _weights_reason(art: Artifacts) -> str:
 
 
 def as_served(art: Artifacts) -> frozenset[str]:
-    """The drafter features the named engine drops (its own embedding or head where the engine uses the target's):
-    the baselines judge the drafter as that engine runs it, not as the checkpoint holds it (a random embedding
-    SGLang replaces costs nothing there). Without a target the target's parts cannot stand in: nothing dropped."""
-    from ..io.served import SERVED_FEATURES
+    """The drafter features the named engine drops (``io.served.SERVED_FEATURES`` names, its own embedding where
+    the engine uses the target's): the baselines and replay's "as served" row run the drafter as that engine does,
+    not as the checkpoint holds it (a random embedding SGLang replaces costs nothing there). The target's embedding
+    stands in only when a target is given; a flags table that stops short of the release drops nothing."""
+    from ..io.served import OWN_EMBEDDING, SERVED_FEATURES
     from .flags import served_without
 
-    if art.inputs.target is None:
-        return frozenset()
     try:
-        return frozenset(f for f in served_without(art) if f in SERVED_FEATURES)
-    except ForensicsError as exc:  # the flags table stops short of this release: judged as the checkpoint holds it
+        dropped = served_without(art)
+    except ForensicsError as exc:  # the flags table stops short of this release: run as the checkpoint holds it
         if not is_refusal(exc):
             raise
         return frozenset()
+    return frozenset(f for f in dropped if f in SERVED_FEATURES and (f != OWN_EMBEDDING or art.inputs.target))
 
 
 def judgements(art: Artifacts, skipped: list[str] | None = None) -> list[Judgement]:
