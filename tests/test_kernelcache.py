@@ -148,8 +148,12 @@ def test_the_numpy_path_gives_the_numbers_of_one_thread_on_any_number(tmp_path, 
     slots = [run.p(p).to(torch.bfloat16).contiguous() for p in (2, N // 2 + 1, N - 2)] + [run.hs[N].contiguous()]
     threads: set[str] = set()
     real = match.Sums.pass1
-    monkeypatch.setattr(match.Sums, "pass1", lambda self, *a, **k: threads.add(threading.current_thread().name)
-                        or real(self, *a, **k))
+    def pass1(self, *a, **k):  # noqa: ANN001, ANN202
+        threads.add(threading.current_thread().name)
+        time.sleep(0.02)  # tiny tasks: without a pause one worker can take them all before the others start
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(match.Sums, "pass1", pass1)
     for fc in (None, match.FIT_CANDIDATES):
         got = {}
         for cpus in (1, 4):
