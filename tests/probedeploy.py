@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from .probeservers import _Server  # 127.0.0.1 servers that ignore clients leaving first
+from .probeservers import _Server, reply  # 127.0.0.1 servers that ignore clients leaving first
 
 MODEL = "/models/tiny-llama"
 LIFETIME = 90.0  # seconds: a stand-in shuts itself down after this
@@ -101,12 +101,7 @@ class _Running(contextlib.AbstractContextManager):
                 if method == "POST":
                     n = int(self.headers.get("Content-Length", "0"))
                     body = json.loads(self.rfile.read(n) or b"{}")
-                status, data, ctype = route(method, self.path, body)
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, *route(method, self.path, body))
 
             def do_GET(self) -> None:  # noqa: N802
                 self._answer("GET")

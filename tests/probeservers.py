@@ -59,6 +59,15 @@ def tokens_for(prompt: Any, n: int) -> list[int]:
     return [rng.randrange(10, 500) for _ in range(n)]
 
 
+def reply(handler: BaseHTTPRequestHandler, status: int, data: bytes, ctype: str = "application/json") -> None:
+    """Write one whole HTTP reply (status, content type and length, body) from a request handler."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", ctype)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # the default 5 resets connections at --concurrency 16 (uvicorn's backlog is 2048)
 
@@ -212,12 +221,7 @@ class StandIn:
                 pass
 
             def _send(self, status: int, body: Any, ctype: str = "application/json") -> None:
-                data = body if isinstance(body, bytes) else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, status, body if isinstance(body, bytes) else json.dumps(body).encode(), ctype)
 
             def do_GET(self) -> None:  # noqa: N802
                 stand.plan.seen.append({"method": "GET", "path": self.path,
