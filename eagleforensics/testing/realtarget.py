@@ -13,7 +13,7 @@ sees the same numbers; a cached target costs 270 MB of disk instead of 540 MB in
 The cache sits in ``$EAGLEFORENSICS_CACHE`` (else ``$XDG_CACHE_HOME/eagleforensics``, else
 ``~/.cache/eagleforensics``) under ``real-target/smollm2-135m-instruct-<wheel version>-<gguf sha256[:12]>``:
 a new wheel gets a new folder. The folder is written under a temporary name and renamed, so a build cut
-short leaves nothing half written. Building takes about 1 minute on 2 busy cores.
+short leaves nothing half written; a lock file beside it lets one process build while the others wait. Building takes about 1 minute on 2 busy cores.
 
     python -m eagleforensics.testing.realtarget     # builds (if needed) and prints the directory
 """
@@ -34,6 +34,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NUM_LAYERS = 30
 HIDDEN = 576
 AUX_IDS = (1, 14, 26)  # SpecForge's default aux ids for a 30-layer target: p2, p15, p27
+BUILD_WAIT_S = 900  # how long a process waits for another's build (about 1-2 minutes on 2 busy cores)
 
 
 class TargetUnavailable(RuntimeError):
@@ -81,16 +82,22 @@ def target_dir(root: Path | None = None) -> Path:
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out.parent))
-    try:
-        _build(gguf, tmp)
+    from filelock import FileLock
+
+    # one build at a time (the suite's workers, two scripts): a process that waited finds the folder made
+    with FileLock(str(out.parent / f".{out.name}.lock"), timeout=BUILD_WAIT_S):
+        if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out.parent))
         try:
-            tmp.rename(out)
-        except OSError:  # another process finished first: keep its copy
-            if not (out / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _build(gguf, tmp)
+            try:
+                tmp.rename(out)
+            except OSError:  # another process (one that took no lock) finished first: keep its copy
+                if not (out / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
