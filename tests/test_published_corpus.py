@@ -2,7 +2,8 @@
 
 The corpus (``tests/fixtures/published``, README there cites every file) holds real configs and indexes
 copied from public mirrors of Hugging Face repositories (Llama-3.1/3.2, Mixtral, Qwen2-VL, Qwen3-VL,
-Qwen3.5-MoE, MiMo, Gemma-3, Mistral, Qwen2.5, Falcon, Molmo, DeepSeek-OCR-2, Qwen3 MLX, Granite) and four
+Qwen3.5-MoE, MiMo, Gemma-3, Mistral, Qwen2.5, Falcon, Molmo, DeepSeek-OCR-2, Qwen3 MLX, Granite, GLM-4.5-Air MLX,
+DeepSeek-V3-Base) and four
 rebuilt from published name lists and configs (DeepSeek-R1's 91,991 names with MTP layer 61, Kimi-K2's
 139,644, DeepSeek-R1 NVFP4 with ModelOpt's hf_quant_config.json, gpt-oss-20b). Each entry is checked with
 no shard on disk, as the issue's user had it; then each variant that fits it is planted and must add
