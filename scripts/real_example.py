@@ -40,8 +40,17 @@ from eagleforensics.testing.defects import sglang_log
 PLANTED_IDS = [2, 15, 27]  # the incident: one layer deeper than the trained [1, 14, 26]
 
 
+def inputs(out: Path, target: str) -> dict[str, str]:
+    """The doctor's inputs for the case under ``out`` (paths relative to the working directory)."""
+    rel = {k: os.path.relpath(out / v) for k, v in dict(drafter="drafter", train="train",
+                                                         capture="captures/seq-0000.safetensors",
+                                                         log="server.log").items()}
+    return {"drafter": rel["drafter"], "target": target, "train": rel["train"], "capture": rel["capture"],
+            "log": rel["log"], "skip": "data-size"}
+
+
 def build(out: Path) -> dict[str, str]:
-    """Write the planted case under ``out``; the doctor's inputs (paths relative to the working directory)."""
+    """Write the planted case under ``out``; the doctor's inputs."""
     target = realtarget.target_dir()
     for name in ("drafter", "train", "captures", "request.jsonl", "server.log"):
         p = out / name
@@ -52,17 +61,14 @@ def build(out: Path) -> dict[str, str]:
     cfg = json.loads((drafter / "config.json").read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = PLANTED_IDS
     (drafter / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    log = sglang_log(out / "server.log", target, drafter)
+    sglang_log(out / "server.log", target, drafter)
     model, tok = realtarget.load(target)
     items = realsamples.generate_features(model, tok, realsamples.prompts(PROMPTS)[:RECORDS], MAX_NEW, ())
     seqs = [(it["ids"].tolist(), it["prompt_tokens"]) for it in items]
-    train = _records({"model": model}, out, seqs, keep_answers=False)
+    _records({"model": model}, out, seqs, keep_answers=False)  # out/train/data_{i}.ckpt
     (out / "request.jsonl").write_text(json.dumps({"input_ids": seqs[0][0]}) + "\n")
     capture_many(target, out / "request.jsonl", out / "captures", dtype="bfloat16")
-    capture = out / "captures" / "seq-0000.safetensors"
-    rel = {k: os.path.relpath(v) for k, v in dict(drafter=drafter, train=train, capture=capture, log=log).items()}
-    return {"drafter": rel["drafter"], "target": str(target), "train": rel["train"], "capture": rel["capture"],
-            "log": rel["log"], "skip": "data-size"}
+    return inputs(out, str(target))
 
 
 def main() -> int:
@@ -71,16 +77,16 @@ def main() -> int:
     ap.add_argument("--no-run", action="store_true", help="write the case, print the doctor's arguments")
     a = ap.parse_args()
     try:
-        inputs = build(a.out)
+        given = build(a.out)
     except realtarget.TargetUnavailable as exc:
         print(f"real_example.py: {exc}", file=sys.stderr)
         return 2
-    args = [x for k, v in inputs.items() for x in (f"--{k}", v)]
+    args = [x for k, v in given.items() for x in (f"--{k}", v)]
     if a.no_run:
         print("\n".join(args))
         return 0
     print("$ " + shlex.join(["eagleforensics", "doctor", *args]))
-    report = diagnose(DoctorInputs(**{k: (v,) if k == "skip" else v for k, v in inputs.items()}))
+    report = diagnose(DoctorInputs(**{k: (v,) if k == "skip" else v for k, v in given.items()}))
     print(report.to_text())
     return report.exit_code
 

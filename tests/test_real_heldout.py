@@ -45,3 +45,26 @@ def test_figures_pool_the_per_sequence_counts_and_keep_the_runs_own() -> None:
         assert fig["extended"]["heldout_acc_new"][name] == _pooled(held[run["heldout"]:], name)
     assert all(h.get("weights") == "stored-bf16" for h in held[run["heldout"]:])
     assert not any("weights" in h for h in held[:run["heldout"]])
+
+
+def test_the_readmes_doctor_example_is_what_real_example_writes() -> None:
+    """The README's doctor command names the files scripts/real_example.py writes (its target the directory the
+    realtarget module prints), and the launch planted is the incident's: ids one layer deeper than trained."""
+    import shlex
+    import sys
+
+    sys.path.insert(0, str(REAL.parent.parent / "scripts"))
+    try:
+        import real_example
+    finally:
+        sys.path.pop(0)
+    readme = (REAL.parent.parent / "README.md").read_text()
+    assert ".venv/bin/python scripts/real_example.py reports/real" in readme
+    line = next(x for x in readme.splitlines() if x.startswith("$ eagleforensics doctor"))
+    target = '"$(.venv/bin/python -m eagleforensics.testing.realtarget)"'
+    assert target in line
+    want = real_example.inputs(Path("reports/real"), "TARGET")
+    got = shlex.split(line[2:].replace(target, "TARGET"))[2:]
+    assert got == [x for k, v in want.items() for x in (f"--{k}", v)]
+    trained = json.loads((REAL / "drafter" / "config.json").read_text())["eagle_config"]
+    assert real_example.PLANTED_IDS == [i + 1 for i in trained["eagle_aux_hidden_state_layer_ids"]]
