@@ -30,6 +30,17 @@ run's sizes, timings and pooled held-out acc_k). The work folder (``--work``, de
 answers and features so a rerun skips what is done.
 
     python scripts/make_real_samples.py [--out data_samples/real] [--epochs 6] ...
+
+``--extend-heldout N`` adds held-out sequences to a shipped run without training again: the next prompts of the
+same seeded order (``realsamples.prompts`` shuffles every prompt once and cuts: prompts 0..95 are the same for
+any n, so prompts 96.. are ones the drafter never saw, and its training set stays prompts 0..63), answered in
+batches of ``--gen-batch`` as the recipe answers them, scored by the same ``evaluate`` from the stored bf16
+weights (the run scored its held-out sequences from its float32 weights at the end of training: the mode
+re-scores those from the stored weights too and writes how far that is from the shipped figures), appended to
+``heldout.jsonl``; ``figures.json`` gets the pooled held-out acc_k over all of them, the run's own under
+``heldout_acc_run``. 27 s for 32 more on 2 cores (load 2).
+
+    python scripts/make_real_samples.py --extend-heldout 64
 """
 from __future__ import annotations
 
@@ -48,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from eagleforensics.drafter.replay import DraftForward  # noqa: E402
-from eagleforensics.io.drafter import read_spec  # noqa: E402
+from eagleforensics.io.drafter import load_drafter, read_spec  # noqa: E402
 from eagleforensics.testing import realsamples, realtarget  # noqa: E402
 from eagleforensics.testing.drafterbuild import frequency_vocab  # noqa: E402
 
@@ -113,8 +124,8 @@ def pack(items: list[dict], key_positions: tuple[int, ...]) -> tuple[torch.Tenso
     return ids, feats, pos, doc
 
 
-def evaluate(spec, w: dict, items: list[dict], positions: tuple[int, ...], to_draft: torch.Tensor,
-             steps: int = TTT_STEPS) -> list[list[list[int]]]:
+def evaluate(spec, w: dict, items: list[dict], positions: tuple[int, ...], steps: int = TTT_STEPS
+             ) -> list[list[list[int]]]:
     """Per sequence, per step: [hits, counted rows] (SpecForge's acc_k: supervised rows, target token in or out
     of the draft vocabulary; a token outside it is a miss)."""
     fwd = DraftForward(spec, w)
@@ -137,6 +148,93 @@ def evaluate(spec, w: dict, items: list[dict], positions: tuple[int, ...], to_dr
     return out
 
 
+def answer_batch(model: torch.nn.Module, tok, texts: list[str], b: int, size: int, work: Path, prompts: int,
+                 max_new: int) -> list[dict]:
+    """``texts[b:b + size]`` answered in one batch (``generate_features``), kept in the work folder under the run's
+    prompt count: a rerun reads it (batched answers depend on the batch, so the batching is part of the recipe)."""
+    cached = work / f"batch-{prompts}-{max_new}-{b}.pt"
+    if cached.exists():
+        return torch.load(cached)
+    got = realsamples.generate_features(model, tok, texts[b:b + size], max_new, HELD_POSITIONS)
+    torch.save(got, cached)
+    return got
+
+
+def pooled_acc(rows: list[dict], steps: int = 3) -> dict[str, list[float]]:
+    """Held-out acc_k per wiring pooled over ``heldout.jsonl`` rows: all hits / all counted rows."""
+    out = {}
+    for name in WIRINGS:
+        hits = [sum(r["trainer"][name][k][0] for r in rows) for k in range(steps)]
+        counts = [sum(r["trainer"][name][k][1] for r in rows) for k in range(steps)]
+        out[name] = [round(h / max(c, 1), 4) for h, c in zip(hits, counts)]
+    return out
+
+
+def extend_heldout(a: argparse.Namespace) -> None:
+    """Append held-out sequences to a shipped run until it holds ``a.extend_heldout`` (module docstring)."""
+    t0 = time.perf_counter()
+    held = realsamples.read_heldout(a.out / "heldout.jsonl")
+    figures = json.loads((a.out / "figures.json").read_text())
+    n_train = figures.get("train_prompts", figures["prompts"] - figures["heldout"])
+    more = a.extend_heldout - len(held)
+    if more <= 0:
+        sys.exit(f"{a.out / 'heldout.jsonl'}: already {len(held)} held-out sequences (asked for {a.extend_heldout})")
+    start, total = n_train + len(held), n_train + a.extend_heldout
+    texts = realsamples.prompts(total)
+    if texts[:start] != realsamples.prompts(start) or texts[n_train:start] != [h["prompt"] for h in held]:
+        sys.exit("realsamples.prompts is not prefix-stable: the shipped held-out prompts are not those of a longer run")
+    tdir = realtarget.target_dir()
+    model, tok = realtarget.load(tdir)
+    drafter = load_drafter(a.out / "drafter", target=tdir)  # the stored bf16 weights, the target's embedding
+    log(f"target and drafter loaded ({time.perf_counter() - t0:.0f} s)")
+    # the shipped held-out sequences again (the recipe's batch of them: the work folder's copy when there is one)
+    old: list[dict] = []
+    for b in range(n_train, start, a.gen_batch):
+        old += answer_batch(model, tok, texts, b, a.gen_batch, a.work, figures["prompts"], figures["max_new"])
+    same_ids = [it["ids"].tolist() == h["input_ids"] for it, h in zip(old, held)]
+    t = time.perf_counter()
+    new: list[dict] = []
+    for b in range(start, total, a.gen_batch):
+        new += answer_batch(model, tok, texts, b, a.gen_batch, a.work, total, figures["max_new"])
+    t_answers = time.perf_counter() - t
+    log(f"answered {len(new)} more prompts ({t_answers:.0f} s)")
+    t = time.perf_counter()
+    again = {name: evaluate(drafter.spec, drafter.weights, old, pos, steps=3) for name, pos in WIRINGS.items()}
+    scored = {name: evaluate(drafter.spec, drafter.weights, new, pos, steps=3) for name, pos in WIRINGS.items()}
+    t_eval = time.perf_counter() - t
+    rows = [{"prompt": texts[start + i], "input_ids": it["ids"].tolist(), "prompt_tokens": it["prompt_tokens"],
+             "trainer": {name: scored[name][i] for name in WIRINGS}, "weights": "stored-bf16"}
+            for i, it in enumerate(new)]
+    kept = [i for i, ok in enumerate(same_ids) if ok]
+    diff = [abs(again[n][i][k][0] - held[i]["trainer"][n][k][0]) for n in WIRINGS for i in kept for k in range(3)]
+    rescored = [{"trainer": {n: again[n][i] for n in WIRINGS}} for i in kept]
+    shipped_acc = pooled_acc([held[i] for i in kept])
+    again_acc = pooled_acc(rescored)
+    recheck = {"sequences": len(held), "same_ids": len(kept), "sequences_with_other_hits": sum(
+                   any(again[n][i] != held[i]["trainer"][n] for n in WIRINGS) for i in kept),
+               "max_abs_hits_diff": max(diff, default=0), "heldout_acc_stored_bf16": again_acc,
+               "max_abs_acc_diff": round(max(abs(x - y) for n in WIRINGS
+                                             for x, y in zip(again_acc[n], shipped_acc[n])), 4)}
+    log(f"the shipped {len(held)} re-scored from the stored weights: {json.dumps(recheck)}")
+    with (a.out / "heldout.jsonl").open("a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    everything = held + rows
+    figures["heldout_acc_run"] = {"heldout": len(held), "heldout_acc": figures["heldout_acc"],
+                                  "weights": "the run's float32 weights at the end of training"}
+    figures.update(prompts=total, heldout=len(everything), train_prompts=n_train, heldout_acc=pooled_acc(everything))
+    figures["extended"] = {
+        "date": time.strftime("%Y-%m-%d"), "sequences": f"{len(held)}..{len(everything) - 1}",
+        "prompts": f"{start}..{total - 1}", "weights": "stored bf16 (drafter/model.safetensors), scored by evaluate",
+        "answer_seconds": round(t_answers, 1), "eval_seconds": round(t_eval, 1),
+        "answers_at_max_new": sum(len(r["input_ids"]) - r["prompt_tokens"] == figures["max_new"] for r in rows),
+        "heldout_acc_new": pooled_acc(rows), "recheck_shipped": recheck,
+        "total_seconds": round(time.perf_counter() - t0, 1)}
+    (a.out / "figures.json").write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    log(f"appended {len(rows)} to {a.out / 'heldout.jsonl'}; held-out acc_k over {len(everything)}: "
+        f"{json.dumps(figures['heldout_acc'])}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "data_samples" / "real")
@@ -150,9 +248,14 @@ def main() -> None:
     ap.add_argument("--gen-batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--extend-heldout", type=int, default=None, metavar="N",
+                    help="add held-out sequences to the shipped run until it holds N (no training)")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
+    if a.extend_heldout is not None:
+        extend_heldout(a)
+        return
     t0 = time.perf_counter()
     tdir = realtarget.target_dir()
     model, tok = realtarget.load(tdir)
@@ -161,14 +264,8 @@ def main() -> None:
     texts = realsamples.prompts(a.prompts)
     items = []
     t = time.perf_counter()
-    for b in range(0, a.prompts, a.gen_batch):  # each batch kept in the work folder: a rerun skips it
-        cached = a.work / f"batch-{a.prompts}-{a.max_new}-{b}.pt"
-        if cached.exists():
-            items += torch.load(cached)
-            continue
-        got = realsamples.generate_features(model, tok, texts[b:b + a.gen_batch], a.max_new, HELD_POSITIONS)
-        torch.save(got, cached)
-        items += got
+    for b in range(0, a.prompts, a.gen_batch):
+        items += answer_batch(model, tok, texts, b, a.gen_batch, a.work, a.prompts, a.max_new)
         log(f"answered {len(items)}/{a.prompts} ({time.perf_counter() - t:.0f} s)")
     t_answers = time.perf_counter() - t0
     n_train = a.prompts - a.heldout
@@ -227,12 +324,12 @@ def main() -> None:
                      "aux_ids": [p - 1 for p in TRAINED], "answers_at_max_new": figures_cut, "heldout_acc": {}}
     per_wiring = {}
     for name, positions in WIRINGS.items():
-        per_wiring[name] = evaluate(spec, evalw, held_items, positions, to_draft, steps=3)
+        per_wiring[name] = evaluate(spec, evalw, held_items, positions, steps=3)
         hits = [sum(s[k][0] for s in per_wiring[name]) for k in range(3)]
         counts = [sum(s[k][1] for s in per_wiring[name]) for k in range(3)]
         figures["heldout_acc"][name] = [round(h / max(c, 1), 4) for h, c in zip(hits, counts)]
         log(f"held-out acc_k, {name} p{positions}: {figures['heldout_acc'][name]} over {counts} rows")
-    train_eval = evaluate(spec, evalw, train_items[:64], TRAINED, to_draft, steps=1)
+    train_eval = evaluate(spec, evalw, train_items[:64], TRAINED, steps=1)
     figures["train_acc_0_first64"] = round(sum(s[0][0] for s in train_eval) / max(1, sum(s[0][1] for s in train_eval)), 4)
     stored = {(k.replace("layer.", "midlayer.", 1) if k.startswith("layer.") else k): v.to(torch.bfloat16).contiguous()
               for k, v in trained.items()}

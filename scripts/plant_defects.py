@@ -7,7 +7,7 @@ missed or something else is flagged. The defects are ``eagleforensics.testing.de
 
     python scripts/plant_defects.py [OUT_DIR] [--show NAME] [--example [--no-run]]
 
---example prints the README's example instead: the random-embedding drafter with the samples'
+--example prints scripts/report.sh's doctor example instead: the random-embedding drafter with the samples'
 training record and capture and a clean vLLM 0.14.0 server log (vLLM keeps a drafter's own
 embedding from 0.11.1, so the init is served). With --no-run it writes the case and prints only the
 doctor's arguments, one per line (scripts/report.sh renders the doctor report from them).
@@ -51,7 +51,7 @@ def replay_phrase(drafter: Path, target: Path, inputs: dict) -> str:
 
 
 def example(out: Path, run: bool = True) -> int:
-    """The README's example: a drafter with a random embedding, served by vLLM, with a record and a capture."""
+    """report.sh's doctor example: a drafter with a random embedding, served by vLLM, with a record and a capture."""
     from eagleforensics.testing.defects import vllm_log
 
     defect = next(d for d in DEFECTS if d.name == "embedding-random")
@@ -77,7 +77,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default="planted", help="where to write the cases (default ./planted)")
     ap.add_argument("--show", action="append", default=[], help="print the doctor's full output for this defect")
-    ap.add_argument("--example", action="store_true", help="print the README's example run")
+    ap.add_argument("--example", action="store_true", help="print report.sh's doctor example run")
     ap.add_argument("--no-run", action="store_true", help="with --example: write the case, print the doctor's arguments")
     ap.add_argument("--replay", action="store_true",
                     help="also run the doctor with the samples' record and capture: replay's accept length per case")

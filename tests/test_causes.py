@@ -231,7 +231,7 @@ def test_swapped_record_and_capture_are_refused_with_the_swap_named() -> None:
 
 
 def test_the_replay_row_is_not_clean_beside_an_accept_length_near_one(planted: dict) -> None:
-    """The README's example (a random embedding) replays at accept length ~1.03 even as trained: the row says so as
+    """report.sh's doctor example (a random embedding) replays at accept length ~1.03 even as trained: the row says so as
     an info symptom (found, not clean) and adds no cause; the clean sample drafter's row stays clean."""
     report = _doctor(planted["embedding-random"])
     row = next(o for o in report.outcomes if o.name == "replay")
