@@ -220,7 +220,7 @@ def _async_scheduling(args: ServerArgs) -> tuple[str, str]:
             return RULED_OUT, (f"async_scheduling not set, pipeline_parallel_size {args.pp}: off "
                                "(vllm/config/vllm.py 0.14.0; no longer from 0.17.0)")
         return MATCHES, (f"vLLM {args.version}" if exact else f"vLLM >= {args.version_range[0]}") + \
-            ": async_scheduling not set, so on by default for EAGLE methods (vllm/config/vllm.py 0.14.0 - 0.33.0; " \
+            ": async_scheduling not set, so on by default for EAGLE methods (vllm/config/vllm.py 0.14.0 - 0.33.0, 0.34.0; " \
             "the log line 'Asynchronous scheduling is enabled/disabled' says what it resolved to)"
     if exact:
         return RULED_OUT, f"vLLM {args.version}: async scheduling off by default (config/scheduler.py 0.10.0 - 0.13.0)"
