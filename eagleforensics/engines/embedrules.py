@@ -102,7 +102,7 @@ EMBED_RULES: tuple[EmbedRule, ...] = (
               _VEP.format(v="0.11.1", f="eagle.py") + " load_model (has_own_embed_tokens, "
               "has_own_lm_head); vllm 0.33.0 vllm/v1/spec_decode/llm_base_proposer.py "
               "_maybe_share_embeddings/_maybe_share_lm_head; vllm/model_executor/models/utils.py "
-              "process_eagle_weight (the V1 runner, gone from 0.34.0)", runner="v1"),
+              "process_eagle_weight", runner="v1"),  # until 0.33.0: 0.34.0 has no V1 runner (rules.V1_REMOVED)
     EmbedRule("vllm", "0.17.1", None, "draft", "target", "draft", "target", "draft",
               "V2 runner: target embedding shared only when the drafter has none (or an "
               "identical one, 0.33.0; 0.34.0 keeps a quantized own copy, whose packed weight cannot be "

@@ -311,6 +311,7 @@ RUNNER_RULES: tuple[RunnerRule, ...] = (
 # The first vLLM release without the V1 model runner (the RUNNER_RULES row above cites it): a V1 question
 # at or after it is bad input, and a vLLM rule's default runner there is V2.
 V1_REMOVED = "0.34.0"
+_LAST_V1 = max((r.until for r in KEY_RULES if r.runner == "v1" and r.until), key=Version)  # 0.33.0
 
 NEWEST = {"sglang": "0.5.23", "vllm": "0.34.0", "trtllm": TRT_MAIN}
 
@@ -753,6 +754,10 @@ def answers_by_version(engine: str, model_type: str | None, ask: Callable[[Rule]
     for start, label in _segments(eng, family_of(model_type), runner is not None):
         if runner == "v2" and _v(start) < _v("0.17.1"):
             continue
+        if runner == "v1" and _v(start) >= _v(V1_REMOVED):
+            continue
+        if runner == "v1" and label.startswith(">= "):  # the V1 runner's last release, not the newest
+            label = f"{start} - {_LAST_V1}" if start != _LAST_V1 else start
         ans = ask(resolve(eng, model_type, start, runner))
         if merged and merged[-1][1] == ans:
             merged[-1][0].append(label)

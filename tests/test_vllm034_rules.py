@@ -1,0 +1,101 @@
+"""vLLM 0.34.0, the newest release the rules know: the one boundary it brings (issue 41).
+
+0.34.0 removed the V1 model runner (vllm/platforms/interface.py refuses VLLM_USE_V2_MODEL_RUNNER=0;
+vllm/v1/worker/gpu_model_runner.py is gone), so every V1 row ends at 0.33.0, a V1 question at 0.34.0 is
+bad input (one line, exit 2), and a table whose default runner was V1 answers V2 there. Every other vLLM row
+that reached 0.33.0 was read again at 0.34.0 and holds (its citation names 0.34.0: tests/test_rules_coverage.py).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from eagleforensics.cli import main
+from eagleforensics.engines import embedrules, flagrules, roperules
+from eagleforensics.engines.rules import (
+    KEY_RULES,
+    NEWEST,
+    V1_REMOVED,
+    answers_by_version,
+    default_runner,
+    positions_for_ids,
+    resolve,
+)
+from eagleforensics.errors import ForensicsError
+
+from .realdata import SAMPLES
+
+WHEELS = Path(os.environ.get("EAGLEFORENSICS_WHEELS", "/work/wheels/src"))
+
+
+def test_the_newest_vllm_release_known_is_0_34_0() -> None:
+    assert NEWEST["vllm"] == "0.34.0" == V1_REMOVED
+    rule = resolve("vllm", "llama")
+    assert rule.version == "0.34.0" and any("answered for vLLM 0.34.0" in n for n in rule.notes)
+    later = resolve("vllm", "llama", "0.35.0")
+    assert any("newer than the newest release the table knows (0.34.0)" in n for n in later.notes)
+    assert not any("newer than" in n for n in resolve("vllm", "llama", "0.34.0").notes)
+
+
+def test_a_v1_question_at_0_34_0_is_refused_and_at_0_33_0_answered() -> None:
+    assert resolve("vllm", "llama", "0.33.0", "v1").keys.label == "vllm v1 runner keys 0.22.0 - 0.33.0"
+    for version in ("0.34.0", "0.35.0"):
+        with pytest.raises(ForensicsError, match="has no V1 model runner"):
+            resolve("vllm", "llama", version, "v1")
+    with pytest.raises(ForensicsError, match="has no V1 model runner"):
+        resolve("vllm", "llama", None, "v1")
+
+
+def test_the_default_runner_at_0_34_0_is_v2_by_its_own_row() -> None:
+    run, row = default_runner("0.34.0", "deepseek_v3")
+    assert run == "v2" and row.since == "0.34.0" and "platforms/interface.py" in row.source
+    assert default_runner("0.33.0", "deepseek_v3")[1].until == "0.33.0"
+    # the V2 key row holds on: a nested-only SpecForge drafter gets the default layers at 0.34.0 too
+    rule = resolve("vllm", "llama", "0.34.0")
+    assert rule.runner == "v2" and rule.keys.runner == "v2" and rule.keys.since == "0.33.0"
+    assert [o.position.p for o in positions_for_ids(rule, [2, 16, 29], 32)] == [2, 16, 29]
+
+
+def test_tables_whose_default_runner_was_v1_answer_v2_from_0_34_0() -> None:
+    assert embedrules.embed_rule("vllm", "0.33.0").runner == "v1"
+    assert embedrules.embed_rule("vllm", "0.34.0").runner == "v2"
+    assert embedrules.embed_rule("vllm").runner == "v2"
+    # yarn drafts: no drafts past the draft's length on V1 (0.33.0's table default), served length capped on V2
+    assert roperules.draft_rope_rule("vllm", "0.33.0", rope_type="yarn").past_max == "no-drafts"
+    assert roperules.draft_rope_rule("vllm", "0.34.0", rope_type="yarn").past_max == "target-capped"
+    for ask in (lambda: embedrules.embed_rule("vllm", "0.34.0", "v1"),
+                lambda: roperules.draft_rope_rule("vllm", "0.34.0", "v1"),
+                lambda: flagrules.ignored_features("vllm", "0.34.0", "v1", ["extra_layers"])):
+        with pytest.raises(ForensicsError, match="has no V1 model runner"):
+            ask()
+
+
+def test_v1_answers_by_version_end_at_its_last_release() -> None:
+    spans = [span for span, _ in answers_by_version("vllm", "llama", lambda r: r.keys.keys, runner="v1")]
+    assert spans[-1].endswith("0.33.0") and not any(s.startswith(">=") for s in spans), spans
+    assert max((r.until for r in KEY_RULES if r.runner == "v1"), key=lambda v: tuple(map(int, v.split(".")))) \
+        == "0.33.0"
+
+
+@pytest.mark.parametrize("version", [["--engine-version", "0.34.0"], []])
+def test_config_cli_refuses_the_v1_runner_at_0_34_0_in_one_line(version: list[str]) -> None:
+    res = CliRunner().invoke(main, ["config", str(SAMPLES / "drafter"), "--engine", "vllm", *version,
+                                    "--vllm-runner", "v1", "--target", str(SAMPLES / "target")])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no V1 model runner" in lines[0] and "Traceback" not in res.output
+    ok = CliRunner().invoke(main, ["config", str(SAMPLES / "drafter"), "--engine", "vllm", "--engine-version",
+                                   "0.33.0", "--vllm-runner", "v1", "--target", str(SAMPLES / "target")])
+    assert ok.exit_code in (0, 1), ok.output
+
+
+@pytest.mark.skipif(not (WHEELS / "vllm-0.34.0" / ".done").is_file() or not (WHEELS / "vllm-0.33.0" / ".done").is_file(),
+                    reason="the vLLM 0.33.0 / 0.34.0 wheels are not unpacked on this machine")
+def test_the_wheels_show_the_boundary() -> None:
+    runner = "vllm/v1/worker/gpu_model_runner.py"
+    assert (WHEELS / "vllm-0.33.0" / runner).is_file() and not (WHEELS / "vllm-0.34.0" / runner).is_file()
+    platform = (WHEELS / "vllm-0.34.0" / "vllm/platforms/interface.py").read_text()
+    assert "VLLM_USE_V2_MODEL_RUNNER" in platform and "Model Runner V1 has been removed" in platform
