@@ -92,6 +92,14 @@ def test_config_cli_refuses_the_v1_runner_at_0_34_0_in_one_line(version: list[st
     assert ok.exit_code in (0, 1), ok.output
 
 
+def test_doctor_refuses_the_v1_runner_at_0_34_0_before_any_check() -> None:
+    base = ["doctor", "--drafter", str(SAMPLES / "drafter"), "--engine", "vllm", "--vllm-runner", "v1"]
+    res = CliRunner().invoke(main, [*base, "--engine-version", "0.34.0"])
+    assert res.exit_code == 2 and "no V1 model runner" in res.output and "checks:" not in res.output, res.output
+    ok = CliRunner().invoke(main, [*base, "--engine-version", "0.33.0", "--only", "embedding"])
+    assert ok.exit_code in (0, 1) and "no V1 model runner" not in ok.output, ok.output
+
+
 @pytest.mark.skipif(not (WHEELS / "vllm-0.34.0" / ".done").is_file() or not (WHEELS / "vllm-0.33.0" / ".done").is_file(),
                     reason="the vLLM 0.33.0 / 0.34.0 wheels are not unpacked on this machine")
 def test_the_wheels_show_the_boundary() -> None:
