@@ -168,6 +168,8 @@ BOUNDARIES = [
     ("vllm", "0.17.1", "v1", "llama", "flat", "aux_hidden_state_off", "honoured"),
     ("vllm", "0.27.1", "v2", "llama", "flat", "aux_hidden_state_off", "ignored"),
     ("vllm", "0.33.0", "v2", "llama", "flat", "aux_hidden_state_off", "honoured"),
+    ("vllm", "0.34.0", "v2", "llama", "flat", "aux_hidden_state_off", "honoured"),  # read: eagle/config.py
+    ("vllm", "0.34.0", None, "llama", "flat", "own_embedding", "honoured"),  # V2, the only runner
 ]
 
 
@@ -341,6 +343,8 @@ def test_fresh_init_row_norm_matches_a_real_transformers_init():
     ("vllm", "0.27.0", "v2", None, "raised"),
     ("vllm", "0.33.0", "v2", "llama3", "raised"),
     ("vllm", "0.33.0", "v2", "yarn", "target-capped"),
+    ("vllm", "0.34.0", "v2", "llama3", "raised"),
+    ("vllm", "0.34.0", None, "yarn", "target-capped"),  # no V1 runner: V2's row by default
 ])
 def test_rope_boundaries(engine, version, runner, rope, past):
     rule = roperules.draft_rope_rule(engine, version, runner, rope)
