@@ -221,7 +221,8 @@ def _async_scheduling(args: ServerArgs) -> tuple[str, str]:
                                "(vllm/config/vllm.py 0.14.0; no longer from 0.17.0)")
         return MATCHES, (f"vLLM {args.version}" if exact else f"vLLM >= {args.version_range[0]}") + \
             ": async_scheduling not set, so on by default for EAGLE methods (vllm/config/vllm.py 0.14.0 - 0.33.0, 0.34.0; " \
-            "the log line 'Asynchronous scheduling is enabled/disabled' says what it resolved to)"
+            "the log line 'Asynchronous scheduling is enabled/disabled', printed by 0.14.0 and 0.25.0 but no longer " \
+            "by 0.29.0, 0.33.0 or 0.34.0, says what it resolved to)"
     if exact:
         return RULED_OUT, f"vLLM {args.version}: async scheduling off by default (config/scheduler.py 0.10.0 - 0.13.0)"
     return UNKNOWN, f"async_scheduling not set; its default depends on the release ({args.version_hint})"
