@@ -2,18 +2,22 @@
 
 0.34.0 removed the V1 model runner (vllm/platforms/interface.py refuses VLLM_USE_V2_MODEL_RUNNER=0;
 vllm/v1/worker/gpu_model_runner.py is gone), so every V1 row ends at 0.33.0, a V1 question at 0.34.0 is
-bad input (one line, exit 2), and a table whose default runner was V1 answers V2 there. Every other vLLM row
-that reached 0.33.0 was read again at 0.34.0 and holds (its citation names 0.34.0: tests/test_rules_coverage.py).
+bad input (one line, exit 2), and a table whose default runner was V1 answers V2 there; and it refuses P-EAGLE
+drafters (engines.peaglerules). Every other vLLM row that reached 0.33.0 was read again at 0.34.0 and holds (its
+citation names 0.34.0: tests/test_rules_coverage.py).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from eagleforensics.checks.base import DoctorInputs
 from eagleforensics.cli import main
+from eagleforensics.doctor import diagnose
 from eagleforensics.engines import embedrules, flagrules, roperules
 from eagleforensics.engines.rules import (
     KEY_RULES,
@@ -98,6 +102,38 @@ def test_doctor_refuses_the_v1_runner_at_0_34_0_before_any_check() -> None:
     assert res.exit_code == 2 and "no V1 model runner" in res.output and "checks:" not in res.output, res.output
     ok = CliRunner().invoke(main, [*base, "--engine-version", "0.33.0", "--only", "embedding"])
     assert ok.exit_code in (0, 1) and "no V1 model runner" not in ok.output, ok.output
+
+
+def _peagle(tmp_path: Path) -> Path:
+    """A P-EAGLE drafter config as speculators' PEagleSpeculatorConfig writes it (speculators models/peagle/config.py),
+    on the sample drafter's Llama layer."""
+    layer = json.loads((SAMPLES / "drafter" / "config.json").read_text())
+    cfg = {"architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle", "mask_token_id": 300,
+           "draft_vocab_size": layer["draft_vocab_size"], "transformer_layer_config": layer,
+           "speculators_config": {"algorithm": "peagle", "default_proposal_method": "greedy",
+                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+                                  "verifier": {"name_or_path": str(SAMPLES / "target")}}}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def _peagle_findings(cfg: Path, **inputs: object) -> list:
+    report = diagnose(DoctorInputs(draft_config=str(cfg), only=("block-drafter",), **inputs))  # type: ignore[arg-type]
+    return [r.finding for r in report.findings if r.finding.code == "block-drafter-settings"
+            and "P-EAGLE" in r.finding.message]
+
+
+def test_a_peagle_drafter_on_vllm_0_34_0_is_found_and_on_0_33_0_not(tmp_path: Path) -> None:
+    cfg = _peagle(tmp_path)
+    (found,) = _peagle_findings(cfg, engine="vllm", engine_version="0.34.0")
+    assert found.severity == "warning" and "refuses it" in found.message and "0.34.0" in found.source
+    (assumed,) = _peagle_findings(cfg, engine="vllm")  # no release: the newest read, said so
+    assert assumed.severity == "info" and "newest read was assumed" in assumed.message
+    assert "0.14.1" in _peagle_findings(cfg, engine="vllm", engine_version="0.14.1")[0].source
+    for quiet in ({"engine": "vllm", "engine_version": "0.33.0"}, {"engine": "vllm", "engine_version": "0.25.0"},
+                  {"engine": "vllm", "engine_version": "0.20.0"}, {"engine": "sglang"}, {}):
+        assert _peagle_findings(cfg, **quiet) == [], quiet
 
 
 @pytest.mark.skipif(not (WHEELS / "vllm-0.34.0" / ".done").is_file() or not (WHEELS / "vllm-0.33.0" / ".done").is_file(),
