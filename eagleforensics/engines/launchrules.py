@@ -128,8 +128,9 @@ ALGORITHM_RULES: tuple[AlgorithmRow, ...] = (
                   "dflash"),
                  "eagle3", "eagle", (("[ngram]", "ngram"), ("deepseek_mtp", "mtp")),
                  _VLLM.format(v="0.10.2 - 0.33.0, 0.34.0", f="config/speculative.py") + " SpeculativeMethod "
-                 "(eagle and eagle3 in every release; *_mtp methods are folded into mtp in 0.33.0; 0.34.0 drops "
-                 "custom_class)"),
+                 "(eagle and eagle3 in every release; *_mtp methods are folded into mtp in 0.33.0; the accepted list "
+                 "is the 0.11.0 - 0.29.0 one: medusa and mlp_speculator are gone by 0.33.0, which adds custom_class, "
+                 "dspark, extract_hidden_states and ngram_gpu (0.25.0 on); 0.34.0 drops custom_class)"),
 )
 
 _EAGLE_AS_EAGLE3_SGL = (
