@@ -104,6 +104,25 @@ def test_doctor_refuses_the_v1_runner_at_0_34_0_before_any_check() -> None:
     assert ok.exit_code in (0, 1) and "no V1 model runner" not in ok.output, ok.output
 
 
+def test_plans_runner_suspect_says_v2_is_the_only_runner_from_0_34_0() -> None:
+    from dataclasses import replace
+
+    from eagleforensics.engines.serverargs import parse_server_args_line
+    from eagleforensics.engines.suspects import match_suspects
+
+    args = parse_server_args_line(
+        "(APIServer pid=1) INFO 11-29 12:58:00 [startup.py:96] non-default args: {'model_tag': 'm', "
+        "'speculative_config': {'method': 'eagle3', 'model': 'd', 'num_speculative_tokens': 3}}")
+    assert args is not None
+
+    def runner(version: str) -> tuple[str, str]:
+        (m,) = [m for m in match_suspects(replace(args, version=version)) if m.suspect.code == "model-runner-v2"]
+        return m.status, m.this_run
+
+    assert runner("0.34.0")[0] == "matches" and "the only one" in runner("0.34.0")[1]
+    assert runner("0.33.0")[0] == "matches" and "by default" in runner("0.33.0")[1]
+
+
 def _peagle(tmp_path: Path) -> Path:
     """A P-EAGLE drafter config as speculators' PEagleSpeculatorConfig writes it (speculators models/peagle/config.py),
     on the sample drafter's Llama layer."""

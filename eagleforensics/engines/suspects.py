@@ -146,7 +146,7 @@ def _page_size(args: ServerArgs) -> tuple[str, str]:
 
 
 def _runner(args: ServerArgs) -> tuple[str, str]:
-    from .rules import parse_version
+    from .rules import V1_REMOVED, parse_version
 
     first = args.version or (args.version_range[0] if args.version_range else None)
     if first is None:
@@ -156,6 +156,9 @@ def _runner(args: ServerArgs) -> tuple[str, str]:
     except Exception:  # a version text we cannot order: say so instead of guessing
         return UNKNOWN, f"vLLM release {printable(first)!r} not understood"
     exact = args.version is not None
+    if v >= parse_version(V1_REMOVED):
+        return MATCHES, (f"vLLM {first}" if exact else f"vLLM >= {first}") + \
+            f": the V2 model runner, the only one (V1 removed in {V1_REMOVED}: vllm/platforms/interface.py)"
     if v >= parse_version("0.29.0"):
         return MATCHES, (f"vLLM {first}" if exact else f"vLLM >= {first}") + \
             ": the V2 model runner by default (vllm/config/vllm.py use_v2_model_runner, 0.29.0 on)"
