@@ -104,6 +104,18 @@ def test_doctor_refuses_the_v1_runner_at_0_34_0_before_any_check() -> None:
     assert ok.exit_code in (0, 1) and "no V1 model runner" not in ok.output, ok.output
 
 
+def test_config_says_v2_is_the_only_runner_from_0_34_0() -> None:
+    from eagleforensics.engines.draftconfig import audit_config
+
+    def runner_note(version: str) -> str:
+        audit = audit_config(SAMPLES / "drafter", "vllm", engine_version=version, model_type="llama", num_layers=12)
+        (f,) = [f for f in audit.findings if f.code == "vllm-runner"]
+        return f.message
+
+    assert "its only one" in runner_note("0.34.0") and "forces V1/V2" not in runner_note("0.34.0")
+    assert "by default" in runner_note("0.33.0") and "forces V1/V2" in runner_note("0.33.0")
+
+
 def test_plans_runner_suspect_says_v2_is_the_only_runner_from_0_34_0() -> None:
     from dataclasses import replace
 
