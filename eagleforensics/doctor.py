@@ -297,6 +297,11 @@ def check_inputs(inputs: DoctorInputs) -> None:
         _ = ModelDir(inputs.target, "target directory").index
     if inputs.served_len is not None and inputs.served_len <= 0:
         raise ForensicsError(f"--served-len must be a positive number of tokens, got {inputs.served_len}")
+    if inputs.engine == "vllm" and inputs.vllm_runner is not None and (inputs.engine_version or inputs.log is None):
+        from .engines.rules import NEWEST, check_vllm_runner
+
+        # --vllm-runner v1 with a release that has none (vLLM 0.34.0 on, or no version and no log to give one)
+        check_vllm_runner(inputs.engine_version or NEWEST["vllm"], inputs.vllm_runner)
 
 
 Pipeline = Callable[[Artifacts], tuple[CheckOutcome, dict[str, Any] | None, str]]

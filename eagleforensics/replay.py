@@ -479,7 +479,7 @@ def _rope_findings(spec: Any) -> list[Finding]:
             "srt/layers/rotary_embedding/factory.py; vllm 0.10.0 model_executor/layers/rotary_embedding.py")]
 
 
-MIN_TEMPERATURE = 0.01  # vLLM's floor for sampling (_MAX_TEMP in vllm/sampling_params.py, 0.33.0)
+MIN_TEMPERATURE = 0.01  # vLLM's floor for sampling (_MAX_TEMP in vllm/sampling_params.py, 0.33.0, 0.34.0)
 
 
 def _check_options(steps: int, cost_ratio: float, device: str, temperature: float, top_p: float, topk: int,
@@ -498,7 +498,7 @@ def _check_options(steps: int, cost_ratio: float, device: str, temperature: floa
         raise ForensicsError(f"--temperature must be a number in [0, 100], got {temperature}")
     if 0 < temperature < MIN_TEMPERATURE:
         # logits / 1e-45 overflow to inf and the sampled figures turn nan; and no engine samples there: vLLM
-        # 0.33.0 raises a temperature in (0, 0.01) to 0.01 (vllm/sampling_params.py, _MAX_TEMP), SGLang 0.5.23
+        # 0.33.0 and 0.34.0 raise a temperature in (0, 0.01) to 0.01 (vllm/sampling_params.py, _MAX_TEMP), SGLang 0.5.23
         # samples greedily below 1e-6 (sglang/srt/sampling/sampling_params.py, _SAMPLING_EPS)
         raise ForensicsError(f"--temperature {temperature:g} is below {MIN_TEMPERATURE:g}, where engines do not sample "
                              "at the temperature asked (vLLM raises it to 0.01, SGLang decodes greedily below 1e-6): "

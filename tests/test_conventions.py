@@ -122,7 +122,7 @@ KEY_EXPECT = {
     "vllm v1 runner keys 0.10.1.1 - 0.11.0": (None, None, None, "absent", False),
     "vllm v1 runner keys 0.11.1 - 0.17.0": (TOP_KEY, None, None, "absent", False),
     "vllm v1 runner keys 0.17.1 - 0.21.0": (TOP_KEY, None, None, "absent", True),
-    "vllm v1 runner keys >= 0.22.0": (TOP_KEY, NESTED_KEY, None, "absent", True),
+    "vllm v1 runner keys 0.22.0 - 0.33.0": (TOP_KEY, NESTED_KEY, None, "absent", True),  # no V1 runner from 0.34.0
     "vllm v2 runner keys 0.17.1 - 0.27.1": (TOP_KEY, None, None, "absent", False),
     "vllm v2 runner keys 0.28.0 - 0.32.0": (TOP_KEY, None, NESTED_LAYER_IDS_KEY, "absent", False),
     "vllm v2 runner keys >= 0.33.0": (TOP_KEY, None, NESTED_LAYER_IDS_KEY, "absent", True),
@@ -160,7 +160,8 @@ RUNNER_EXPECT = {
     "vllm default runner 0.22.0 - 0.23.0": ("v1", "v2", "v1", "v1", "v1", "v1", "v1"),
     "vllm default runner 0.24.0 - 0.25.1": ("v2", "v2", "v1", "v2", "v1", "v1", "v1"),
     "vllm default runner 0.26.0 - 0.28.0": ("v2", "v2", "v1", "v2", "v1", "v1", "v1"),
-    "vllm default runner >= 0.29.0": ("v2", "v2", "v2", "v2", "v2", "v2", "v2"),
+    "vllm default runner 0.29.0 - 0.33.0": ("v2", "v2", "v2", "v2", "v2", "v2", "v2"),
+    "vllm default runner >= 0.34.0": ("v2", "v2", "v2", "v2", "v2", "v2", "v2"),  # V1 removed
 }
 
 
@@ -223,7 +224,7 @@ def test_no_version_means_newest_and_says_so():
     rule = resolve("sglang", "llama")
     assert rule.version == "0.5.23" and not rule.version_given
     assert any("newest release" in n for n in rule.notes)
-    assert resolve("vllm", "llama").version == "0.33.0"
+    assert resolve("vllm", "llama").version == "0.34.0"
 
 
 def test_versions_outside_the_table_are_flagged():

@@ -57,6 +57,9 @@ GRID = {
                                for f in FAMILIES},
     ("vllm", "0.33.0", None): {f: VLLM_TOP for f in FAMILIES},
     ("vllm", "0.33.0", "v1"): {f: VLLM_BOTH for f in FAMILIES},
+    # 0.34.0 (read): no V1 runner any more; the V2 answers hold, a nested-only draft still gets the default
+    ("vllm", "0.34.0", None): {f: VLLM_TOP for f in FAMILIES},
+    ("vllm", "0.34.0", "v2"): {f: VLLM_TOP for f in FAMILIES},
 }
 
 

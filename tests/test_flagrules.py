@@ -168,6 +168,8 @@ BOUNDARIES = [
     ("vllm", "0.17.1", "v1", "llama", "flat", "aux_hidden_state_off", "honoured"),
     ("vllm", "0.27.1", "v2", "llama", "flat", "aux_hidden_state_off", "ignored"),
     ("vllm", "0.33.0", "v2", "llama", "flat", "aux_hidden_state_off", "honoured"),
+    ("vllm", "0.34.0", "v2", "llama", "flat", "aux_hidden_state_off", "honoured"),  # read: eagle/config.py
+    ("vllm", "0.34.0", None, "llama", "flat", "own_embedding", "honoured"),  # V2, the only runner
 ]
 
 
@@ -178,8 +180,9 @@ def test_boundary_versions(engine, version, runner, arch, layout, feature, statu
 
 
 def test_every_feature_has_an_answer_on_the_newest_releases():
-    for engine, runner in (("sglang", None), ("vllm", "v1"), ("vllm", "v2")):
-        got = flagrules.ignored_features(engine, None, runner, CONTRACT, "llama", "flat")
+    # V1's newest is 0.33.0: vLLM 0.34.0 removed the V1 model runner (rules.V1_REMOVED)
+    for engine, version, runner in (("sglang", None, None), ("vllm", "0.33.0", "v1"), ("vllm", None, "v2")):
+        got = flagrules.ignored_features(engine, version, runner, CONTRACT, "llama", "flat")
         assert [r.feature for r in got] == sorted(CONTRACT)
         assert all(r.status in flagtable.STATUSES and r.source for r in got)
         assert all(r.status != "unknown" for r in got), [r for r in got if r.status == "unknown"]
@@ -340,6 +343,8 @@ def test_fresh_init_row_norm_matches_a_real_transformers_init():
     ("vllm", "0.27.0", "v2", None, "raised"),
     ("vllm", "0.33.0", "v2", "llama3", "raised"),
     ("vllm", "0.33.0", "v2", "yarn", "target-capped"),
+    ("vllm", "0.34.0", "v2", "llama3", "raised"),
+    ("vllm", "0.34.0", None, "yarn", "target-capped"),  # no V1 runner: V2's row by default
 ])
 def test_rope_boundaries(engine, version, runner, rope, past):
     rule = roperules.draft_rope_rule(engine, version, runner, rope)

@@ -12,6 +12,8 @@ arguments line:
 * the served block against the trained one: DFlash B means B - 1 drafted tokens, passed as
   ``num_speculative_tokens`` = B - 1 on vLLM and ``speculative_num_draft_tokens`` (``--speculative-dflash-block-size``)
   = B on SGLang; DSpark's block is the drafted count on both (NVIDIA/Model-Optimizer#2313 review).
+* a P-EAGLE drafter for a vLLM release that does not serve it (``engines.peaglerules``: refused from 0.34.0,
+  absent in 0.14.1); the release is the one given or logged, else the newest read (said so, info).
 
 SpecForge-trained DFlash served at 1.29 of 4 reached 3.6 after these fixes (sgl-project/SpecForge#455). Warning
 for each disagreement; info when the block drafter's settings agree. Cause: the drafter's config.
@@ -21,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..engines.blockconfig import block_facts
+from ..engines.peaglerules import peagle_on_vllm
+from ..engines.rules import NEWEST
 from ..errors import printable
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
@@ -87,6 +91,8 @@ def run(art: Artifacts) -> CheckResult:
             f"nested {facts.nested_block}; a trainer or exporter that reads the top-level key disagrees."),
             fix="Keep one block_size (nested in dflash_config) equal to the trained block.", source=src,
             impact="high"))
+    if facts.kind == "peagle" and engine == "vllm":
+        findings += _peagle_on_vllm(art)
     served, field = _served_drafted(art, facts.kind)
     data["served_drafted"] = served
     if served is not None and facts.drafted is not None and served != facts.drafted:
@@ -102,6 +108,24 @@ def run(art: Artifacts) -> CheckResult:
         return CheckResult(tuple(findings), f"{facts.kind} drafter: {len(findings)} disagreement(s)", data)
     return CheckResult((), f"{facts.kind} drafter: block_size {facts.block_size}, mask_token_id "
                        f"{facts.mask_token_id} agree with what the engines read", data)
+
+
+def _peagle_on_vllm(art: Artifacts) -> list[Finding]:
+    """A P-EAGLE drafter on a vLLM release that refuses it or has no P-EAGLE: warning (info when the release is
+    assumed, the newest read); nothing where it is served or the release was not read."""
+    version = art.engine_version or NEWEST["vllm"]
+    row = peagle_on_vllm(version)
+    if row is None or row.status == "served":
+        return []
+    assumed = "" if art.engine_version else " (no release given or logged: the newest read was assumed)"
+    what = ("refuses it: a speculators P-EAGLE config fails at start ('not supported'), a Peagle* architecture is "
+            "not in its model registry, and an EAGLE-3 checkpoint's mask_hidden is skipped with a warning, so the "
+            "drafter drafts one token at a time" if row.status == "refused" else "has no P-EAGLE: it does not know "
+            "the peagle speculators algorithm or the Peagle* architectures")
+    return [Finding("block-drafter-settings", "info" if assumed else "warning", printable(
+        f"this is a P-EAGLE (parallel drafting) drafter and vLLM {version}{assumed} {what}."),
+        fix="Serve it on a vLLM release with P-EAGLE (0.25.0 - 0.33.0 read), or train and export a plain "
+            "(sequential) EAGLE-3 drafter for this release.", source=f"{row.source}; {SOURCE}", impact="high")]
 
 
 CHECK = register(Check("block-drafter", "block drafters (DFlash / DSpark / P-EAGLE) whose settings disagree "

@@ -2,7 +2,7 @@
 
 A drafter with a reduced vocabulary (``draft_vocab_size`` < ``vocab_size``) drafts draft ids; the
 engines turn draft id ``i`` into target id ``i + d2t[i]`` (``d2t`` holds offsets: SGLang 0.5.23
-``srt/models/llama_eagle3.py`` ``hot_token_id = d2t + arange``; vLLM 0.33.0
+``srt/models/llama_eagle3.py`` ``hot_token_id = d2t + arange``; vLLM 0.33.0, 0.34.0
 ``model_executor/models/llama_eagle3.py`` ``compute_logits``: ``targets = arange + draft_id_to_target_id``).
 Both skip ``t2d`` at load, and both fall back to draft id = target id (the first ``draft_vocab_size``
 ids) when ``d2t`` is missing: SGLang leaves ``hot_token_id`` None, vLLM keeps its zero-initialised

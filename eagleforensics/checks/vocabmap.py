@@ -6,7 +6,7 @@ also (warning) a ``d2t`` of all zeros, the placeholder for "the first N ids".
 ``d2t-absolute`` (error): target ids stored where offsets belong (``arange`` written instead of
 offsets: draft id i becomes i + id). ``d2t-invalid`` (error): not integers, a size unlike
 ``draft_vocab_size``, ids out of range, duplicates, or a ``d2t`` that disagrees with ``t2d``.
-Engine facts: ``checks.draftvocab``'s docstring (SGLang 0.5.23, vLLM 0.33.0 ``llama_eagle3.py``).
+Engine facts: ``checks.draftvocab``'s docstring (SGLang 0.5.23, vLLM 0.33.0, 0.34.0 ``llama_eagle3.py``).
 """
 from __future__ import annotations
 

@@ -28,11 +28,13 @@ from .rules import (
     NESTED_LAYER_IDS_KEY,
     TOP_KEY,
     YAML_KEY,
+    V1_REMOVED,
     Rule,
     answers_by_version,
     default_ids,
     ids_for_positions,
     model_type_of_arch,
+    parse_version,
     positions_for_ids,
     resolve,
     served_positions,
@@ -411,7 +413,11 @@ def _rule_findings(rule: Rule) -> list[Finding]:
         code = ("model-type-assumed" if note.startswith("model type") else
                 "version-assumed" if note.startswith("no engine version") else "version-outside-table")
         out.append(Finding(code, INFO, note))
-    if rule.engine == "vllm" and rule.runner_row is not None:
+    if rule.engine == "vllm" and rule.runner_row is not None and parse_version(rule.version) >= \
+            parse_version(V1_REMOVED):
+        out.append(Finding("vllm-runner", INFO, (
+            f"vLLM {rule.version} runs the V2 model runner, its only one ({rule.runner_row.source})")))
+    elif rule.engine == "vllm" and rule.runner_row is not None:
         out.append(Finding("vllm-runner", INFO, (
             f"vLLM {rule.version} runs the {rule.runner.upper() if rule.runner else ''} model runner "
             f"by default for this model ({rule.runner_row.source}); VLLM_USE_V2_MODEL_RUNNER=0/1 "

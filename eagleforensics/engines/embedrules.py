@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..errors import ForensicsError
-from .rules import ENGINE_NAMES, ENGINES, NEWEST, TRT_MAIN, parse_version, row_at
+from .rules import ENGINE_NAMES, ENGINES, NEWEST, TRT_MAIN, parse_version, row_at, runner_or_default
 
 
 def _span(since: str, until: str | None) -> str:
@@ -95,25 +95,27 @@ EMBED_RULES: tuple[EmbedRule, ...] = (
               "EAGLE-3 never shares the target head (method != 'eagle3'); a missing "
               "lm_head.weight stays uninitialised",
               _VEP.format(v="0.10.1.1, 0.11.0", f="eagle.py") + " EagleProposer.load_model"),
-    EmbedRule("vllm", "0.11.1", None, "draft", "target", "draft", "target", "draft",
+    EmbedRule("vllm", "0.11.1", "0.33.0", "draft", "target", "draft", "target", "draft",
               "the drafter's own embed_tokens is kept when its checkpoint has one that differs "
               "from the target's (vllm-project/vllm#28549), else the target's is shared",
               "the drafter's own lm_head is kept when present, else the target's is shared",
               _VEP.format(v="0.11.1", f="eagle.py") + " load_model (has_own_embed_tokens, "
               "has_own_lm_head); vllm 0.33.0 vllm/v1/spec_decode/llm_base_proposer.py "
               "_maybe_share_embeddings/_maybe_share_lm_head; vllm/model_executor/models/utils.py "
-              "process_eagle_weight", runner="v1"),
+              "process_eagle_weight", runner="v1"),  # until 0.33.0: 0.34.0 has no V1 runner (rules.V1_REMOVED)
     EmbedRule("vllm", "0.17.1", None, "draft", "target", "draft", "target", "draft",
               "V2 runner: target embedding shared only when the drafter has none (or an "
-              "identical one, 0.33.0)", "V2 runner: target head shared only when the drafter "
-              "has none", "vllm 0.17.1, 0.33.0 vllm/v1/worker/gpu/spec_decode/eagle/utils.py "
-              "load_eagle_model", runner="v2"),
+              "identical one, 0.33.0; 0.34.0 keeps a quantized own copy, whose packed weight cannot be "
+              "compared)", "V2 runner: target head shared only when the drafter "
+              "has none", "vllm 0.17.1, 0.33.0, 0.34.0 vllm/v1/worker/gpu/spec_decode/eagle/utils.py "
+              "load_eagle_model (0.34.0: _should_share, share_target_lm_head)", runner="v2"),
 )
 
 
 def embed_rule(engine: str, version: str | None = None, runner: str | None = None,
                model_type: str | None = None) -> EmbedRule:
-    """The ``EmbedRule`` of ``engine`` at ``version`` (None: newest); vLLM runner None = v1.
+    """The ``EmbedRule`` of ``engine`` at ``version`` (None: newest); vLLM runner None = v1 (v2 from 0.34.0,
+    which has no V1 runner: ``rules.V1_REMOVED``).
 
     ``model_type`` is accepted for symmetry (the rule is the same for every drafter file).
     """
@@ -124,7 +126,7 @@ def embed_rule(engine: str, version: str | None = None, runner: str | None = Non
         return EmbedRule("trtllm", TRT_MAIN, None, "unknown", "unknown", "unknown", "unknown",
                          "unknown", "not read", "not read", "TensorRT-LLM not read")
     ver = str(parse_version(version or NEWEST[eng]))
-    run = (runner or "v1") if eng == "vllm" else None
+    run = runner_or_default(ver, runner) if eng == "vllm" else None
     rows = [r for r in EMBED_RULES if r.engine == eng and (r.runner is None or r.runner == run)]
     row = row_at(rows, ver)
     if row is None and eng == "vllm" and run == "v2":
@@ -160,7 +162,7 @@ D2T_RULES: tuple[D2TRule, ...] = (
             "hot_token_id[topk_index] only when d2t was loaded, so a missing d2t serves draft "
             "id i as target id i without a warning"),
     D2TRule("vllm", "0.10.1.1", None, "offsets", "identity", False,
-            "vllm 0.10.1.1, 0.33.0 vllm/model_executor/models/llama_eagle3.py: "
+            "vllm 0.10.1.1, 0.33.0, 0.34.0 vllm/model_executor/models/llama_eagle3.py: "
             "draft_id_to_target_id starts as zeros and is skipped when the checkpoint has no "
             "d2t; compute_logits scatters logits to arange + d2t (t2d skipped); from 0.30.0 the "
             "zeros exist only when draft_vocab_size != the target's vocab"),

@@ -7,7 +7,7 @@ Qwen3 attention with q/k norms, ...). An engine release that does not implement 
 it (an error at load) or *honours* it. ``FLAG_RULES`` (in ``flagtable``) holds one row per (engine, feature,
 version range, drafter model file, config layout), each citing the wheel version and file it
 was read from (``pip download --no-deps``; every SGLang release 0.4.10 - 0.5.23 and every vLLM
-release 0.10.1.1 - 0.33.0 was unpacked and the boundary releases read).
+release 0.10.1.1 - 0.33.0 was unpacked and the boundary releases read; 0.34.0 read for every row reaching 0.33.0).
 
 * ``drafter_features(config, tensor_names)``: the features a drafter uses, from its config.json
   and the tensor names in its safetensors headers. The names are a contract shared with
@@ -37,6 +37,7 @@ from .rules import (
     NEWEST,
     RUNNERS,
     TRT_MAIN,
+    check_vllm_runner,
     default_runner,
     parse_version,
     row_at,
@@ -312,6 +313,8 @@ def ignored_features(engine: str, version: str, runner: str | None, features: It
     run, assumed = (runner, False) if eng == "vllm" else (None, False)
     if eng == "vllm" and runner is None:
         run, assumed = default_runner(ver, None)[0], True
+    elif eng == "vllm":
+        check_vllm_runner(ver, runner)
     arch = _arch_of(model_type)
     out: list[FlagRuling] = []
     for f in feats:

@@ -2,7 +2,9 @@
 
 One ``FlagRow`` per (engine, feature, version range, drafter model file, config layout), read
 from the released wheels (every SGLang release 0.4.10 - 0.5.23 and vLLM release 0.10.1.1 -
-0.33.0 unpacked, boundaries read); ``source`` names the version and file. Statuses: honoured,
+0.33.0 unpacked, boundaries read; vLLM 0.34.0 read for every open row: llama_eagle3.py and qwen3_eagle3.py
+only dropped P-EAGLE's mask_hidden, deepseek_eagle3.py and llama.py are unchanged, algos.py's update_eagle3 is
+the same); ``source`` names the version and file. Statuses: honoured,
 ignored (loads, runs, serves another function than the one trained), refused (error at load),
 unknown. Features '*' rows say the engine cannot load that drafter at all.
 """
@@ -124,82 +126,82 @@ FLAG_RULES: tuple[FlagRow, ...] = (
       arch="llama"),
     R("vllm", "norm_before_fc", "0.18.0", None, "honoured", "input_norm applied before fc "
       "(top-level norm_before_fc; eagle_config.norm_before_fc too from 0.22.0)",
-      _V.format(v="0.18.0, 0.22.0", f="llama_eagle3.py") + " LlamaModel.__init__ input_norm",
+      _V.format(v="0.18.0, 0.22.0, 0.34.0", f="llama_eagle3.py") + " LlamaModel.__init__ input_norm",
       arch="llama", layout="flat"),
     R("vllm", "norm_before_fc", "0.18.0", "0.18.1", "ignored", "the speculators config's "
       "norm_before_fc is not passed on, input_norm.weight is dropped (skip_substrs): fc reads "
       "un-normed states", _ALGOS.format(v="0.18.1") + " (no norm_before_fc; added in 0.19.0)",
       arch="llama", layout="speculators"),
     R("vllm", "norm_before_fc", "0.19.0", None, "honoured", "input_norm applied before fc",
-      _ALGOS.format(v="0.19.0") + " passes norm_before_fc", arch="llama", layout="speculators"),
+      _ALGOS.format(v="0.19.0, 0.34.0") + " passes norm_before_fc", arch="llama", layout="speculators"),
     R("vllm", "fc_norm", "0.10.1.1", "0.21.0", "refused", "fc_norm.i weights: " + _KEYERR,
       _V.format(v="0.21.0", f="llama_eagle3.py") + " (no fc_norm parameter)", arch="llama"),
     R("vllm", "fc_norm", "0.22.0", None, "honoured", "per-state RMSNorm before fc",
-      _V.format(v="0.22.0", f="llama_eagle3.py") + " LlamaModel fc_norm, "
+      _V.format(v="0.22.0, 0.34.0", f="llama_eagle3.py") + " LlamaModel fc_norm, "
       "Eagle3LlamaForCausalLM.combine_hidden_states", arch="llama", layout="flat"),
     R("vllm", "fc_norm", "0.22.0", "0.24.0", "refused", "the speculators config's fc_norm is not "
       "passed on, so the fc_norm.i weights have no parameter: " + _KEYERR,
       _ALGOS.format(v="0.24.0") + " (fc_norm passed from 0.25.0)", arch="llama",
       layout="speculators"),
     R("vllm", "fc_norm", "0.25.0", None, "honoured", "per-state RMSNorm before fc",
-      _ALGOS.format(v="0.25.0") + " passes fc_norm", arch="llama", layout="speculators"),
+      _ALGOS.format(v="0.25.0, 0.34.0") + " passes fc_norm", arch="llama", layout="speculators"),
     R("vllm", "norm_output", "0.10.1.1", "0.21.0", "ignored", "the pre-norm state is always fed "
       "back", _V.format(v="0.21.0", f="llama_eagle3.py") + " LlamaModel.forward returns "
       "hidden_prenorm", arch="llama"),
     R("vllm", "norm_output", "0.22.0", None, "honoured", "norm(h) fed back when true (EAGLE-3.1 "
       "meaning; see sgl-project/SpecForge#879 for SpecForge <= 0.2.0 configs)",
-      _V.format(v="0.22.0", f="llama_eagle3.py") + " LlamaModel.forward aux_output",
+      _V.format(v="0.22.0, 0.34.0", f="llama_eagle3.py") + " LlamaModel.forward aux_output",
       arch="llama", layout="flat"),
     R("vllm", "norm_output", "0.22.0", "0.24.0", "ignored", "the speculators config's norm_output "
       "is not passed on: pre-norm state fed back", _ALGOS.format(v="0.24.0") +
       " (norm_output passed from 0.25.0)", arch="llama", layout="speculators"),
     R("vllm", "norm_output", "0.25.0", None, "honoured", "norm(h) fed back when true",
-      _ALGOS.format(v="0.25.0") + " passes norm_output", arch="llama", layout="speculators"),
+      _ALGOS.format(v="0.25.0, 0.34.0") + " passes norm_output", arch="llama", layout="speculators"),
     R("vllm", "norm_before_residual", "0.10.1.1", None, "honoured", "residual = hidden_norm(fc "
       "output) (speculators configs: vLLM assumes true when the key is absent)",
-      _V.format(v="0.10.1.1, 0.33.0", f="llama_eagle3.py") + " LlamaDecoderLayer."
+      _V.format(v="0.10.1.1, 0.33.0, 0.34.0", f="llama_eagle3.py") + " LlamaDecoderLayer."
       "_norm_before_residual; " + _ALGOS.format(v="0.10.1.1") + " default True"),
     R("vllm", "extra_layers", "0.10.1.1", "0.11.0", "refused", "layers.1.* weights: " + _KEYERR +
       " (one layer is built)", _V.format(v="0.11.0", f="llama_eagle3.py") + " LlamaModel.layers",
       arch="llama"),
     R("vllm", "extra_layers", "0.11.1", None, "honoured", "num_hidden_layers layers built and run",
-      _V.format(v="0.11.1", f="llama_eagle3.py") + " LlamaModel.layers", arch="llama"),
+      _V.format(v="0.11.1, 0.34.0", f="llama_eagle3.py") + " LlamaModel.layers", arch="llama"),
     R("vllm", "sliding_window", "0.10.1.1", "0.10.1.1", "refused", "IndexError at load: "
       "layer_types is indexed by the target's layer count", "vllm 0.10.1.1 vllm/model_executor/"
       "models/llama.py LlamaAttention layer_types[layer_idx]", arch="llama"),
     R("vllm", "sliding_window", "0.10.2", None, "honoured", "per-layer window from the draft's "
-      "layer_types / sliding_window", "vllm 0.10.2, 0.33.0 vllm/model_executor/models/llama.py "
+      "layer_types / sliding_window", "vllm 0.10.2, 0.33.0, 0.34.0 vllm/model_executor/models/llama.py "
       "LlamaAttention (effective_layer_idx = layer_idx - target_layer_count)", arch="llama"),
     R("vllm", "qk_norm", "0.10.1.1", None, "refused", "q_norm/k_norm weights: " + _KEYERR +
-      " (the Llama file has no q/k norm)", _V.format(v="0.33.0", f="llama_eagle3.py") +
+      " (the Llama file has no q/k norm)", _V.format(v="0.33.0, 0.34.0", f="llama_eagle3.py") +
       " (Llama attention)", arch="llama"),
     # ---- vLLM, Qwen3-arch drafter (qwen3_eagle3.py, from 0.24.0; before: built as Llama) ----
     R("vllm", "norm_before_fc", "0.24.0", None, "honoured", "input_norm applied before fc",
-      _V.format(v="0.24.0", f="qwen3_eagle3.py") + " Qwen3Eagle3Model", arch="qwen3"),
+      _V.format(v="0.24.0, 0.34.0", f="qwen3_eagle3.py") + " Qwen3Eagle3Model", arch="qwen3"),
     R("vllm", "fc_norm", "0.24.0", None, "honoured", "per-state RMSNorm before fc",
-      _V.format(v="0.24.0", f="qwen3_eagle3.py") + " Qwen3Eagle3Model fc_norm", arch="qwen3",
+      _V.format(v="0.24.0, 0.34.0", f="qwen3_eagle3.py") + " Qwen3Eagle3Model fc_norm", arch="qwen3",
       layout="flat"),
     R("vllm", "fc_norm", "0.24.0", "0.24.0", "refused", "fc_norm not passed on for speculators "
       "configs: " + _KEYERR, _ALGOS.format(v="0.24.0"), arch="qwen3", layout="speculators"),
     R("vllm", "fc_norm", "0.25.0", None, "honoured", "per-state RMSNorm before fc",
-      _ALGOS.format(v="0.25.0"), arch="qwen3", layout="speculators"),
+      _ALGOS.format(v="0.25.0, 0.34.0"), arch="qwen3", layout="speculators"),
     R("vllm", "norm_output", "0.24.0", None, "honoured", "norm(h) fed back when true",
-      _V.format(v="0.24.0", f="qwen3_eagle3.py") + " aux_output", arch="qwen3", layout="flat"),
+      _V.format(v="0.24.0, 0.34.0", f="qwen3_eagle3.py") + " aux_output", arch="qwen3", layout="flat"),
     R("vllm", "norm_output", "0.24.0", "0.24.0", "ignored", "norm_output not passed on for "
       "speculators configs: pre-norm state fed back", _ALGOS.format(v="0.24.0"), arch="qwen3",
       layout="speculators"),
     R("vllm", "norm_output", "0.25.0", None, "honoured", "norm(h) fed back when true",
-      _ALGOS.format(v="0.25.0"), arch="qwen3", layout="speculators"),
+      _ALGOS.format(v="0.25.0, 0.34.0"), arch="qwen3", layout="speculators"),
     R("vllm", "extra_layers", "0.24.0", None, "honoured", "every layer built",
-      _V.format(v="0.24.0", f="qwen3_eagle3.py"), arch="qwen3"),
+      _V.format(v="0.24.0, 0.34.0", f="qwen3_eagle3.py"), arch="qwen3"),
     R("vllm", "sliding_window", "0.24.0", "0.25.1", "ignored", "the draft's layer_types are not "
       "read: full attention (vllm-project/speculators#684)",
       _V.format(v="0.25.1", f="qwen3_eagle3.py") + " Qwen3Eagle3DecoderLayer (no layer_types)",
       arch="qwen3"),
     R("vllm", "sliding_window", "0.26.0", None, "honoured", "per-layer window from layer_types",
-      _V.format(v="0.26.0", f="qwen3_eagle3.py") + " per_layer_sliding_window", arch="qwen3"),
+      _V.format(v="0.26.0, 0.34.0", f="qwen3_eagle3.py") + " per_layer_sliding_window", arch="qwen3"),
     R("vllm", "qk_norm", "0.24.0", None, "honoured", "Qwen3 attention with q/k norms",
-      _V.format(v="0.24.0", f="qwen3_eagle3.py") + " (Qwen3DecoderLayer); " +
+      _V.format(v="0.24.0, 0.34.0", f="qwen3_eagle3.py") + " (Qwen3DecoderLayer); " +
       _ALGOS.format(v="0.24.0") + " maps model_type qwen3 to Eagle3Qwen3ForCausalLM", arch="qwen3"),
     # ---- vLLM, DeepSeek-arch drafter (deepseek_eagle3.py, from 0.18.0) ----
     R("vllm", "*", "0.10.1.1", "0.17.1", "refused", "no Eagle3DeepseekV2ForCausalLM in the model "
@@ -209,7 +211,7 @@ FLAG_RULES: tuple[FlagRow, ...] = (
       "silently (name not in params_dict)", _V.format(v="0.18.0, 0.24.0", f="deepseek_eagle3.py")
       + " DeepseekV2Eagle3Model.load_weights", arch="deepseek"),
     R("vllm", "norm_before_fc", "0.25.0", None, "refused", "input_norm.weight: " + _KEYERR,
-      _V.format(v="0.25.0", f="deepseek_eagle3.py") + " load_weights via AutoWeightsLoader",
+      _V.format(v="0.25.0, 0.34.0", f="deepseek_eagle3.py") + " load_weights via AutoWeightsLoader",
       arch="deepseek"),
     R("vllm", "fc_norm", "0.18.0", "0.21.0", "ignored", "fc_norm weights skipped silently",
       _V.format(v="0.21.0", f="deepseek_eagle3.py") + " load_weights", arch="deepseek"),
@@ -217,14 +219,14 @@ FLAG_RULES: tuple[FlagRow, ...] = (
       "(vllm-project/vllm#43482)", _V.format(v="0.22.0", f="deepseek_eagle3.py") +
       " (combine_hidden_states applies it from 0.23.0)", arch="deepseek"),
     R("vllm", "fc_norm", "0.23.0", None, "honoured", "per-state RMSNorm before fc",
-      _V.format(v="0.23.0", f="deepseek_eagle3.py") + " combine_hidden_states", arch="deepseek"),
+      _V.format(v="0.23.0, 0.34.0", f="deepseek_eagle3.py") + " combine_hidden_states", arch="deepseek"),
     R("vllm", "norm_output", "0.18.0", "0.21.0", "ignored", "pre-norm state always fed back",
       _V.format(v="0.21.0", f="deepseek_eagle3.py"), arch="deepseek"),
     R("vllm", "norm_output", "0.22.0", None, "honoured", "norm(h) fed back when true",
-      _V.format(v="0.22.0", f="deepseek_eagle3.py") + " aux_output", arch="deepseek"),
+      _V.format(v="0.22.0, 0.34.0", f="deepseek_eagle3.py") + " aux_output", arch="deepseek"),
     R("vllm", "norm_before_residual", "0.18.0", None, "honoured", "residual = hidden_norm(fc)",
-      _V.format(v="0.18.0", f="deepseek_eagle3.py"), arch="deepseek"),
+      _V.format(v="0.18.0, 0.34.0", f="deepseek_eagle3.py"), arch="deepseek"),
     R("vllm", "extra_layers", "0.18.0", None, "honoured", "every layer built",
-      _V.format(v="0.18.0", f="deepseek_eagle3.py"), arch="deepseek"),
+      _V.format(v="0.18.0, 0.34.0", f="deepseek_eagle3.py"), arch="deepseek"),
 )
 del R

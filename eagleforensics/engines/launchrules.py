@@ -2,7 +2,8 @@
 
 The facts ``doctor`` checks a server's arguments line against (``engines.serverargs``), each row
 citing the released wheel version and file it was read from (``pip download --no-deps``; SGLang
-0.4.0 - 0.5.23 and vLLM 0.10.0 - 0.33.0, every release unless a row says which were read). Rows
+0.4.0 - 0.5.23 and vLLM 0.10.0 - 0.33.0, every release unless a row says which were read; vLLM 0.34.0 read for
+every row reaching 0.33.0). Rows
 hold from ``since`` to ``until`` (the last release read where the row holds; None: to the newest
 known); a version between two rows takes the earlier row.
 
@@ -126,8 +127,10 @@ ALGORITHM_RULES: tuple[AlgorithmRow, ...] = (
                  ("ngram", "eagle", "eagle3", "medusa", "mlp_speculator", "draft_model", "mtp", "suffix",
                   "dflash"),
                  "eagle3", "eagle", (("[ngram]", "ngram"), ("deepseek_mtp", "mtp")),
-                 _VLLM.format(v="0.10.2 - 0.33.0", f="config/speculative.py") + " SpeculativeMethod "
-                 "(eagle and eagle3 in every release; *_mtp methods are folded into mtp in 0.33.0)"),
+                 _VLLM.format(v="0.10.2 - 0.33.0, 0.34.0", f="config/speculative.py") + " SpeculativeMethod "
+                 "(eagle and eagle3 in every release; *_mtp methods are folded into mtp in 0.33.0; the accepted list "
+                 "is the 0.11.0 - 0.29.0 one: medusa and mlp_speculator are gone by 0.33.0, which adds custom_class, "
+                 "dspark, extract_hidden_states and ngram_gpu (0.25.0 on); 0.34.0 drops custom_class)"),
 )
 
 _EAGLE_AS_EAGLE3_SGL = (
@@ -146,7 +149,10 @@ LAUNCH_FACTS: tuple[LaunchFact, ...] = (
                + "; models/llama_eagle3.py 0.4.6, 0.5.23"),
     LaunchFact("eagle-for-eagle3", "vllm", "0.10.0", None, "no-aux", _EAGLE_AS_EAGLE3_VLLM,
                _VLLM.format(v="0.10.0, 0.33.0", f="v1/worker/gpu_model_runner.py") + "; "
-               + _VLLM.format(v="0.33.0", f="transformers_utils/configs/eagle.py")),
+               + _VLLM.format(v="0.33.0, 0.34.0", f="transformers_utils/configs/eagle.py") + "; "
+               + _VLLM.format(v="0.34.0", f="v1/worker/gpu/spec_decode/eagle/config.py") + " (V1 gone: only "
+               "Eagle3SpeculatorConfig says uses_aux_hidden_states, EagleSpeculatorConfig keeps the base's False; "
+               "an EAGLE-3 drafter class declares no speculator_config_class, so method 'eagle' is not refused)"),
     LaunchFact("method-omitted", "vllm", "0.10.0", "0.10.1.1", "eagle",
                "without 'method' a draft whose name contains 'eagle-' or 'eagle3-' runs as 'eagle': an "
                "EAGLE-3 drafter named EAGLE3-... is launched as EAGLE-1",
@@ -154,7 +160,10 @@ LAUNCH_FACTS: tuple[LaunchFact, ...] = (
     LaunchFact("method-omitted", "vllm", "0.10.2", None, "eagle3",
                "without 'method' a draft name with 'eagle-' runs as 'eagle', one with 'eagle3' as "
                "'eagle3'; any other name falls through to the draft config's model type",
-               _VLLM.format(v="0.10.2, 0.33.0", f="config/speculative.py") + " SpeculativeConfig"),
+               _VLLM.format(v="0.10.2, 0.33.0", f="config/speculative.py") + " SpeculativeConfig; "
+               + _VLLM.format(v="0.34.0", f="v1/worker/gpu/spec_decode/speculator_config.py") + " "
+               "_CHECKPOINT_DETECTION_ORDER (eagle by 'eagle-', eagle3 by 'eagle3' in the name, then dflash, "
+               "dspark, mtp; else draft_model)"),
     LaunchFact("draft-path-missing", "sglang", "0.4.3", "0.4.6", "error",
                "the draft worker is built with None as its model path: the server fails at start",
                _SGL.format(v="0.4.3, 0.4.6", f="managers/tp_worker.py") + " ModelConfig(speculative_draft_model_path)"),
@@ -169,7 +178,9 @@ LAUNCH_FACTS: tuple[LaunchFact, ...] = (
     LaunchFact("draft-path-missing", "vllm", "0.10.0", None, "error",
                "num_speculative_tokens without a draft model raises at start, except MTP (the target "
                "carries its draft layers: the target path is used) and model-free methods (ngram, suffix)",
-               _VLLM.format(v="0.10.0", f="config.py") + "; " + _VLLM.format(v="0.33.0", f="config/speculative.py")),
+               _VLLM.format(v="0.10.0", f="config.py") + "; " + _VLLM.format(v="0.33.0", f="config/speculative.py")
+               + "; " + _VLLM.format(v="0.34.0", f="v1/worker/gpu/spec_decode/speculator_config.py") + " "
+               "DraftModelSpeculatorConfig.default_model raises; mtp/config.py takes the target"),
     # Pipeline parallelism: do the aux states captured on non-last stages reach the drafter?
     LaunchFact("pp-aux", "sglang", "0.4.0", "0.4.6", "unsupported", "no pipeline parallelism (no pp_size)",
                _SGL.format(v="0.4.0, 0.4.6", f="server_args.py")),
@@ -202,7 +213,8 @@ LAUNCH_FACTS: tuple[LaunchFact, ...] = (
                "enumerate(start=start_layer) and the aux states packed into IntermediateTensors "
                "(pack_local_aux_hidden_states / collect_remote_aux_hidden_states), as proposed in "
                "vllm-project/vllm#36731 and #50514",
-               _VLLM.format(v="0.30.0 - 0.33.0", f="model_executor/models/llama.py") + ", qwen2.py, interfaces.py",
+               _VLLM.format(v="0.30.0 - 0.33.0, 0.34.0", f="model_executor/models/llama.py") + ", qwen2.py, "
+               "interfaces.py",
                families=("llama", "qwen2", "qwen3", "qwen_moe"), capture_point="after-layer"),
     LaunchFact("pp-aux", "vllm", "0.10.0", "0.17.1", "unsupported",
                "DeepSeek targets have no EAGLE-3 aux capture", _VLLM.format(v="0.10.0 - 0.17.1",
@@ -210,7 +222,7 @@ LAUNCH_FACTS: tuple[LaunchFact, ...] = (
     LaunchFact("pp-aux", "vllm", "0.18.0", None, "drops",
                "layer ids are global (enumerate(start=start_layer)) but non-last stages return "
                "IntermediateTensors without the aux states",
-               _VLLM.format(v="0.18.0 - 0.33.0", f="model_executor/models/deepseek_v2.py"),
+               _VLLM.format(v="0.18.0 - 0.33.0, 0.34.0", f="model_executor/models/deepseek_v2.py"),
                families=("deepseek",), capture_point="before-layer"),
 )
 
@@ -222,7 +234,7 @@ PP_SPLITS: tuple[PPSplit, ...] = (
             _SGL.format(v="0.5.6 - 0.5.23", f="distributed/utils.py") + " get_pp_indices: the last N % pp "
             "stages get one extra layer"),
     PPSplit("vllm", "0.10.0", None, "extra-to-second-last-backwards", "VLLM_PP_LAYER_PARTITION",
-            _VLLM.format(v="0.10.0 - 0.33.0", f="distributed/utils.py") + " get_pp_indices: N // pp each, "
+            _VLLM.format(v="0.10.0 - 0.33.0, 0.34.0", f="distributed/utils.py") + " get_pp_indices: N // pp each, "
             "the N % pp extra layers go to stages -2, -3, ... (the last stage keeps the norm)"),
 )
 
@@ -245,7 +257,7 @@ STATS_INTERVALS: tuple[StatsInterval, ...] = (
                   "every VLLM_LOG_STATS_INTERVAL seconds (10 by default); an interval with no prompt or "
                   "generation tokens (and none in the one before) is logged at DEBUG; --disable-log-stats "
                   "turns them off",
-                  _VLLM.format(v="0.10.1.1 - 0.33.0", f="entrypoints") + " _force_log sleep(envs."
+                  _VLLM.format(v="0.10.1.1 - 0.33.0, 0.34.0", f="entrypoints") + " _force_log sleep(envs."
                   "VLLM_LOG_STATS_INTERVAL); envs.py default 10.0; v1/metrics/loggers.py engine_is_idle"),
 )
 

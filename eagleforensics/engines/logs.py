@@ -28,7 +28,7 @@ in the released wheels 0.5.3, 0.5.4, 0.5.5.post2, 0.5.5.post3, 0.5.9 - 0.5.13:
       (num_draft_tokens - 1)) (sglang PR #23530), i.e. (L - 1) / steps. The same decoding logs
       R = 0.40 before 0.5.11 and 0.20 from it for L = 1.6 with 4 draft tokens; L did not change.
 vLLM (prefix ``(APIServer pid=P) INFO %m-%d %H:%M:%S [file.py:line] ``; older releases omit the
-``(process pid=P) `` part; the date has no year), 0.33.0:
+``(process pid=P) `` part; the date has no year), 0.33.0 and 0.34.0 (both files read, the same fields):
   vllm/v1/metrics/loggers.py ``LoggingStatLogger.log``:
     ``Engine 000: Avg prompt throughput: X tokens/s, Avg generation throughput: G tokens/s,
     Running: N reqs, Waiting: W reqs, ...``
@@ -74,7 +74,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SGLANG_PREFIX = re.compile(
     r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{1,6}))?((?: [A-Z][A-Z_]*\d+)*)\] "
 )
-# ``[file.py:123] ``: vLLM's shortened source path (vllm/logging_utils/formatter.py 0.33.0); bounded and free of
+# ``[file.py:123] ``: vLLM's shortened source path (vllm/logging_utils/formatter.py 0.33.0, 0.34.0); bounded and free of
 # brackets, so a line of repeated prefixes without a closing bracket is not scanned to its end from every one.
 _VLLM_PREFIX = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)? \[[^\[\]\n]{0,256}\] "

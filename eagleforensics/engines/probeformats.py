@@ -68,8 +68,9 @@ reads them before and after its own requests):
 Bounds on what a server can declare (``MAX_STEPS``; docs/probe.md, "Hardening"):
 
 * vLLM's V1 rejection sampler asserts ``max_spec_len <= MAX_SPEC_LEN``: 32 in 0.9.2, 0.10.0 and
-  0.10.1.1, 128 in 0.11.0 to 0.33.0 (``vllm/v1/sample/rejection_sampler.py``); 0.34.0 moved the
-  sampler (``v1/worker/gpu``) and was not read for a limit.
+  0.10.1.1, 128 in 0.11.0 to 0.33.0 (``vllm/v1/sample/rejection_sampler.py``); 0.34.0 has no V1 sampler
+  and no such limit anywhere (``v1/worker/gpu/spec_decode/rejection_sampler.py``; ``config/speculative.py``
+  only asks for at least one token): the probe keeps 128 as its bound.
 * SGLang 0.5.9 and 0.5.23 (``srt/server_args.py``) set no upper bound on ``speculative_num_steps``,
   ``speculative_eagle_topk`` or ``speculative_num_draft_tokens``: the probe takes vLLM's 128 steps
   as the sane bound, and 1024 for top-k and draft tokens (what ``plan`` reads from a run).

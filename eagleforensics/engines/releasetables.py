@@ -12,6 +12,7 @@ from .benchgenerators import GENERATORS
 from .failurelines import ENGINE_LINES
 from .lmheadrules import LM_HEAD_RULES
 from .modelclasses import releases
+from .peaglerules import PEAGLE_RULES
 from .servingrules import SERVING_RULES
 from .targetrules import QUANT_RULES, ROTATION_RULES
 
@@ -41,6 +42,7 @@ def release_rows() -> list[ReleaseRow]:
     rows += [ReleaseRow(names[r.topic], r.engine, r.since, r.until, r.source) for r in SERVING_RULES]
     rows += [ReleaseRow("drafter-weights-missing (lm_head)", r.engine, r.since, r.until, r.source)
              for r in LM_HEAD_RULES]
+    rows += [ReleaseRow("block-drafter-settings (P-EAGLE)", "vllm", r.since, r.until, r.source) for r in PEAGLE_RULES]
     for g in GENERATORS:
         read = [v.strip() for v in g.releases.split(",")]
         rows.append(ReleaseRow("benchmark-prompts", g.engine, read[0], read[-1], g.source))

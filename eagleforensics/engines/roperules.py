@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import ForensicsError
-from .rules import ENGINE_NAMES, ENGINES, NEWEST, RUNNERS, parse_version, row_at
+from .rules import ENGINE_NAMES, ENGINES, NEWEST, RUNNERS, parse_version, row_at, runner_or_default
 
-# RoPE types whose max_position_embeddings only sizes the cos/sin cache (vLLM 0.33.0
-# config/speculative.py _CACHE_ONLY_ROPE_TYPES); yarn, dynamic, longrope, deepseek derive more.
+# RoPE types whose max_position_embeddings only sizes the cos/sin cache (vLLM 0.33.0 and 0.34.0
+# config/speculative.py _CACHE_ONLY_ROPE_TYPES, the same set); yarn, dynamic, longrope, deepseek derive more.
 CACHE_ONLY_ROPE_TYPES = frozenset({"default", "linear", "llama3", "ntk", "proportional"})
 
 # past_max codes: what a position >= the draft's limit gets
@@ -91,11 +91,11 @@ ROPE_RULES: tuple[RopeRule, ...] = (
              "vllm 0.10.1.1 vllm/model_executor/models/llama.py LlamaAttention get_rope("
              "max_position=max_position_embeddings) of the draft config; no drafter length check "
              "in vllm/v1/worker/gpu_model_runner.py", runner="v1"),
-    RopeRule("vllm", "0.11.0", None, "draft", "no-drafts",
+    RopeRule("vllm", "0.11.0", "0.33.0", "draft", "no-drafts",
              "drafter max_model_len = min(" + _DRAFT_LEN + ", target max_model_len)",
              _VSC.format(v="0.11.0") + " _maybe_override_draft_max_model_len; vllm 0.11.0, "
              "0.33.0 vllm/v1/worker/gpu_model_runner.py effective_drafter_max_model_len / "
-             "input_fits_in_drafter (zeroed drafts from 0.14.0)", runner="v1",
+             "input_fits_in_drafter (zeroed drafts from 0.14.0; the V1 runner is gone from 0.34.0)", runner="v1",
              note="from 0.27.0 the rotary cache is raised to the target's length, but the "
                   "drafter max_model_len is computed before that (config/speculative.py order): "
                   "read from code, not run"),
@@ -108,12 +108,15 @@ ROPE_RULES: tuple[RopeRule, ...] = (
              _VSC.format(v="0.27.0") + " _maybe_override_draft_max_position_embeddings",
              runner="v2"),
     RopeRule("vllm", "0.33.0", None, "draft", "raised", "target max_model_len",
-             _VSC.format(v="0.33.0") + " _maybe_override_draft_max_position_embeddings "
-             "(_CACHE_ONLY_ROPE_TYPES)", runner="v2", rope_types="cache-only"),
+             _VSC.format(v="0.33.0, 0.34.0") + " _maybe_override_draft_max_position_embeddings "
+             "(_CACHE_ONLY_ROPE_TYPES); 0.34.0 calls it from vllm/v1/worker/gpu/spec_decode/speculator_config.py "
+             "DraftModelSpeculatorConfig.configure (shares_target_positions, true for EAGLE drafts)",
+             runner="v2", rope_types="cache-only"),
     RopeRule("vllm", "0.33.0", None, "draft", "target-capped", _DRAFT_LEN,
-             _VSC.format(v="0.33.0") + " (no raise for yarn/dynamic/longrope/deepseek rope); "
-             "vllm 0.33.0 vllm/config/vllm.py reduces max_model_len to the draft's for the V2 "
-             "runner", runner="v2", rope_types="other"),
+             _VSC.format(v="0.33.0, 0.34.0") + " (no raise for yarn/dynamic/longrope/deepseek rope); "
+             "vllm 0.33.0, 0.34.0 vllm/config/vllm.py _limit_max_model_len_to_draft reduces max_model_len "
+             "to the draft's for the V2 runner (0.34.0: the draft length from the speculator config's "
+             "max_model_len)", runner="v2", rope_types="other"),
 )
 
 
@@ -121,8 +124,8 @@ def draft_rope_rule(engine: str, version: str | None = None, runner: str | None 
                     rope_type: str | None = None) -> RopeRule | None:
     """The ``RopeRule`` of ``engine`` at ``version`` (None: newest); None for TensorRT-LLM.
 
-    ``runner``: vLLM 'v1'/'v2' (None: v1); ``rope_type``: the draft's rope type, needed on vLLM
-    0.33.0's V2 runner (None counts as 'default').
+    ``runner``: vLLM 'v1'/'v2' (None: v1, v2 from 0.34.0); ``rope_type``: the draft's rope type, needed on
+    vLLM's V2 runner from 0.33.0 (None counts as 'default').
     """
     eng = str(engine).strip().lower()
     if eng not in ENGINES:
@@ -132,7 +135,7 @@ def draft_rope_rule(engine: str, version: str | None = None, runner: str | None 
     if runner is not None and (eng != "vllm" or runner not in RUNNERS):
         raise ForensicsError(f"runner {runner!r} applies to vLLM only (v1 or v2)")
     ver = str(parse_version(version or NEWEST[eng]))
-    run = (runner or "v1") if eng == "vllm" else None
+    run = runner_or_default(ver, runner) if eng == "vllm" else None
     kind = "cache-only" if (rope_type or "default") in CACHE_ONLY_ROPE_TYPES else "other"
     rows = [r for r in ROPE_RULES if r.engine == eng and r.runner == run
             and r.rope_types in (None, kind)]

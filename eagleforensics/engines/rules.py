@@ -206,16 +206,16 @@ CAPTURE_RULES: tuple[CaptureRow, ...] = (
                "before layer idx appends hidden_states + residual (residual None at idx 0)",
                duplicates="captured once (ids de-duplicated)"),
     CaptureRow("vllm", _LLAMA_LIKE, "0.18.0", None, "k", "p0", "raw",
-               _VLLM.format(v="0.18.0", f="interfaces.py") + " EagleModelMixin."
+               _VLLM.format(v="0.18.0, 0.34.0", f="interfaces.py") + " EagleModelMixin."
                "_maybe_add_hidden_state, called with 0 before layer 0 and idx+1 after layer idx "
-               "(llama.py)", duplicates="captured once (ids de-duplicated)"),
+               "(llama.py; the same in 0.34.0)", duplicates="captured once (ids de-duplicated)"),
     CaptureRow("vllm", ("gpt_oss",), "0.10.1.1", "0.10.2", "none", "nothing", "nothing",
                "docs/conventions.md: gpt-oss EAGLE-3 in vllm from 0.11.0 (0.10.x not re-read)"),
     CaptureRow("vllm", ("gpt_oss",), "0.11.0", "0.17.1", "k", "p0", "nothing",
                _VLLM.format(v="0.17.1", f="gpt_oss.py") + ": appends x if residual is None "
                "else x + residual before layer i", duplicates="captured once (ids de-duplicated)"),
     CaptureRow("vllm", ("gpt_oss",), "0.18.0", None, "k", "p0", "raw",
-               _VLLM.format(v="0.33.0", f="gpt_oss.py") + ": _maybe_add_hidden_state(0) and (i+1)",
+               _VLLM.format(v="0.33.0, 0.34.0", f="gpt_oss.py") + ": _maybe_add_hidden_state(0) and (i+1)",
                duplicates="captured once (ids de-duplicated)"),
     CaptureRow("vllm", ("deepseek",), "0.10.1.1", "0.17.1", "none", "nothing", "nothing",
                _VLLM.format(v="0.17.1", f="deepseek_v2.py") + ": no SupportsEagle3"),
@@ -224,7 +224,7 @@ CAPTURE_RULES: tuple[CaptureRow, ...] = (
                "capture before layer idx appends hidden_states + residual (TypeError at idx 0)",
                duplicates="captured once (ids de-duplicated)"),
     CaptureRow("vllm", ("deepseek",), "0.26.0", None, "k", "raises", "raw",
-               _VLLM.format(v="0.26.0, 0.33.0", f="deepseek_v2.py") + ": also appends "
+               _VLLM.format(v="0.26.0, 0.33.0, 0.34.0", f="deepseek_v2.py") + ": also appends "
                "hidden_states + residual when end_layer is in aux_hidden_state_layers",
                duplicates="captured once (ids de-duplicated)"),
     # TensorRT-LLM: id k is captured at the END of decoder layer k (p = k+1); -1 = post-norm.
@@ -262,9 +262,10 @@ KEY_RULES: tuple[KeyRule, ...] = (
             _GMR.format(v="0.17.1, 0.21.0") + ": top-level only; vllm/v1/spec_decode/eagle.py "
             "_get_eagle3_use_aux_hidden_state_from_config", note="use_aux_hidden_state first "
             "seen in 0.17.1 (absent in 0.11.2)"),
-    KeyRule("vllm", "0.22.0", None, "v1", (TOP_KEY, NESTED_KEY), "absent", True,
+    KeyRule("vllm", "0.22.0", "0.33.0", "v1", (TOP_KEY, NESTED_KEY), "absent", True,
             _GMR.format(v="0.22.0, 0.33.0") + ": top-level, else dflash_config, else "
-            "eagle_config['eagle_aux_hidden_state_layer_ids']"),
+            "eagle_config['eagle_aux_hidden_state_layer_ids']", note="the V1 runner is gone from 0.34.0 "
+            "(see V1_REMOVED)"),
     KeyRule("vllm", "0.17.1", "0.27.1", "v2", (TOP_KEY,), "absent", False,
             _V2U.format(v="0.17.1, 0.26.0") + " get_eagle3_aux_layers_from_config: top-level "
             "key only"),
@@ -272,8 +273,10 @@ KEY_RULES: tuple[KeyRule, ...] = (
             _V2U.format(v="0.28.0, 0.30.0") + ": top-level, then eagle_config['layer_ids'] "
             "(never eagle_config.eagle_aux_hidden_state_layer_ids); use_aux_hidden_state not read"),
     KeyRule("vllm", "0.33.0", None, "v2", (TOP_KEY, NESTED_LAYER_IDS_KEY), "absent", True,
-            _V2U.format(v="0.33.0") + ": as 0.28 plus requires_aux_hidden_states reads "
-            "eagle_config.use_aux_hidden_state", note="0.31 and 0.32 not read"),
+            _V2U.format(v="0.33.0, 0.34.0") + ": as 0.28 plus requires_aux_hidden_states reads "
+            "eagle_config.use_aux_hidden_state (0.34.0: the same key lookup; the switch moved to "
+            "vllm/v1/worker/gpu/spec_decode/eagle/config.py Eagle3SpeculatorConfig.uses_aux_hidden_states, "
+            "same default true)", note="0.31 and 0.32 not read"),
     KeyRule("trtllm", TRT_MAIN, None, None, (YAML_KEY,), "absent", False,
             "docs/conventions.md: TensorRT-LLM llmapi/llm_args.py speculative_config."
             "eagle3_layers_to_capture (a set); the draft checkpoint is never read for ids"),
@@ -296,12 +299,21 @@ RUNNER_RULES: tuple[RunnerRule, ...] = (
         "Qwen2MoeForCausalLM", "KimiK3ForConditionalGeneration"}),
                _CFG.format(v="0.26.0, 0.28.0") + ": listed architecture or not model_config."
                "is_moe (DeepseekV3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM stay V1)"),
-    RunnerRule("0.29.0", None, "always", frozenset(),
+    RunnerRule("0.29.0", "0.33.0", "always", frozenset(),
                _CFG.format(v="0.29.0, 0.30.0, 0.33.0") + ": V2 for every model unless a "
                "feature V2 lacks is on (docs/conventions.md said from 0.30)"),
+    RunnerRule("0.34.0", None, "always", frozenset(),
+               "vllm 0.34.0 vllm/platforms/interface.py: V2 only, the V1 model runner was removed "
+               "(vllm/v1/worker/gpu_model_runner.py is gone; VLLM_USE_V2_MODEL_RUNNER other than 1 "
+               "is refused at start, 1 is called redundant); vllm/config/vllm.py has no use_v2_model_runner"),
 )
 
-NEWEST = {"sglang": "0.5.23", "vllm": "0.33.0", "trtllm": TRT_MAIN}
+# The first vLLM release without the V1 model runner (the RUNNER_RULES row above cites it): a V1 question
+# at or after it is bad input, and a vLLM rule's default runner there is V2.
+V1_REMOVED = "0.34.0"
+_LAST_V1 = max((r.until for r in KEY_RULES if r.runner == "v1" and r.until), key=Version)  # 0.33.0
+
+NEWEST = {"sglang": "0.5.23", "vllm": "0.34.0", "trtllm": TRT_MAIN}
 
 
 def _span(since: str, until: str | None) -> str:
@@ -349,6 +361,24 @@ def family_of(model_type: str | None) -> str:
 def model_type_of_arch(arch: str) -> str | None:
     """The model_type whose rules an HF architecture name follows, None when unknown."""
     return _TYPE_OF_ARCH.get(str(arch))
+
+
+def check_vllm_runner(version: str, runner: str | None) -> str | None:
+    """``runner`` unless vLLM ``version`` has no such runner (V1 from ``V1_REMOVED`` on): then one line, raised.
+    None stays None (each table's default applies)."""
+    if runner == "v1" and parse_version(version) >= parse_version(V1_REMOVED):
+        raise ForensicsError(f"vLLM {version} has no V1 model runner (removed in {V1_REMOVED}: "
+                             "vllm/platforms/interface.py refuses VLLM_USE_V2_MODEL_RUNNER=0): pass --vllm-runner v2 "
+                             "or leave it out")
+    return runner
+
+
+def runner_or_default(version: str, runner: str | None) -> str:
+    """The vLLM runner a table answers for: ``runner`` checked, else V1 (the tables' default) before
+    ``V1_REMOVED`` and V2 from it on."""
+    if check_vllm_runner(version, runner) is not None:
+        return str(runner)
+    return "v2" if parse_version(version) >= parse_version(V1_REMOVED) else "v1"
 
 
 def default_runner(version: str, model_type: str | None) -> tuple[str, RunnerRule]:
@@ -459,6 +489,8 @@ def resolve(engine: str, model_type: str | None = None, version: str | None = No
             runner, run_row = default_runner(ver, mt)
         elif runner not in RUNNERS:
             raise ForensicsError(f"unknown vLLM runner {runner!r}; choose v1 or v2")
+        elif runner == "v1":
+            check_vllm_runner(ver, runner)
         elif runner == "v2" and _v(ver) < _v("0.17.1"):
             raise ForensicsError(f"the rules table knows the vLLM V2 model runner from 0.17.1, "
                                  f"not {ver}: pass --vllm-runner v1")
@@ -722,6 +754,10 @@ def answers_by_version(engine: str, model_type: str | None, ask: Callable[[Rule]
     for start, label in _segments(eng, family_of(model_type), runner is not None):
         if runner == "v2" and _v(start) < _v("0.17.1"):
             continue
+        if runner == "v1" and _v(start) >= _v(V1_REMOVED):
+            continue
+        if runner == "v1" and label.startswith(">= "):  # the V1 runner's last release, not the newest
+            label = f"{start} - {_LAST_V1}" if start != _LAST_V1 else start
         ans = ask(resolve(eng, model_type, start, runner))
         if merged and merged[-1][1] == ans:
             merged[-1][0].append(label)

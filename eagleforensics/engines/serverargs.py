@@ -34,7 +34,8 @@ vLLM 0.10.0             ``non-default args: {'model_tag': '...', 'speculative_co
 vLLM 0.10.1.1 - 0.22.1  the same line from vllm/entrypoints/utils.py (also for ``LLM(...)``).
 vLLM 0.23.0 - 0.28.0    vllm/entrypoints/serve/utils/api_utils.py.
 vLLM 0.29.0 - 0.32.0    api_utils.py, sensitive values printed as ``'***'``.
-vLLM 0.33.0             vllm/entrypoints/common/startup.py (``redact_sensitive_args``).
+vLLM 0.33.0 - 0.34.0    vllm/entrypoints/common/startup.py (``redact_sensitive_args``; the file
+                        is the same in both).
 vLLM, every release     ``args: Namespace(...)`` (every argument, ``<function ...>`` values included)
                         from run_batch (entrypoints/cli/run_batch.py, openai/run_batch.py) and,
                         0.10.0 - 0.24.0, the demo server vllm/entrypoints/api_server.py.
@@ -52,12 +53,12 @@ vLLM 0.10.0 - 0.24.0    ``vLLM API server version X`` before the arguments; 0.15
 
 vLLM fields: ``speculative_config`` (a dict: ``--speculative-config`` is parsed with
 ``json.loads``; keys ``method``, ``model``, ``num_speculative_tokens``, ``-`` spellings folded to
-``_`` as vLLM 0.33.0 does), ``spec_method`` / ``spec_model`` / ``spec_tokens`` (flags from 0.22.0),
+``_`` as vLLM 0.33.0 and 0.34.0 do, engine/arg_utils.py), ``spec_method`` / ``spec_model`` / ``spec_tokens`` (flags from 0.22.0),
 ``model_tag``/``model``, ``tensor_parallel_size``, ``pipeline_parallel_size``,
 ``data_parallel_size``, ``max_model_len``, ``enforce_eager``, ``enable_prefix_caching``,
 ``disable_log_stats``. A non-default-args line omits defaults; ``ServerArgs.inferred`` names the
 fields filled from the engine's default (tp/pp/dp 1, enforce_eager False: vllm/config/parallel.py,
-model.py 0.33.0; vllm/config.py 0.10.0) or the engine config line.
+model.py 0.33.0, 0.34.0; vllm/config.py 0.10.0) or the engine config line.
 """
 from __future__ import annotations
 
@@ -86,9 +87,9 @@ FORMATS: tuple[tuple[str, str, str | None, str, str], ...] = (
      "server_args={...}: python/sglang/srt/entrypoints/engine.py resolved_dict() 0.5.19 - 0.5.23"),
     ("vllm", "0.10.0", None, "vllm-non-default",
      "non-default args: {...}: vllm/entrypoints/openai/cli_args.py 0.10.0, entrypoints/utils.py "
-     "0.10.1.1 - 0.22.1, serve/utils/api_utils.py 0.23.0 - 0.32.0, common/startup.py 0.33.0"),
+     "0.10.1.1 - 0.22.1, serve/utils/api_utils.py 0.23.0 - 0.32.0, common/startup.py 0.33.0, 0.34.0"),
     ("vllm", "0.10.0", None, "vllm-namespace",
-     "args: Namespace(...): vllm/entrypoints/cli/run_batch.py 0.10.0 - 0.33.0, api_server.py 0.10.0 - 0.24.0"),
+     "args: Namespace(...): vllm/entrypoints/cli/run_batch.py 0.10.0 - 0.34.0, api_server.py 0.10.0 - 0.24.0"),
     ("vllm", "0.10.0", None, "vllm-engine-config",
      "Initializing a V1 LLM engine (vX) with config: ...: vllm/v1/engine/core.py, VllmConfig.__str__"),
 )

@@ -13,7 +13,7 @@ arg_groups/fields/*.py 0.5.23; SGLang prints them after resolving its defaults);
 ``enable_chunked_prefill``, ``max_num_batched_tokens``, ``async_scheduling``,
 ``attention_backend``, ``generation_config``, ``override_generation_config``, and
 ``speculative_config`` keys ``draft_sample_method`` / ``rejection_sample_method`` /
-``attention_backend`` (engine/arg_utils.py, config/*.py 0.10.0 - 0.33.0; the non-default-args
+``attention_backend`` (engine/arg_utils.py, config/*.py 0.10.0 - 0.33.0, 0.34.0; the non-default-args
 line omits defaults, so a missing field is the release's default).
 """
 from __future__ import annotations

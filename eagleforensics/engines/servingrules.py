@@ -4,7 +4,7 @@ The facts the serving checks (``checks.penalty``, ``checks.lora``, ``checks.dpat
 plan's suspects (``engines.suspects``) apply, each row citing the released wheels it was read
 from (``pip download --no-deps sglang==X vllm==Y``, unzipped, argument names, defaults and the
 code paths grepped). Releases read: SGLang 0.4.6, 0.5.5 - 0.5.12, 0.5.23; vLLM 0.10.0, 0.10.1.1,
-0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.14.0, 0.17.0, 0.20.0 - 0.25.0, 0.29.0, 0.33.0. A row holds from
+0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.14.0, 0.17.0, 0.20.0 - 0.25.0, 0.29.0, 0.33.0, 0.34.0. A row holds from
 ``since`` to ``until`` (the last release read where it holds; None: to the newest known); a
 release between two rows takes the earlier row.
 
@@ -79,7 +79,11 @@ SERVING_RULES: tuple[ServingRule, ...] = (
                 "from unpenalised logits",
                 _VLLM.format(v="0.14.0 - 0.33.0", f="v1/sample/rejection_sampler.py") + " apply_penalties; "
                 "v1/spec_decode/eagle.py has no penalty (read 0.14.0, 0.17.0, 0.20.0, 0.25.0, 0.29.0, 0.33.0); "
-                "is_spec_decode_unsupported gone from 0.14.0"),
+                "is_spec_decode_unsupported gone from 0.14.0; "
+                + _VLLM.format(v="0.34.0", f="v1/worker/gpu/spec_decode/rejection_sampler.py") + " (V1's file is "
+                "gone: the V2 verify runs the target sampler's apply_sampling_params, penalties among its logits "
+                "processors, v1/worker/gpu/sample/penalties.py, at every draft position; no penalty in "
+                "v1/worker/gpu/spec_decode/autoregressive/speculator.py)"),
     # ---------------------------------------------------------------- generation_config.json defaults
     ServingRule("generation-config", "sglang", "0.4.6", "0.4.6", "ignored",
                 "no sampling_defaults argument: requests get SGLang's neutral defaults",
@@ -101,7 +105,8 @@ SERVING_RULES: tuple[ServingRule, ...] = (
                 setting="generation_config='auto'", keys=("repetition_penalty",)),
     ServingRule("generation-config", "vllm", "0.33.0", None, "applied",
                 "as before, and the frequency and presence penalties too",
-                _VLLM.format(v="0.33.0", f="config/model.py") + " get_diff_sampling_param (0.30 - 0.32 not read)",
+                _VLLM.format(v="0.33.0, 0.34.0", f="config/model.py") + " get_diff_sampling_param (0.30 - 0.32 not "
+                "read)",
                 setting="generation_config='auto'",
                 keys=("repetition_penalty", "presence_penalty", "frequency_penalty")),
     # ---------------------------------------------------------------- LoRA
@@ -121,7 +126,9 @@ SERVING_RULES: tuple[ServingRule, ...] = (
                 "--enable-lora with --lora-modules applies the adapter a request names to the target model "
                 "only; the EAGLE proposer has no LoRA path",
                 _VLLM.format(v="0.10.0, 0.20.0, 0.33.0", f="v1/spec_decode/eagle.py") + " (no LoRA); "
-                "engine/arg_utils.py enable_lora, lora_modules (entrypoints/openai/cli_args.py)"),
+                "engine/arg_utils.py enable_lora, lora_modules (entrypoints/openai/cli_args.py); "
+                + _VLLM.format(v="0.34.0", f="v1/worker/gpu/spec_decode/eagle/utils.py") + " (V1's eagle.py is "
+                "gone; the drafter takes the base embedding under the target's LoRA wrapper, no adapter)"),
     # ---------------------------------------------------------------- DP attention: the aux gather group
     ServingRule("dp-attention", "sglang", "0.5.7", "0.5.9", "wrong-group",
                 "with an all-to-all MoE backend (moe_a2a_backend deepep or mooncake) the aux states of "
@@ -166,7 +173,7 @@ SERVING_RULES: tuple[ServingRule, ...] = (
                 "test); 'gumbel' (0.21 - 0.24) / 'probabilistic' (0.25 on) samples drafts and keeps their "
                 "probabilities; rejection_sample_method 'standard' ('synthetic' accepts at configured rates, "
                 "a benchmark mode; 0.33 adds 'block' and the lossy 'fly')",
-                _VLLM.format(v="0.21.0 - 0.33.0", f="config/speculative.py") + " draft_sample_method, "
+                _VLLM.format(v="0.21.0 - 0.33.0, 0.34.0", f="config/speculative.py") + " draft_sample_method, "
                 "rejection_sample_method", setting="draft_sample_method='greedy'"),
 )
 

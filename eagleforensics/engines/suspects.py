@@ -146,7 +146,7 @@ def _page_size(args: ServerArgs) -> tuple[str, str]:
 
 
 def _runner(args: ServerArgs) -> tuple[str, str]:
-    from .rules import parse_version
+    from .rules import V1_REMOVED, parse_version
 
     first = args.version or (args.version_range[0] if args.version_range else None)
     if first is None:
@@ -156,6 +156,9 @@ def _runner(args: ServerArgs) -> tuple[str, str]:
     except Exception:  # a version text we cannot order: say so instead of guessing
         return UNKNOWN, f"vLLM release {printable(first)!r} not understood"
     exact = args.version is not None
+    if v >= parse_version(V1_REMOVED):
+        return MATCHES, (f"vLLM {first}" if exact else f"vLLM >= {first}") + \
+            f": the V2 model runner, the only one (V1 removed in {V1_REMOVED}: vllm/platforms/interface.py)"
     if v >= parse_version("0.29.0"):
         return MATCHES, (f"vLLM {first}" if exact else f"vLLM >= {first}") + \
             ": the V2 model runner by default (vllm/config/vllm.py use_v2_model_runner, 0.29.0 on)"
@@ -220,8 +223,9 @@ def _async_scheduling(args: ServerArgs) -> tuple[str, str]:
             return RULED_OUT, (f"async_scheduling not set, pipeline_parallel_size {args.pp}: off "
                                "(vllm/config/vllm.py 0.14.0; no longer from 0.17.0)")
         return MATCHES, (f"vLLM {args.version}" if exact else f"vLLM >= {args.version_range[0]}") + \
-            ": async_scheduling not set, so on by default for EAGLE methods (vllm/config/vllm.py 0.14.0 - 0.33.0; " \
-            "the log line 'Asynchronous scheduling is enabled/disabled' says what it resolved to)"
+            ": async_scheduling not set, so on by default for EAGLE methods (vllm/config/vllm.py 0.14.0 - 0.33.0, 0.34.0; " \
+            "the log line 'Asynchronous scheduling is enabled/disabled', printed by 0.14.0 and 0.25.0 but no longer " \
+            "by 0.29.0, 0.33.0 or 0.34.0, says what it resolved to)"
     if exact:
         return RULED_OUT, f"vLLM {args.version}: async scheduling off by default (config/scheduler.py 0.10.0 - 0.13.0)"
     return UNKNOWN, f"async_scheduling not set; its default depends on the release ({args.version_hint})"

@@ -1,7 +1,7 @@
 """Target rules as data: what each engine release does with a quantized, rotated, hybrid or multimodal target.
 
 Each row cites the released wheel version and file it was read from (``pip download --no-deps``,
-unpacked, read; vLLM 0.10.1.1, 0.11.0, 0.11.1 and 0.33.0, SGLang 0.5.23). A version outside the
+unpacked, read; vLLM 0.10.1.1, 0.11.0, 0.11.1, 0.33.0 and 0.34.0, SGLang 0.5.23). A version outside the
 rows read is ``unknown``: nothing is guessed between releases.
 
 * ``QUANT_RULES``: how an engine quantizes the EAGLE-3 drafter beside a quantized target: with its
@@ -48,8 +48,8 @@ QUANT_RULES: tuple[QuantRule, ...] = (
               _V.format(v="0.11.0", f="llama_eagle3.py") + " LlamaModel.__init__ quant_config = "
               "vllm_config.quant_config; fixed by vllm-project/vllm#26590"),
     QuantRule("vllm", "0.11.1", None, "own", "the drafter uses its own quantization config (get_draft_quant_config), "
-              "so an unquantized drafter stays unquantized", _V.format(v="0.11.1, 0.33.0", f="llama_eagle3.py")
-              + " get_quant_config; " + _V.format(v="0.33.0", f="utils.py") + " get_draft_quant_config"),
+              "so an unquantized drafter stays unquantized", _V.format(v="0.11.1, 0.33.0, 0.34.0", f="llama_eagle3.py")
+              + " get_quant_config; " + _V.format(v="0.33.0, 0.34.0", f="utils.py") + " get_draft_quant_config"),
     QuantRule("sglang", "0.5.8", None, "launch", "the drafter is loaded with --speculative-draft-model-quantization, "
               "else with the launch's --quantization (a quantization read from the target's config alone is not "
               "passed on); 'unquant' resolves to None, so the arguments line shows None beside a --quantization "
@@ -74,14 +74,15 @@ class RotationRule:
 
 
 ROTATION_RULES: tuple[RotationRule, ...] = (
-    RotationRule("vllm", "0.10.1.1", None, False, "vllm 0.10.1.1, 0.11.0, 0.11.1, 0.33.0 vllm/model_executor/models/"
-                 "llama_eagle3.py and 0.33.0 vllm/v1/spec_decode/: no rotation is read or applied (proposed in "
+    RotationRule("vllm", "0.10.1.1", None, False, "vllm 0.10.1.1, 0.11.0, 0.11.1, 0.33.0, 0.34.0 vllm/model_executor/"
+                 "models/llama_eagle3.py; vllm 0.33.0 vllm/v1/spec_decode/; vllm 0.34.0 vllm/v1/worker/gpu/spec_decode/"
+                 "eagle/utils.py: no rotation is read or applied (proposed in "
                  "vllm-project/vllm#36223 / #36225, open); vllm-ascend folds it from vllm-project/vllm-ascend#6914"),
     RotationRule("sglang", "0.5.23", None, False, "sglang 0.5.23 srt/speculative/ and srt/models/llama_eagle3.py: no "
                  "rotation is read or applied (sgl-project/sglang#30524, NPU only, open)"),
 )
 
-ENGINE_READ = {"vllm": "0.33.0", "sglang": "0.5.23"}  # the release the quantization tables were read from
+ENGINE_READ = {"vllm": "0.34.0", "sglang": "0.5.23"}  # the release the quantization tables were read from
 
 def quant_rule(engine: str | None, version: str | None) -> QuantRule | None:
     """The ``QUANT_RULES`` row for the engine at ``version`` (the newest read when None), or None when not read."""

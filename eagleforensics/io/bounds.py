@@ -22,7 +22,7 @@ MAX_VOCAB = 1 << 24
 # Context length: 10,485,760 (10M) in Llama 4 Scout, the longest published; about 12 times it.
 MAX_POSITIONS = 1 << 27
 # Attention heads: 128 in DeepSeek-V3 and Llama-3.1-405B. vLLM refuses a tensor-parallel size that does not
-# divide the head count (vllm 0.33.0 vllm/config/model.py "must be divisible by tensor parallel size").
+# divide the head count (vllm 0.33.0, 0.34.0 vllm/config/model.py "must be divisible by tensor parallel size").
 MAX_HEADS = 1 << 14
 # MTP / next-n layers: 1 in DeepSeek-V3, GLM-4.5 and MiMo; the engines run at most one per draft step.
 MAX_MTP_LAYERS = MAX_ENGINE_STEPS

@@ -198,7 +198,7 @@ def _rope(cfg: dict[str, Any], path: Path) -> tuple[float, dict[str, Any] | None
         if out["factor"] is None:
             raise ForensicsError("rope_scaling linear needs a factor", path=path)
     elif kind == "llama3":
-        # transformers 5.24 (modeling_rope_utils.py _validate_llama3_rope_parameters) and vLLM 0.33.0
+        # transformers 5.24 (modeling_rope_utils.py _validate_llama3_rope_parameters) and vLLM 0.33.0, 0.34.0
         # (model_executor/layers/rotary_embedding/__init__.py get_rope) fail to load a llama3 scaling without
         # these three (KeyError); only SGLang 0.5.23 defaults them, with a warning
         out["factor"] = _rope_number(scaling, "factor", path, None)
