@@ -133,6 +133,8 @@ def test_plans_runner_suspect_says_v2_is_the_only_runner_from_0_34_0() -> None:
 
     assert runner("0.34.0")[0] == "matches" and "the only one" in runner("0.34.0")[1]
     assert runner("0.33.0")[0] == "matches" and "by default" in runner("0.33.0")[1]
+    (sus,) = [m.suspect for m in match_suspects(replace(args, version="0.34.0")) if m.suspect.code == "model-runner-v2"]
+    assert "0.34.0 removed the V1 runner" in sus.try_  # its advice (force V1) is refused there: it says so
 
 
 def _peagle(tmp_path: Path) -> Path:

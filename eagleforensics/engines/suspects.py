@@ -54,7 +54,8 @@ SUSPECTS: tuple[Suspect, ...] = (
             ("lightseekorg/tokenspeed#913",), "compare with page size 1", "sglang"),
     Suspect("model-runner-v2", "vLLM's V2 model runner (the default for every model from 0.29) has dropped drafter "
             "settings the V1 runner honours", ("vllm-project/vllm#40656",),
-            "compare with VLLM_USE_V2_MODEL_RUNNER=0", "vllm"),
+            "compare with VLLM_USE_V2_MODEL_RUNNER=0 (up to 0.33.0; 0.34.0 removed the V1 runner and refuses it: "
+            "there, compare with the same drafter on 0.33.0)", "vllm"),
     Suspect("release", "a release regression: the same drafter accepts less on one engine release "
             "(Qwen-VL: 2.2 on SGLang 0.5.4, 1.0 on 0.5.5.post3)", ("vllm-project/vllm#26191",
                                                                    "sgl-project/SpecForge#310"),
