@@ -27,6 +27,13 @@ from typing import Any
 
 from ..io.sweep import forward_with_final
 
+
+def cache_kwargs(out: Any) -> dict[str, Any]:
+    """The key-value cache of a forward's output, as the next call takes it: ``cache=`` where transformers
+    returns one under that name (5.24 deprecates ``past_key_values``, to go in 5.40), else ``past_key_values=``."""
+    state = out.get("cache")
+    return {"cache": state} if state is not None else {"past_key_values": out.past_key_values}
+
 CHATML_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 LLAMA3_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 VOCAB = 512
@@ -218,8 +225,7 @@ def generate(model: Any, prompts: list[list[int]], new: int, *, temperature: flo
             made = []
             for _ in range(new):
                 res = model(step, use_cache=True, **cache)
-                state = res.get("cache")
-                cache = {"cache": state} if state is not None else {"past_key_values": res.past_key_values}
+                cache = cache_kwargs(res)
                 logits = res.logits[:, -1].double()
                 if logit_noise > 0:
                     logits = logits + logit_noise * torch.randn(logits.shape, generator=gen, dtype=logits.dtype)

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .chat import cache_kwargs
+
 TEMPLATES = (
     "Explain {s} in two sentences.",
     "What is {s}? Answer briefly.",
@@ -117,13 +119,13 @@ def generate_features(model: Any, tokenizer: Any, texts: list[str], max_new: int
     keep["final"], keep["y"], keep["ids"] = [], [], []
     done = torch.zeros(b, dtype=torch.bool)
     length = torch.full((b,), max_new, dtype=torch.long)
-    cache = None
+    cache: dict[str, Any] = {}
     step_ids = ids
     with torch.no_grad():
         for step in range(max_new + 1):
-            out = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                        use_cache=True, output_hidden_states=True)
-            cache = out.past_key_values
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                        output_hidden_states=True, **cache)
+            cache = cache_kwargs(out)
             hs = out.hidden_states
             for q in positions:
                 keep[f"p{q}"].append(hs[q].to(torch.bfloat16))
@@ -140,8 +142,7 @@ def generate_features(model: Any, tokenizer: Any, texts: list[str], max_new: int
             if bool(done.all()):
                 keep["ids"].append(nxt)
                 out = model(input_ids=nxt, attention_mask=torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1),
-                            position_ids=pos[:, -1:] + 1, past_key_values=cache, use_cache=True,
-                            output_hidden_states=True)
+                            position_ids=pos[:, -1:] + 1, use_cache=True, output_hidden_states=True, **cache)
                 for q in positions:
                     keep[f"p{q}"].append(out.hidden_states[q].to(torch.bfloat16))
                 keep["final"].append(out.hidden_states[-1].to(torch.bfloat16))

@@ -128,6 +128,7 @@ def load(path: Path | None = None, dtype: Any = None) -> tuple[Any, Any]:
     import transformers as tf
 
     d = path or target_dir()
+    tf.utils.logging.disable_progress_bar()  # a script's output (the README's example) gets no loading bar
     model = tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=dtype or torch.float32)
     return model.eval(), tf.AutoTokenizer.from_pretrained(str(d), local_files_only=True)
 
