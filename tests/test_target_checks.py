@@ -336,3 +336,15 @@ def test_odd_config_values_are_read_without_a_crash(tmp_path: Path, edit: dict) 
     (d / "config.json").write_text(json.dumps(cfg))
     report = _run(target=str(t), draft_config=str(d / "config.json"), engine="vllm")
     assert {o.name for o in report.outcomes} == set(MINE)
+
+
+@pytest.mark.parametrize("entry", ["qwen3-14b-mlx-4bit", "glm-4.5-air-mlx-4bit"])
+def test_an_mlx_export_is_named_from_its_own_layout(entry: str) -> None:
+    """mlx-lm writes {group_size, bits[, mode]} with no quant_method (0.32.2 utils.py quantize_model): the page names
+    it MLX with its mode and group, not "unknown"."""
+    from eagleforensics.checks.targetquant import describe
+
+    cfg = json.loads((Path(__file__).parent / "fixtures" / "published" / entry / "config.json").read_text())
+    got = describe(cfg["quantization_config"])
+    assert got["method"] == "mlx" and got["format"] == "affine, group 64" and "4-bit weights" in got["schemes"]
+    assert describe({"quant_method": "gptq", "bits": 4, "group_size": 128})["method"] == "gptq"  # named: kept

@@ -52,6 +52,10 @@ def describe(q: dict[str, Any]) -> dict[str, Any]:
     """Method, format and ignore list of a ``quantization_config`` in a few plain fields."""
     method = str(q.get("quant_method") or q.get("quant_algo") or "unknown")
     fmt = q.get("format") or q.get("fmt") or q.get("quant_algo")
+    if method == "unknown" and isinstance(q.get("group_size"), int) and isinstance(q.get("bits"), int):
+        # mlx-lm's own layout: {group_size, bits[, mode]} with no quant_method, "affine" when no mode is written
+        # (mlx-lm 0.32.2 utils.py quantize_model writes it as "quantization" and copies it to quantization_config)
+        method, fmt = "mlx", f"{q.get('mode') or 'affine'}, group {q['group_size']}"
     inner = q.get("quantization")
     if isinstance(inner, dict) and inner.get("quant_algo"):  # ModelOpt's hf_quant_config layout
         fmt = inner["quant_algo"]
