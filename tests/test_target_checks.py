@@ -348,3 +348,14 @@ def test_an_mlx_export_is_named_from_its_own_layout(entry: str) -> None:
     got = describe(cfg["quantization_config"])
     assert got["method"] == "mlx" and got["format"] == "affine, group 64" and "4-bit weights" in got["schemes"]
     assert describe({"quant_method": "gptq", "bits": 4, "group_size": 128})["method"] == "gptq"  # named: kept
+
+
+@pytest.mark.parametrize("engine", [None, "vllm", "sglang"])
+def test_a_hadamard_transform_that_says_not_where_it_acts_is_weak_evidence(engine: str | None) -> None:
+    """Spark-X2.5's published re-export declares ``hadamard_spin`` (dim 256, its head size) with no location: the
+    page says so as info (weak evidence), never the error a residual-stream rotation gets."""
+    entry = Path(__file__).parent / "fixtures" / "published" / "spark-x2.5-4b-hadamard"
+    version = {"vllm": "0.34.0", "sglang": "0.5.23", None: None}[engine]
+    r = _run(("target-rotated",), target=entry, engine=engine, engine_version=version)
+    (f,) = [x.finding for x in r.findings if x.finding.code == "target-rotated"]
+    assert f.severity == "info" and "weak evidence" in f.message and "hadamard_spin" in f.message

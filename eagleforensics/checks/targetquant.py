@@ -30,6 +30,7 @@ ROTATION_SOURCE = ("vllm-project/vllm-ascend#5974, vllm-project/vllm-ascend#6445
 IGNORE_KEYS = ("ignore", "modules_to_not_convert", "exclude_modules", "ignored_layers", "ignore_layers")
 SIDE_FILES = ("hf_quant_config.json", "quant_model_description.json")  # ModelOpt's and ModelSlim's descriptions
 _ROTATION = re.compile(r"quarot|spinquant|rotat", re.I)
+_HADAMARD = re.compile(r"hadamard", re.I)
 
 
 def quantization_of(cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -134,6 +135,10 @@ def rotation_of(art: Artifacts, q: dict[str, Any] | None) -> dict[str, Any] | No
             if _ROTATION.search(str(hit)) and value not in (False, None, 0, "", [], {}) or \
                     isinstance(value, str) and _ROTATION.search(value):
                 return {"where": f"{where}: {key}", "residual": True, "what": f"{text!s:.60}"}
+    for where, obj in sources:  # a Hadamard transform named without saying where it acts: residual unknown
+        for key, value in _walk(obj):
+            if _HADAMARD.search(key.rsplit(".", 1)[-1]) and value not in (False, None, 0, "", [], {}):
+                return {"where": f"{where}: {key}", "residual": None, "what": "a Hadamard transform"}
     return None
 
 
@@ -240,6 +245,14 @@ def run_rotated(art: Artifacts) -> CheckResult:
     if rot is None:
         return CheckResult(note="no rotation declared (quantization_config, " + ", ".join(SIDE_FILES) + ")")
     data = dict(rot)
+    if rot["residual"] is None:
+        return CheckResult((Finding("target-rotated", "info", f"the target's {rot['where']} declares {rot['what']} "
+                                    "without saying where it acts: weak evidence. Applied to the residual stream "
+                                    "(QuaRot's R1) it would reach the drafter's aux states and embedding rotated; "
+                                    "inside layers only (online Hadamard on heads or before down_proj) it would "
+                                    "not.", fix="If acceptance is near 0 on this target, capture from the served "
+                                    "target and align it against the training records: rotated states match no "
+                                    "layer.", source=ROTATION_SOURCE, impact="low"),), "", data)
     if not rot["residual"]:
         return CheckResult((Finding("target-rotated", "info", f"the target's {rot['where']} declares "
                                     f"{rot['what']}: the residual stream, which the drafter reads, is not rotated.",
