@@ -368,8 +368,9 @@ def check_vllm_runner(version: str, runner: str | None) -> str | None:
     None stays None (each table's default applies)."""
     if runner == "v1" and parse_version(version) >= parse_version(V1_REMOVED):
         raise ForensicsError(f"vLLM {version} has no V1 model runner (removed in {V1_REMOVED}: "
-                             "vllm/platforms/interface.py refuses VLLM_USE_V2_MODEL_RUNNER=0): pass --vllm-runner v2 "
-                             "or leave it out")
+                             "vllm/platforms/interface.py refuses VLLM_USE_V2_MODEL_RUNNER=0; V1 runs up to "
+                             f"{_LAST_V1}): pass --engine-version with the release you run (with no version the "
+                             f"newest read, {NEWEST['vllm']}, is assumed), or --vllm-runner v2, or leave it out")
     return runner
 
 
