@@ -79,14 +79,14 @@ def target_dir(root: Path | None = None) -> Path:
     if importlib.util.find_spec("gguf") is None:
         raise TargetUnavailable("the gguf package is not installed (the test extra installs it)")
     out = (root or cache_root()) / "real-target" / f"smollm2-135m-instruct-{_wheel_key()}"
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if _complete(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock
 
     # one build at a time (the suite's workers, two scripts): a process that waited finds the folder made
     with FileLock(str(out.parent / f".{out.name}.lock"), timeout=BUILD_WAIT_S):
-        if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        if _complete(out):  # another process built it while this one waited
             return out
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out.parent))
         try:
@@ -99,6 +99,11 @@ def target_dir(root: Path | None = None) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _complete(out: Path) -> bool:
+    """A built target folder: its config and weights are there (a build is renamed into place whole)."""
+    return (out / "config.json").is_file() and (out / "model.safetensors").is_file()
 
 
 def _build(gguf: Path, out: Path) -> None:
