@@ -7,13 +7,16 @@ kernel go. SIGTERM's default action ends the process on the spot and leaves all 
 same cleanup runs; ``signals_held`` holds both signals while cleanup itself runs, and delivers
 one that arrived once it is done. From the moment either signal arrives, log records are dropped:
 a stopped command prints its one line, not what the libraries log while they unwind (papermill's
-"Kernel died while waiting for execute reply.", asyncio's "Task exception was never retrieved").
+"Kernel died while waiting for execute reply.", asyncio's "Task exception was never retrieved"),
+nor the warning Python gives at exit for a coroutine the signal left unawaited (papermill's
+``run_sync`` makes a cell's coroutine before it starts the loop that would await it).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import signal
+import warnings
 import threading
 from typing import Any, Iterator
 
@@ -40,8 +43,10 @@ def _main_thread() -> bool:
 
 
 def _quiet() -> None:
-    """Drop log records from here on: the command is ending and prints its own one line."""
+    """Drop log records, and the never-awaited warning, from here on: the command is ending and prints its own
+    one line."""
     logging.disable(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

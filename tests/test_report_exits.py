@@ -274,3 +274,29 @@ def test_a_stopped_command_drops_what_the_libraries_log_while_they_unwind(sig: s
         logging.disable(logging.NOTSET)
     stray.error("logged again once the command is over")
     assert "logged again" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs POSIX signals")
+@pytest.mark.parametrize("sig, line, code", [("SIGINT", "interrupted", 130), ("SIGTERM", "terminated", 143)])
+def test_a_stopped_command_says_nothing_of_the_coroutine_it_abandoned(sig: str, line: str, code: int,
+                                                                      tmp_path: Path) -> None:
+    """CI caught it once under load: papermill's run_sync makes the cell's coroutine, then starts the loop; a Ctrl-C
+    between the two left "coroutine 'NotebookClient.async_execute_cell' was never awaited" (a RuntimeWarning, two
+    lines) after the command's one line. The window is made certain here: the coroutine is made, then the signal."""
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from eagleforensics.cli.common import run_guarded
+
+        async def async_execute_cell():
+            return None
+
+        def command():
+            pending = async_execute_cell()  # made, never awaited: the signal comes first
+            os.kill(os.getpid(), signal.{sig})
+            time.sleep(5)
+
+        run_guarded(command)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stderr) == (code, f"eagleforensics: {line}\n")
