@@ -1,12 +1,10 @@
 """The drafter's vocabulary map (``d2t``/``t2d``) read and diagnosed once, for the map check and the coverage check.
 
 A drafter with a reduced vocabulary (``draft_vocab_size`` < ``vocab_size``) drafts draft ids; the
-engines turn draft id ``i`` into target id ``i + d2t[i]`` (``d2t`` holds offsets: SGLang 0.5.23
-``srt/models/llama_eagle3.py`` ``hot_token_id = d2t + arange``; vLLM 0.33.0, 0.34.0
-``model_executor/models/llama_eagle3.py`` ``compute_logits``: ``targets = arange + draft_id_to_target_id``).
-Both skip ``t2d`` at load, and both fall back to draft id = target id (the first ``draft_vocab_size``
-ids) when ``d2t`` is missing: SGLang leaves ``hot_token_id`` None, vLLM keeps its zero-initialised
-``draft_id_to_target_id``. SpecForge and speculators write ``t2d`` as a boolean mask over the target
+engines turn draft id ``i`` into target id ``i + d2t[i]`` (``d2t`` holds offsets), skip ``t2d`` at load,
+and fall back to draft id = target id (the first ``draft_vocab_size`` ids) when ``d2t`` is missing: SGLang
+leaves ``hot_token_id`` None, vLLM keeps its zero-initialised ``draft_id_to_target_id``. Every release read
+says so; the rows, with the releases and files, are ``engines.vocabmaprules``. SpecForge and speculators write ``t2d`` as a boolean mask over the target
 vocabulary whose set ids, in order, are ``arange + d2t``.
 
 ``diagnose_map`` says which convention the stored ``d2t`` follows and what is wrong with it; the

@@ -6,20 +6,21 @@ also (warning) a ``d2t`` of all zeros, the placeholder for "the first N ids".
 ``d2t-absolute`` (error): target ids stored where offsets belong (``arange`` written instead of
 offsets: draft id i becomes i + id). ``d2t-invalid`` (error): not integers, a size unlike
 ``draft_vocab_size``, ids out of range, duplicates, or a ``d2t`` that disagrees with ``t2d``.
-Engine facts: ``checks.draftvocab``'s docstring (SGLang 0.5.23, vLLM 0.33.0, 0.34.0 ``llama_eagle3.py``).
+Engine facts: ``engines.vocabmaprules``, one row per engine read at every release it spans (SGLang 0.4.10 -
+0.5.23, vLLM 0.9.2 - 0.34.0). A message names the user's engine release (``--engine`` / ``--engine-version`` or the
+log), the newest read when only the engine is known, both engines with none; a release not read is said so.
 """
 from __future__ import annotations
 
+from ..engines.vocabmaprules import VocabMapReading, vocab_map_reading
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .draftvocab import MapDiagnosis, VocabMap, diagnose_map, read_vocab_map
 from .registry import register
 
-ENGINE_FILES = ("SGLang 0.5.23 srt/models/llama_eagle3.py (hot_token_id = d2t + arange; t2d skipped); vLLM 0.33.0 "
-                "model_executor/models/llama_eagle3.py (targets = arange + draft_id_to_target_id, zeros when absent)")
-MISSING_SOURCE = "vllm-project/vllm#18909, NVIDIA-NeMo/Automodel#2447, verl-project/verl-SpeCo#66; " + ENGINE_FILES
-ABSOLUTE_SOURCE = "verl-project/verl-SpeCo#67, vllm-project/vllm#18909; " + ENGINE_FILES
-INVALID_SOURCE = "SafeAILab/EAGLE#248, vllm-project/vllm#18909; " + ENGINE_FILES
+MISSING_THREADS = "vllm-project/vllm#18909, NVIDIA-NeMo/Automodel#2447, verl-project/verl-SpeCo#66"
+ABSOLUTE_THREADS = "verl-project/verl-SpeCo#67, vllm-project/vllm#18909"
+INVALID_THREADS = "SafeAILab/EAGLE#248, vllm-project/vllm#18909"
 REBUILD = "d2t = nonzero(t2d) - arange(draft_vocab_size), int64, saved in the checkpoint as 'd2t'"
 
 
@@ -31,12 +32,22 @@ def diagnosis(art: Artifacts) -> tuple[VocabMap, MapDiagnosis]:
     return art.memo("vocab-map", make)
 
 
+def engines(reading: VocabMapReading) -> tuple[str, str]:
+    """(lead, subject) for "{lead}{subject} serve(s) ...": the release asked and not read first, then the rows read."""
+    lead = f"{reading.unread} is not read for this release; at the releases read, " if reading.unread else ""
+    return lead, reading.who()
+
+
 def run(art: Artifacts) -> CheckResult:
     """Diagnose ``d2t`` against ``draft_vocab_size``, the vocabulary and ``t2d``."""
     vm, dx = diagnosis(art)
     n, v = vm.draft_vocab_size, vm.vocab_size
+    reading = vocab_map_reading(art.engine, art.engine_version)
+    lead, who = engines(reading)
+    plural = len(reading.rows) > 1
     data = {"vocab_size": v, "draft_vocab_size": n, "d2t": vm.d2t_name, "t2d": vm.t2d_name, "convention": dx.kind,
-            **dx.data}
+            "engine_rows": [f"{r.engine} {r.span()}" for r in reading.rows], "release_assumed":
+            reading.release if reading.assumed else None, "release_not_read": reading.unread or None, **dx.data}
     sizes = f"draft_vocab_size {n} < vocab_size {v}"
     if dx.kind == "full":
         return CheckResult((), f"no reduced vocabulary (draft_vocab_size {n} = vocab_size {v}): nothing to map", data)
@@ -46,17 +57,18 @@ def run(art: Artifacts) -> CheckResult:
     if dx.kind == "missing":
         extra = []
         if vm.t2d_name is not None:
-            extra.append(f"the checkpoint has {vm.t2d_name} but the engines skip t2d at load")
+            extra.append(f"the checkpoint has {vm.t2d_name} but {'they skip' if plural else 'it skips'} t2d at load")
         if vm.side_files:
-            extra.append(f"{', '.join(vm.side_files)} beside the weights is read by no engine")
-        msg = (f"{sizes} and the drafter stores no d2t: SGLang and vLLM then take draft id i as target id i, so every "
-               f"draft lands on one of the first {n} target ids, mostly the wrong one"
+            extra.append(f"{', '.join(vm.side_files)} beside the weights is never read (no release read loads a map "
+                         "file for an EAGLE-3 drafter)")
+        msg = (f"{sizes} and the drafter stores no d2t: {lead}{who} then {'take' if plural else 'takes'} draft id i "
+               f"as target id i, so every draft lands on one of the first {n} target ids, mostly the wrong one"
                + ("; " + "; ".join(extra) if extra else "") + ".")
         fix = ("Write the map into the checkpoint: " + REBUILD + "." if vm.t2d_name is not None else
                "Export d2t with the weights (the trainer's vocabulary map, as offsets: target id - draft id), or "
                "retrain with the full vocabulary.")
-        return CheckResult((Finding("d2t-missing", "error", msg, fix=fix, source=MISSING_SOURCE, impact="collapse"),),
-                           data=data)
+        return CheckResult((Finding("d2t-missing", "error", msg, fix=fix,
+                                    source=f"{MISSING_THREADS}; {reading.source()}", impact="collapse"),), data=data)
     if dx.kind == "placeholder":
         lost = dx.intended is not None and not (dx.intended == dx.served).all()
         msg = (f"{sizes} and every d2t offset is 0: the map says the draft vocabulary is the first {n} target ids, "
@@ -69,19 +81,20 @@ def run(art: Artifacts) -> CheckResult:
             fix=("Write the real map: " + REBUILD + "." if lost else
                  "Export the trainer's real vocabulary map as d2t, or check the vocab-coverage row: the first ids "
                  "are rarely the tokens the target emits."),
-            source=MISSING_SOURCE, impact="collapse" if lost else "high"),), data=data)
+            source=f"{MISSING_THREADS}; {reading.source()}", impact="collapse" if lost else "high"),), data=data)
     if dx.kind == "absolute":
-        msg = (f"d2t holds target ids, not the offsets the engines add to arange: {'; '.join(dx.evidence)}. Draft id i "
-               "is served as target id i + d2t[i], so nearly every draft is a token the drafter never meant.")
+        msg = (f"d2t holds target ids, not offsets from arange: {'; '.join(dx.evidence)}. {lead}{who} "
+               f"{'serve' if plural else 'serves'} draft id i as target id i + d2t[i], so nearly every draft is a "
+               "token the drafter never meant.")
         return CheckResult((Finding("d2t-absolute", "error", msg,
                                     fix="Store offsets: d2t = target_ids - arange(draft_vocab_size).",
-                                    source=ABSOLUTE_SOURCE, impact="collapse"),), data=data)
+                                    source=f"{ABSOLUTE_THREADS}; {reading.source()}", impact="collapse"),), data=data)
     msg = "d2t is not a usable map: " + "; ".join(dx.problems) + "."
     return CheckResult((Finding("d2t-invalid", "error", msg,
                                 fix="Re-export d2t from the trainer's vocabulary: int64, one offset per draft id "
                                     f"({n}), target ids distinct and below {v}" +
                                     (f"; from t2d: {REBUILD}" if vm.t2d_name else "") + ".",
-                                source=INVALID_SOURCE, impact="collapse"),), data=data)
+                                source=f"{INVALID_THREADS}; {reading.source()}", impact="collapse"),), data=data)
 
 
 CHECK = register(Check("vocab-map", "d2t vocabulary map (draft id -> target id)",
