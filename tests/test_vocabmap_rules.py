@@ -111,3 +111,20 @@ def test_every_release_a_row_read_holds_what_the_row_says(engine: str, version: 
         workers = [p for p in (d / "sglang/srt/speculative").glob("*eagle_worker*.py") if "speculative_token_map" in
                    p.read_text()]
         assert workers and all("EAGLE3 models already have this" in p.read_text() for p in workers), version
+
+
+def test_an_engine_read_from_the_log_says_how_its_release_was_taken(no_d2t, tmp_path: Path) -> None:  # noqa: ANN001
+    """No --engine: the engine comes from the log's arguments line. SGLang's line names no release, so the newest
+    read is assumed and the message asks for --engine-version (not --log, which was given); a vLLM log that prints
+    its version is answered at that version, said to come from the log."""
+    log = Path(__file__).resolve().parents[1] / "data_samples" / "incident" / "broken.log"
+    f, data = _finding(no_d2t, log=str(log))
+    assert ("stores no d2t: SGLang 0.5.23 (the newest release read, assumed: the log does not say which: pass "
+            "--engine-version) then takes draft id i") in f.message, f.message
+    assert data["engine_rows"] == [f"sglang {ROW['sglang'].span()}"] and data["release_assumed"] == "0.5.23"
+    vllm_log = tmp_path / "vllm.log"
+    vllm_log.write_text("INFO 11-30 10:00:00 [__init__.py:1] vLLM API server version 0.11.0\n"
+                        "INFO 11-30 10:00:01 [utils.py:1] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
+                        "'speculative_config': {'method': 'eagle3', 'model': 'x', 'num_speculative_tokens': 3}}\n")
+    f, data = _finding(no_d2t, log=str(vllm_log))
+    assert "stores no d2t: vLLM 0.11.0 (version from the log) then takes draft id i" in f.message, f.message

@@ -32,10 +32,15 @@ def diagnosis(art: Artifacts) -> tuple[VocabMap, MapDiagnosis]:
     return art.memo("vocab-map", make)
 
 
-def engines(reading: VocabMapReading) -> tuple[str, str]:
-    """(lead, subject) for "{lead}{subject} serve(s) ...": the release asked and not read first, then the rows read."""
+def engines(reading: VocabMapReading, art: Artifacts) -> tuple[str, str]:
+    """(lead, subject) for "{lead}{subject} serve(s) ...": the release asked and not read first, then the rows read;
+    where the release came from (the log), or how to name it when the newest read is assumed."""
     lead = f"{reading.unread} is not read for this release; at the releases read, " if reading.unread else ""
-    return lead, reading.who()
+    who = reading.who("the log does not say which: pass --engine-version" if art.inputs.log is not None else
+                      "pass --engine-version or --log")
+    if reading.release and art.engine_version_from:
+        who += f" (version from {art.engine_version_from})"
+    return lead, who
 
 
 def run(art: Artifacts) -> CheckResult:
@@ -43,7 +48,7 @@ def run(art: Artifacts) -> CheckResult:
     vm, dx = diagnosis(art)
     n, v = vm.draft_vocab_size, vm.vocab_size
     reading = vocab_map_reading(art.engine, art.engine_version)
-    lead, who = engines(reading)
+    lead, who = engines(reading, art)
     plural = len(reading.rows) > 1
     data = {"vocab_size": v, "draft_vocab_size": n, "d2t": vm.d2t_name, "t2d": vm.t2d_name, "convention": dx.kind,
             "engine_rows": [f"{r.engine} {r.span()}" for r in reading.rows], "release_assumed":

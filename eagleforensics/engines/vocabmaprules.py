@@ -67,11 +67,12 @@ class VocabMapReading:
     between: bool = False  # that release was not read, but releases read on both sides of it agree
     unread: str = ""  # "vLLM 0.35.0": a release past the rows, or an engine with none; empty when answered
 
-    def who(self) -> str:
-        """``SGLang 0.5.23``, or ``SGLang (0.4.10 - 0.5.23 read) and vLLM (0.9.2 - 0.34.0 read)``, for a message."""
+    def who(self, pin: str = "pass --engine-version or --log") -> str:
+        """``SGLang 0.5.23``, or ``SGLang (0.4.10 - 0.5.23 read) and vLLM (0.9.2 - 0.34.0 read)``, for a message
+        (``pin``: how to name the release, said when the newest read is assumed)."""
         if self.release:
             r = self.rows[0]
-            note = (" (the newest release read, assumed: pass --engine-version or --log)" if self.assumed else
+            note = (f" (the newest release read, assumed: {pin})" if self.assumed else
                     f" (not read; the releases read on both sides of it, {r.span()}, agree)" if self.between else "")
             return f"{ENGINE_NAMES[r.engine]} {self.release}{note}"
         return " and ".join(f"{ENGINE_NAMES[r.engine]} ({r.span()} read)" for r in self.rows)
