@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import warnings
 import threading
+import warnings
 from typing import Any, Iterator
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for Ctrl-C

@@ -56,14 +56,19 @@ def test_the_finding_names_the_users_release_and_cites_its_row(no_d2t, engine: s
     assert data["release_assumed"] == (None if version else "0.34.0") and data["release_not_read"] is None
 
 
-@pytest.mark.parametrize("engine, version, unread", [("vllm", "0.35.0", "vLLM 0.35.0"), ("sglang", "0.6.1", "SGLang 0.6.1"),
-                                                     ("vllm", "0.8.5", "vLLM 0.8.5"), ("trtllm", None, "TensorRT-LLM")])
+@pytest.mark.parametrize("engine, version, unread, read", [
+    ("vllm", "0.35.0", "vLLM 0.35.0", "vLLM (0.9.2 - 0.34.0 read) then takes"),
+    ("sglang", "0.6.1", "SGLang 0.6.1", "SGLang (0.4.10 - 0.5.23 read) then takes"),
+    ("vllm", "0.8.5", "vLLM 0.8.5", "vLLM (0.9.2 - 0.34.0 read) then takes"),
+    ("trtllm", None, "TensorRT-LLM", "SGLang (0.4.10 - 0.5.23 read) and vLLM (0.9.2 - 0.34.0 read) then take"),
+])
 def test_a_release_not_read_is_said_not_answered_with_another_releases_row(no_d2t, engine: str,  # noqa: ANN001
-                                                                          version: str | None, unread: str) -> None:
+                                                                          version: str | None, unread: str,
+                                                                          read: str) -> None:
     f, data = _finding(no_d2t, engine=engine, engine_version=version)
-    assert f"{unread} is not read for this release; at the releases read, SGLang (0.4.10 - 0.5.23 read) and vLLM " \
-           "(0.9.2 - 0.34.0 read) then take draft id i" in f.message, f.message
+    assert f"{unread} is not read for this release; at the releases read, {read} draft id i" in f.message, f.message
     assert data["release_not_read"] == unread and data["release_assumed"] is None
+    assert len(data["engine_rules"]) == len(data["engine_rows"]) == (2 if engine == "trtllm" else 1)
 
 
 def test_with_no_engine_both_rows_answer_and_the_side_file_is_said_unread(no_d2t) -> None:  # noqa: ANN001

@@ -51,7 +51,8 @@ def run(art: Artifacts) -> CheckResult:
     lead, who = engines(reading, art)
     plural = len(reading.rows) > 1
     data = {"vocab_size": v, "draft_vocab_size": n, "d2t": vm.d2t_name, "t2d": vm.t2d_name, "convention": dx.kind,
-            "engine_rows": [f"{r.engine} {r.span()}" for r in reading.rows], "release_assumed":
+            "engine_rows": [f"{r.engine} {r.span()}" for r in reading.rows],
+            "engine_rules": [r.detail for r in reading.rows], "release_assumed":
             reading.release if reading.assumed else None, "release_not_read": reading.unread or None, **dx.data}
     sizes = f"draft_vocab_size {n} < vocab_size {v}"
     if dx.kind == "full":

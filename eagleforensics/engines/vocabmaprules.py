@@ -83,16 +83,16 @@ class VocabMapReading:
 
 def vocab_map_reading(engine: str | None, version: str | None) -> VocabMapReading:
     """The row for ``engine`` at ``version`` (the newest read when none is given); with no engine, every engine's row.
-    A release past the rows, or an engine with none (TensorRT-LLM), is named in ``unread`` and every row is given
-    as what was read, not as its answer."""
+    A release outside the rows, or an engine with none (TensorRT-LLM), is named in ``unread``, and the engine's row
+    (every row for an engine with none) is given as what was read, not as its answer."""
     if engine is None:
         return VocabMapReading(VOCAB_MAP_RULES)
     rows = [r for r in VOCAB_MAP_RULES if r.engine == engine]
     release = version or newest(engine) or ""
     row = row_at(rows, release, until=True) if rows and release else None
-    if row is None:
+    if row is None:  # the engine's own row, as what was read (both rows for an engine with none)
         name = ENGINE_NAMES.get(engine, engine) + (f" {release}" if release else "")
-        return VocabMapReading(VOCAB_MAP_RULES, unread=name)
+        return VocabMapReading(tuple(rows) or VOCAB_MAP_RULES, unread=name)
     read = {parse_version(v) for v in row.read}
     return VocabMapReading((row,), release=release, assumed=not version,
                            between=parse_version(release) not in read)
