@@ -20,13 +20,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..errors import ForensicsError
-from .rules import ENGINE_NAMES, ENGINES, NEWEST, TRT_MAIN, parse_version, row_at, runner_or_default
-
-
-def _span(since: str, until: str | None) -> str:
-    if until is None:
-        return f">= {since}"
-    return since if since == until else f"{since} - {until}"
+from .rules import (ENGINE_NAMES, ENGINES, NEWEST, TRT_MAIN, parse_version, release_span, row_at,
+                    runner_or_default)
 
 
 # --- whose embedding and head ---------------------------------------------------------------------
@@ -57,7 +52,7 @@ class EmbedRule:
     @property
     def label(self) -> str:
         run = f" {self.runner} runner" if self.runner else ""
-        return f"{self.engine}{run} embedding/head {_span(self.since, self.until)}"
+        return f"{self.engine}{run} embedding/head {release_span(self.since, self.until)}"
 
     def embedding_used(self, has_own: bool, widths_differ: bool = False) -> str:
         """'draft', 'target' or 'uninitialised': the embedding the served drafter reads."""
@@ -152,7 +147,7 @@ class D2TRule:
 
     @property
     def label(self) -> str:
-        return f"{self.engine} d2t {_span(self.since, self.until)}"
+        return f"{self.engine} d2t {release_span(self.since, self.until)}"
 
 
 D2T_RULES: tuple[D2TRule, ...] = (
@@ -219,7 +214,7 @@ class TrainerRule:
 
     @property
     def label(self) -> str:
-        return f"{self.trainer} {_span(self.since, self.until)}"
+        return f"{self.trainer} {release_span(self.since, self.until)}"
 
     @property
     def head_is_target_copy(self) -> bool | None:

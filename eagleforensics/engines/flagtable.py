@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .rules import release_span
+
 STATUSES = ("honoured", "ignored", "refused", "unknown")
 LAYOUTS = ("flat", "speculators")  # flat: SpecForge/ModelOpt/EAGLE config.json; speculators: nested
 ARCHS = ("llama", "qwen3", "deepseek")  # which drafter model file an engine builds
@@ -39,8 +41,7 @@ class FlagRow:
 
     @property
     def label(self) -> str:
-        span = f">= {self.since}" if self.until is None else (
-            self.since if self.since == self.until else f"{self.since} - {self.until}")
+        span = release_span(self.since, self.until)
         where = "/".join(x for x in (self.arch, self.layout, self.runner) if x)
         return f"{self.engine} {self.feature} {span}" + (f" ({where})" if where else "")
 

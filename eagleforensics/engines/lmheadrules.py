@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .modelclasses import newest
-from .rules import row_at
+from .rules import release_span, row_at
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class LmHeadRule:
     source: str
 
     def span(self) -> str:
-        return self.since if self.until == self.since else f"{self.since} - {self.until}"
+        return release_span(self.since, self.until)
 
 
 LM_HEAD_RULES: tuple[LmHeadRule, ...] = (

@@ -13,6 +13,7 @@ from .failurelines import ENGINE_LINES
 from .lmheadrules import LM_HEAD_RULES
 from .modelclasses import releases
 from .peaglerules import PEAGLE_RULES
+from .rules import release_span
 from .servingrules import SERVING_RULES
 from .targetrules import QUANT_RULES, ROTATION_RULES
 from .vocabmaprules import VOCAB_MAP_RULES
@@ -29,9 +30,7 @@ class ReleaseRow:
     source: str
 
     def span(self) -> str:
-        if self.until is None:
-            return f">= {self.since}"
-        return self.since if self.until == self.since else f"{self.since} - {self.until}"
+        return release_span(self.since, self.until)
 
 
 def release_rows() -> list[ReleaseRow]:

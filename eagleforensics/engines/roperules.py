@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import ForensicsError
-from .rules import ENGINE_NAMES, ENGINES, NEWEST, RUNNERS, parse_version, row_at, runner_or_default
+from .rules import ENGINE_NAMES, ENGINES, NEWEST, RUNNERS, parse_version, release_span, row_at, runner_or_default
 
 # RoPE types whose max_position_embeddings only sizes the cos/sin cache (vLLM 0.33.0 and 0.34.0
 # config/speculative.py _CACHE_ONLY_ROPE_TYPES, the same set); yarn, dynamic, longrope, deepseek derive more.
@@ -57,8 +57,7 @@ class RopeRule:
 
     @property
     def label(self) -> str:
-        span = f">= {self.since}" if self.until is None else (
-            self.since if self.since == self.until else f"{self.since} - {self.until}")
+        span = release_span(self.since, self.until)
         extra = " ".join(x for x in (f"{self.runner} runner" if self.runner else "",
                                       f"{self.rope_types} rope" if self.rope_types else "") if x)
         return f"{self.engine} rope {span}" + (f" ({extra})" if extra else "")

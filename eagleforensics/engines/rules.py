@@ -90,7 +90,7 @@ class CaptureRow:
     def label(self) -> str:
         fam = "/".join(self.families)
         mode = f" {self.mode}" if self.mode else ""
-        return f"{self.engine} {fam}{mode} {_span(self.since, self.until)}"
+        return f"{self.engine} {fam}{mode} {release_span(self.since, self.until)}"
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class KeyRule:
     @property
     def label(self) -> str:
         run = f" {self.runner} runner" if self.runner else ""
-        return f"{self.engine}{run} keys {_span(self.since, self.until)}"
+        return f"{self.engine}{run} keys {release_span(self.since, self.until)}"
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class RunnerRule:
 
     @property
     def label(self) -> str:
-        return f"vllm default runner {_span(self.since, self.until)}"
+        return f"vllm default runner {release_span(self.since, self.until)}"
 
     def pick(self, model_type: str | None) -> str:
         """'v1' or 'v2' for ``model_type`` (unknown types count as non-MoE Llama)."""
@@ -316,7 +316,9 @@ _LAST_V1 = max((r.until for r in KEY_RULES if r.runner == "v1" and r.until), key
 NEWEST = {"sglang": "0.5.23", "vllm": "0.34.0", "trtllm": TRT_MAIN}
 
 
-def _span(since: str, until: str | None) -> str:
+def release_span(since: str, until: str | None) -> str:
+    """A rules row's releases in words: ``0.5.7 - 0.5.9``, ``0.11.0`` (one release), ``>= 0.5.18`` (no end read:
+    up to the newest release the rules know). Every versioned table of the engines room says its span here."""
     if until is None:
         return f">= {since}"
     return since if since == until else f"{since} - {until}"

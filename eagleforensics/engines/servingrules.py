@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .launchrules import engine_name
-from .rules import NEWEST, family_of, parse_version, row_at
+from .rules import NEWEST, family_of, parse_version, release_span, row_at
 
 TOPICS = ("penalty", "generation-config", "lora", "dp-attention", "verify")
 
@@ -48,8 +48,7 @@ class ServingRule:
     keys: tuple[str, ...] = ()  # generation-config: the penalties the engine takes from generation_config.json
 
     def span(self) -> str:
-        return f"{self.since} - {self.until}" if self.until and self.until != self.since else \
-            self.since if self.until else f">= {self.since}"
+        return release_span(self.since, self.until)
 
 
 _SGL = "sglang {v} python/sglang/srt/{f}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .modelclasses import newest
-from .rules import ENGINE_NAMES, parse_version, row_at
+from .rules import ENGINE_NAMES, parse_version, release_span, row_at
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class VocabMapRule:
         return self.read[-1]
 
     def span(self) -> str:
-        return self.since if self.until == self.since else f"{self.since} - {self.until}"
+        return release_span(self.since, self.until)
 
 
 VOCAB_MAP_RULES: tuple[VocabMapRule, ...] = (
