@@ -1,7 +1,7 @@
 """The vocab-map check says what the user's engine release does with d2t, from rows read at each release.
 
 Before, every d2t finding cited SGLang 0.5.23 and vLLM 0.33.0 whatever release the user named. Now
-``engines.vocabmaprules`` holds one row per engine, read at every release it spans; the check names the user's
+``engines.embedrules.D2T_RULES`` holds one row per engine, read at every release it spans; the check names the user's
 release (the newest read, said to be assumed, when only the engine is known), says a release past the rows is not
 read, and says a release inside a row but not itself read sits between releases read that agree. The rows are
 checked against the unpacked wheels where this machine has them (skipped on CI).
@@ -18,11 +18,11 @@ from eagleforensics.checks.base import DoctorInputs
 from eagleforensics.checks.registry import get_check
 from eagleforensics.doctor import diagnose
 from eagleforensics.engines.releasetables import release_rows
-from eagleforensics.engines.vocabmaprules import VOCAB_MAP_RULES, vocab_map_reading
+from eagleforensics.engines.embedrules import D2T_RULES, d2t_reading
 from eagleforensics.testing.defects import DEFECTS, plant
 
 WHEELS = Path(os.environ.get("EAGLEFORENSICS_WHEELS", "/work/wheels/src"))
-ROW = {r.engine: r for r in VOCAB_MAP_RULES}
+ROW = {r.engine: r for r in D2T_RULES}
 
 
 @pytest.fixture(scope="module")
@@ -75,23 +75,23 @@ def test_with_no_engine_both_rows_answer_and_the_side_file_is_said_unread(no_d2t
     f, data = _finding(no_d2t)
     assert "stores no d2t: SGLang (0.4.10 - 0.5.23 read) and vLLM (0.9.2 - 0.34.0 read) then take" in f.message
     assert "d2t.pt beside the weights is never read" in f.message, f.message
-    assert all(r.source in f.source for r in VOCAB_MAP_RULES) and "vllm-project/vllm#18909" in f.source
+    assert all(r.source in f.source for r in D2T_RULES) and "vllm-project/vllm#18909" in f.source
     assert data["engine_rows"] == ["sglang 0.4.10 - 0.5.23", "vllm 0.9.2 - 0.34.0"]
 
 
 def test_the_rows_are_in_the_release_tables_the_coverage_test_checks() -> None:
     rows = [r for r in release_rows() if r.rule == "vocab-map (d2t)"]
-    assert [(r.engine, r.since, r.until) for r in rows] == [(r.engine, r.since, r.until) for r in VOCAB_MAP_RULES]
-    for r in VOCAB_MAP_RULES:  # every release the row says it read is cited, and nothing else
+    assert [(r.engine, r.since, r.until) for r in rows] == [(r.engine, r.since, r.until) for r in D2T_RULES]
+    for r in D2T_RULES:  # every release the row says it read is cited, and nothing else
         cited = set(re.findall(r"(?<![\w.#])(\d+\.\d+\.\d+(?:\.\d+)?)(?!\w)", r.source))
         assert cited == set(r.read), (r.engine, cited ^ set(r.read))
 
 
 def test_a_reading_between_rows_is_not_called_read() -> None:
-    assert vocab_map_reading("sglang", "0.5.23").between is False
-    assert vocab_map_reading("sglang", "0.5.8.0").between is False  # one release, two spellings
-    assert vocab_map_reading("sglang", "0.5.13").between is True
-    assert vocab_map_reading(None, None).rows == VOCAB_MAP_RULES
+    assert d2t_reading("sglang", "0.5.23").between is False
+    assert d2t_reading("sglang", "0.5.8.0").between is False  # one release, two spellings
+    assert d2t_reading("sglang", "0.5.13").between is True
+    assert d2t_reading(None, None).rows == D2T_RULES
 
 
 # what each row says, as it reads in the wheel's llama_eagle3.py (the file every row cites)
@@ -104,7 +104,7 @@ WHEEL_FACTS = {
 }
 
 
-@pytest.mark.parametrize("engine, version", [(r.engine, v) for r in VOCAB_MAP_RULES for v in r.read])
+@pytest.mark.parametrize("engine, version", [(r.engine, v) for r in D2T_RULES for v in r.read])
 def test_every_release_a_row_read_holds_what_the_row_says(engine: str, version: str) -> None:
     d = WHEELS / f"{engine}-{version}"
     if not (d / ".done").is_file():
@@ -133,3 +133,13 @@ def test_an_engine_read_from_the_log_says_how_its_release_was_taken(no_d2t, tmp_
                         "'speculative_config': {'method': 'eagle3', 'model': 'x', 'num_speculative_tokens': 3}}\n")
     f, data = _finding(no_d2t, log=str(vllm_log))
     assert "stores no d2t: vLLM 0.11.0 (version from the log) then takes draft id i" in f.message, f.message
+
+
+def test_the_consequence_of_a_missing_d2t_is_not_answered_for_a_release_not_read() -> None:
+    """The rows end at the last release read: a later one gets no row's answer (the rows were open-ended before)."""
+    from eagleforensics.engines.embedrules import d2t_missing_consequence, d2t_rule
+
+    assert d2t_rule("vllm", "0.35.0") is None and d2t_rule("sglang", "0.4.9") is None
+    assert d2t_missing_consequence("vllm", "0.35.0", 256, 512) == \
+        "not established for vLLM 0.35.0: not read for this release"
+    assert "maps draft id i to target id i" in d2t_missing_consequence("vllm", "0.34.0", 256, 512)

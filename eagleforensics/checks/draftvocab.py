@@ -4,7 +4,7 @@ A drafter with a reduced vocabulary (``draft_vocab_size`` < ``vocab_size``) draf
 engines turn draft id ``i`` into target id ``i + d2t[i]`` (``d2t`` holds offsets), skip ``t2d`` at load,
 and fall back to draft id = target id (the first ``draft_vocab_size`` ids) when ``d2t`` is missing: SGLang
 leaves ``hot_token_id`` None, vLLM keeps its zero-initialised ``draft_id_to_target_id``. Every release read
-says so; the rows, with the releases and files, are ``engines.vocabmaprules``. SpecForge and speculators write
+says so; the rows, with the releases and files, are ``engines.embedrules.D2T_RULES``. SpecForge and speculators write
 ``t2d`` as a boolean mask over the target vocabulary whose set ids, in order, are ``arange + d2t``.
 
 ``diagnose_map`` says which convention the stored ``d2t`` follows and what is wrong with it; the

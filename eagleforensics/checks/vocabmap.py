@@ -6,13 +6,13 @@ also (warning) a ``d2t`` of all zeros, the placeholder for "the first N ids".
 ``d2t-absolute`` (error): target ids stored where offsets belong (``arange`` written instead of
 offsets: draft id i becomes i + id). ``d2t-invalid`` (error): not integers, a size unlike
 ``draft_vocab_size``, ids out of range, duplicates, or a ``d2t`` that disagrees with ``t2d``.
-Engine facts: ``engines.vocabmaprules``, one row per engine read at every release it spans (SGLang 0.4.10 -
+Engine facts: ``engines.embedrules.D2T_RULES``, one row per engine read at every release it spans (SGLang 0.4.10 -
 0.5.23, vLLM 0.9.2 - 0.34.0). A message names the user's engine release (``--engine`` / ``--engine-version`` or the
 log), the newest read when only the engine is known, both engines with none; a release not read is said so.
 """
 from __future__ import annotations
 
-from ..engines.vocabmaprules import VocabMapReading, vocab_map_reading
+from ..engines.embedrules import D2TReading, d2t_reading
 from ..results import Finding
 from .base import Artifacts, Check, CheckResult
 from .draftvocab import MapDiagnosis, VocabMap, diagnose_map, read_vocab_map
@@ -32,7 +32,7 @@ def diagnosis(art: Artifacts) -> tuple[VocabMap, MapDiagnosis]:
     return art.memo("vocab-map", make)
 
 
-def engines(reading: VocabMapReading, art: Artifacts) -> tuple[str, str]:
+def engines(reading: D2TReading, art: Artifacts) -> tuple[str, str]:
     """(lead, subject) for "{lead}{subject} serve(s) ...": the release asked and not read first, then the rows read;
     where the release came from (the log), or how to name it when the newest read is assumed."""
     lead = f"{reading.unread} is not read for this release; at the releases read, " if reading.unread else ""
@@ -47,7 +47,7 @@ def run(art: Artifacts) -> CheckResult:
     """Diagnose ``d2t`` against ``draft_vocab_size``, the vocabulary and ``t2d``."""
     vm, dx = diagnosis(art)
     n, v = vm.draft_vocab_size, vm.vocab_size
-    reading = vocab_map_reading(art.engine, art.engine_version)
+    reading = d2t_reading(art.engine, art.engine_version)
     lead, who = engines(reading, art)
     plural = len(reading.rows) > 1
     data = {"vocab_size": v, "draft_vocab_size": n, "d2t": vm.d2t_name, "t2d": vm.t2d_name, "convention": dx.kind,

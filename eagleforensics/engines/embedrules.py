@@ -5,7 +5,8 @@ each trainer writes, as sourced data.
   served drafter uses when it ships its own and when it does not. ``embedding-random`` is a
   PROBLEM only where the engine really uses the drafter's own embedding.
 * ``D2T_RULES``: the ``d2t`` convention each engine expects (offsets: target = draft +
-  d2t[draft]) and what it does when ``d2t`` is missing while ``draft_vocab_size < vocab_size``.
+  d2t[draft]) and what it does when ``d2t`` is missing while ``draft_vocab_size < vocab_size``, one row per
+  engine read at every release it spans; ``d2t_reading`` is what the vocab-map check says of them.
 * ``TRAINER_RULES``: per trainer, whether ``embed_tokens`` and ``lm_head`` are copies of the
   target's (then a head unlike the target's is a defect) or trained from scratch, how
   ``d2t``/``t2d`` are written, the default draft vocabulary and the fresh-init std (a fresh
@@ -135,37 +136,58 @@ def embed_rule(engine: str, version: str | None = None, runner: str | None = Non
 
 @dataclass(frozen=True)
 class D2TRule:
-    """The draft-to-target id map an engine expects, and what it does when ``d2t`` is missing."""
+    """The draft-to-target id map an engine expects, and what it does when ``d2t`` is missing.
+
+    One row per engine: every release read gives the same answer, so the row holds from the first release read
+    to the last (``read``; a release between two read is "not read", said by ``d2t_reading``)."""
 
     engine: str
-    since: str
-    until: str | None
+    read: tuple[str, ...]  # every release read, oldest first
     convention: str  # "offsets": target = draft + d2t[draft]
     when_missing: str  # "identity": draft id i is served as target id i
     t2d_read: bool
+    detail: str  # the rule in words, for the vocab-map finding's JSON
     source: str
 
     @property
+    def since(self) -> str:
+        return self.read[0]
+
+    @property
+    def until(self) -> str:
+        return self.read[-1]
+
+    def span(self) -> str:
+        return release_span(self.since, self.until)
+
+    @property
     def label(self) -> str:
-        return f"{self.engine} d2t {release_span(self.since, self.until)}"
+        return f"{self.engine} d2t {self.span()}"
 
 
 D2T_RULES: tuple[D2TRule, ...] = (
-    D2TRule("sglang", "0.4.10", None, "offsets", "identity", False,
-            "sglang 0.4.10, 0.5.23 srt/models/llama_eagle3.py load_weights: hot_token_id = d2t "
-            "+ arange (t2d skipped); srt/speculative/eagle_worker(_v2).py topk_index = "
-            "hot_token_id[topk_index] only when d2t was loaded, so a missing d2t serves draft "
-            "id i as target id i without a warning"),
-    D2TRule("vllm", "0.10.1.1", None, "offsets", "identity", False,
-            "vllm 0.10.1.1, 0.33.0, 0.34.0 vllm/model_executor/models/llama_eagle3.py: "
-            "draft_id_to_target_id starts as zeros and is skipped when the checkpoint has no "
-            "d2t; compute_logits scatters logits to arange + d2t (t2d skipped); from 0.30.0 the "
-            "zeros exist only when draft_vocab_size != the target's vocab"),
+    D2TRule(
+        "sglang", ("0.4.10", "0.5.4", "0.5.8", "0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.14", "0.5.17", "0.5.18",
+                   "0.5.19", "0.5.20", "0.5.23"), "offsets", "identity", False,
+        "d2t is read as offsets (hot_token_id = d2t + arange), t2d is skipped, with no d2t a draft id is used as the "
+        "target id, and --speculative-token-map is ignored for EAGLE-3",
+        "sglang 0.4.10, 0.5.4, 0.5.8, 0.5.9, 0.5.10, 0.5.11, 0.5.12, 0.5.14, 0.5.17, 0.5.18, 0.5.19, 0.5.20, 0.5.23 "
+        "srt/models/llama_eagle3.py load_weights; sglang 0.4.10, 0.5.4, 0.5.8, 0.5.12 srt/speculative/eagle_worker.py "
+        "EAGLEWorker.__init__; sglang 0.5.4, 0.5.14, 0.5.23 srt/speculative/eagle_worker_v2.py init_token_map, draft "
+        "(hot_token_id[topk_index] only when a map is held)"),
+    D2TRule(
+        "vllm", ("0.9.2", "0.10.0", "0.10.1.1", "0.11.0", "0.11.1", "0.12.0", "0.14.0", "0.14.1", "0.25.0", "0.29.0",
+                 "0.33.0", "0.34.0"), "offsets", "identity", False,
+        "d2t is read into draft_id_to_target_id (compute_logits places draft id i at i + d2t[i]), t2d is skipped, "
+        "and that buffer starts at zeros, so with no d2t draft id i is target id i",
+        "vllm 0.9.2, 0.10.0, 0.10.1.1, 0.11.0, 0.11.1, 0.12.0, 0.14.0, 0.14.1, 0.25.0, 0.29.0, 0.33.0, 0.34.0 "
+        "vllm/model_executor/models/llama_eagle3.py __init__, compute_logits, load_weights"),
 )
 
 
 def d2t_rule(engine: str, version: str | None = None) -> D2TRule | None:
-    """The ``D2TRule`` of ``engine`` at ``version``; None for TensorRT-LLM (not read)."""
+    """The ``D2TRule`` of ``engine`` at ``version`` (the newest read when None); None for TensorRT-LLM (not read)
+    and for a release outside the row."""
     eng = str(engine).strip().lower()
     if eng not in ENGINES:
         raise ForensicsError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -174,11 +196,53 @@ def d2t_rule(engine: str, version: str | None = None) -> D2TRule | None:
     return row_at([r for r in D2T_RULES if r.engine == eng], str(parse_version(version or NEWEST[eng])))
 
 
+@dataclass(frozen=True)
+class D2TReading:
+    """What the vocab-map check may say of the engines: the rows that answer, and the release asked but not read."""
+
+    rows: tuple[D2TRule, ...]
+    release: str = ""  # the release the one row answers for
+    assumed: bool = False  # that release is the newest read, assumed because none was given
+    between: bool = False  # that release was not read, but releases read on both sides of it agree
+    unread: str = ""  # "vLLM 0.35.0": a release outside the rows, or an engine with none; empty when answered
+
+    def who(self, pin: str = "pass --engine-version or --log") -> str:
+        """``SGLang 0.5.23``, or ``SGLang (0.4.10 - 0.5.23 read) and vLLM (0.9.2 - 0.34.0 read)``, for a message
+        (``pin``: how to name the release, said when the newest read is assumed)."""
+        if self.release:
+            r = self.rows[0]
+            note = (f" (the newest release read, assumed: {pin})" if self.assumed else
+                    f" (not read; the releases read on both sides of it, {r.span()}, agree)" if self.between else "")
+            return f"{ENGINE_NAMES[r.engine]} {self.release}{note}"
+        return " and ".join(f"{ENGINE_NAMES[r.engine]} ({r.span()} read)" for r in self.rows)
+
+    def source(self) -> str:
+        return "; ".join(r.source for r in self.rows)
+
+
+def d2t_reading(engine: str | None, version: str | None) -> D2TReading:
+    """The row for ``engine`` at ``version`` (the newest read when none is given); with no engine, every engine's row.
+    A release outside the rows, or an engine with none (TensorRT-LLM), is named in ``unread``, and the engine's row
+    (every row for an engine with none) is given as what was read, not as its answer."""
+    if engine is None:
+        return D2TReading(D2T_RULES)
+    rows = tuple(r for r in D2T_RULES if r.engine == engine)
+    release = version or (NEWEST[engine] if rows else "")
+    row = d2t_rule(engine, release) if rows else None
+    if row is None:
+        name = ENGINE_NAMES.get(engine, engine) + (f" {release}" if release else "")
+        return D2TReading(rows or D2T_RULES, unread=name)
+    read = {parse_version(v) for v in row.read}
+    return D2TReading((row,), release=release, assumed=not version, between=parse_version(release) not in read)
+
+
 def d2t_missing_consequence(engine: str, version: str | None, draft_vocab: int, vocab: int) -> str:
     """What ``engine`` serves when ``d2t`` is absent, for these vocabulary sizes."""
     rule = d2t_rule(engine, version)
     if rule is None:
-        return "not established for TensorRT-LLM (not read)"
+        eng = str(engine).strip().lower()
+        return ("not established for TensorRT-LLM (not read)" if eng == "trtllm" else
+                f"not established for {ENGINE_NAMES[eng]} {version}: not read for this release")
     if draft_vocab >= vocab:
         return "nothing lost: the draft vocabulary is the target's, identity is right"
     return (f"{ENGINE_NAMES[rule.engine]} maps draft id i to target id i: every draft token "
@@ -298,5 +362,5 @@ def describe_embed_rules() -> list[dict]:
     """Every row of EMBED_RULES, D2T_RULES and TRAINER_RULES as plain dicts (``table`` says which)."""
     out: list[dict] = []
     for name, rows in (("embed", EMBED_RULES), ("d2t", D2T_RULES), ("trainer", TRAINER_RULES)):
-        out += [{"table": name, "label": r.label, **asdict(r)} for r in rows]
+        out += [{"table": name, "label": r.label, "since": r.since, "until": r.until, **asdict(r)} for r in rows]
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .benchgenerators import GENERATORS
+from .embedrules import D2T_RULES
 from .failurelines import ENGINE_LINES
 from .lmheadrules import LM_HEAD_RULES
 from .modelclasses import releases
@@ -16,7 +17,6 @@ from .peaglerules import PEAGLE_RULES
 from .rules import release_span
 from .servingrules import SERVING_RULES
 from .targetrules import QUANT_RULES, ROTATION_RULES
-from .vocabmaprules import VOCAB_MAP_RULES
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def release_rows() -> list[ReleaseRow]:
     rows += [ReleaseRow(names[r.topic], r.engine, r.since, r.until, r.source) for r in SERVING_RULES]
     rows += [ReleaseRow("drafter-weights-missing (lm_head)", r.engine, r.since, r.until, r.source)
              for r in LM_HEAD_RULES]
-    rows += [ReleaseRow("vocab-map (d2t)", r.engine, r.since, r.until, r.source) for r in VOCAB_MAP_RULES]
+    rows += [ReleaseRow("vocab-map (d2t)", r.engine, r.since, r.until, r.source) for r in D2T_RULES]
     rows += [ReleaseRow("block-drafter-settings (P-EAGLE)", "vllm", r.since, r.until, r.source) for r in PEAGLE_RULES]
     for g in GENERATORS:
         read = [v.strip() for v in g.releases.split(",")]
